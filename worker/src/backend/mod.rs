@@ -1,0 +1,124 @@
+//! The compute backend trait: one forward pass over the flattened tokens of a scheduled step.
+//!
+//! A step holds several sequences. Their new tokens are laid out back to back in
+//! [`ForwardBatch::token_ids`]; each [`SeqInput`] says where its tokens start, how many there are, how
+//! long its context is once they are written, and which KV blocks hold that context. A backend writes
+//! the new tokens' K and V into the paged cache (token at position `p` goes to block
+//! `block_table[p / block_size]`, slot `p % block_size`), attends over the whole context, and returns
+//! logits only for the sequences that sample this step (the last token of each such sequence).
+
+use thiserror::Error;
+
+/// One sequence's share of a step.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqInput<'a> {
+    /// Index of this sequence's first new token in [`ForwardBatch::token_ids`].
+    pub query_start: usize,
+    /// Number of new tokens this step (a prefill chunk, or 1 for a decode).
+    pub query_len: usize,
+    /// Tokens in the KV cache after this step: cached prefix + earlier chunks + this step's tokens.
+    /// The new tokens occupy positions `context_len - query_len .. context_len`.
+    pub context_len: usize,
+    /// Physical KV block ids covering positions `0..context_len` (possibly more).
+    pub block_table: &'a [u32],
+    /// Whether logits are wanted for this sequence's last new token.
+    pub sample: bool,
+}
+
+/// The inputs of one forward pass.
+#[derive(Debug, Clone, Copy)]
+pub struct ForwardBatch<'a> {
+    /// The new tokens of every sequence, back to back.
+    pub token_ids: &'a [u32],
+    /// The absolute position of each token in `token_ids`.
+    pub positions: &'a [u32],
+    /// The sequences, in the order their tokens appear.
+    pub seqs: &'a [SeqInput<'a>],
+}
+
+impl ForwardBatch<'_> {
+    /// Number of sequences that produce a logits row.
+    pub fn num_samples(&self) -> usize {
+        self.seqs.iter().filter(|s| s.sample).count()
+    }
+}
+
+/// Logits for the sampling sequences of a step, row-major `[rows, vocab]`, in the order of
+/// the sequences with `sample == true`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Logits {
+    pub vocab: usize,
+    pub data: Vec<f32>,
+}
+
+impl Logits {
+    /// Number of rows.
+    pub fn rows(&self) -> usize {
+        self.data.len().checked_div(self.vocab).unwrap_or(0)
+    }
+
+    /// Row `i`.
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.vocab..(i + 1) * self.vocab]
+    }
+}
+
+/// Sampling settings a backend may apply on the device (no penalties, no logprobs).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DeviceSampling {
+    /// 0 means greedy.
+    pub temperature: f32,
+    /// 0 means no top-k.
+    pub top_k: u32,
+    pub top_p: f32,
+    pub min_p: f32,
+    /// The request's seed.
+    pub seed: u64,
+    /// Index of the token being sampled within the request's output (selects the random draw, so a
+    /// request's stream does not depend on what it was batched with).
+    pub step: u64,
+}
+
+/// A backend failure. Per-step errors are fatal to the worker: the KV cache may be half written.
+#[derive(Debug, Error)]
+pub enum BackendError {
+    /// The batch is malformed (lengths disagree, a position is beyond a block table, ...).
+    #[error("invalid batch: {0}")]
+    InvalidBatch(String),
+    /// The device failed.
+    #[error("device error: {0}")]
+    Device(String),
+    /// The checkpoint could not be turned into this backend's weights.
+    #[error("weights: {0}")]
+    Weights(String),
+    /// This backend was not compiled in.
+    #[error("backend `{0}` is not available in this build (rebuild with `--features {0}`)")]
+    NotCompiled(&'static str),
+}
+
+/// A compute backend: owns the weights and the paged KV cache.
+pub trait Backend: Send {
+    /// Short name for logs and metrics (`cpu`, `cuda`, `null`).
+    fn name(&self) -> &'static str;
+
+    /// Number of KV blocks this backend allocated (block 0, the null block, included).
+    fn num_kv_blocks(&self) -> usize;
+
+    /// Tokens per KV block.
+    fn block_size(&self) -> usize;
+
+    /// Runs the model over `batch`, writing K/V into the cache, and returns logits for sampling rows.
+    fn forward(&mut self, batch: &ForwardBatch<'_>) -> Result<Logits, BackendError>;
+
+    /// Runs the model and samples on the device, returning one token id per sampling row, or
+    /// `Ok(None)` when this backend does not sample on the device (the engine then calls
+    /// [`Backend::forward`] and samples on the host). `sampling` has one entry per sampling row.
+    fn forward_sampled(
+        &mut self,
+        batch: &ForwardBatch<'_>,
+        sampling: &[DeviceSampling],
+    ) -> Result<Option<Vec<u32>>, BackendError> {
+        let _ = (batch, sampling);
+        Ok(None)
+    }
+}

@@ -1,0 +1,8 @@
+//! The engine that runs inside every worker process: model configuration and memory-mapped weights,
+//! the paged KV block manager with prefix caching, the continuous-batching scheduler, the sampler, and
+//! the compute backends (`cpu`, the f32 reference; `cuda` behind the `cuda` feature) behind one trait.
+//!
+//! The engine knows nothing about gRPC; the ring-serving loop and offline `generate` drive it.
+
+pub mod backend;
+pub mod config;
