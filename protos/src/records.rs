@@ -158,7 +158,7 @@ fn check_exact(bytes: &[u8], need: usize, what: &'static str) -> Result<(), Wire
     Ok(())
 }
 
-fn out_of<'a>(out: &'a mut [u8], need: usize) -> Result<&'a mut [u8], WireError> {
+fn out_of(out: &mut [u8], need: usize) -> Result<&mut [u8], WireError> {
     let got = out.len();
     out.get_mut(..need)
         .ok_or(WireError::BufferTooSmall { got, need })
