@@ -6,3 +6,8 @@
 
 pub mod backend;
 pub mod config;
+pub mod engine;
+pub mod kv;
+pub mod request;
+pub mod sampler;
+pub mod scheduler;

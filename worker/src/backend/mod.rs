@@ -7,6 +7,8 @@
 //! `block_table[p / block_size]`, slot `p % block_size`), attends over the whole context, and returns
 //! logits only for the sequences that sample this step (the last token of each such sequence).
 
+pub mod testing;
+
 use thiserror::Error;
 
 /// One sequence's share of a step.
