@@ -5,4 +5,5 @@
 //! The engine knows nothing about gRPC; the ring-serving loop and offline `generate` drive it.
 
 pub mod backend;
+pub mod checkpoint;
 pub mod config;
