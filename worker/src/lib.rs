@@ -12,3 +12,4 @@ pub mod kv;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;
+pub mod serve;
