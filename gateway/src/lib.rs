@@ -13,3 +13,8 @@ pub mod detok;
 pub mod stop;
 pub mod tokenizer;
 pub mod validate;
+pub mod link;
+pub mod metrics;
+pub mod router;
+pub mod service;
+pub mod stream;
