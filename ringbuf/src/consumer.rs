@@ -220,7 +220,6 @@ impl<M: Memory> Consumer<M> {
         if pos != self.cached_tail {
             return Ok(true);
         }
-        ring::check_poison(self.mem.header(), &mut self.poisoned)?;
         // SYNC: Acquire pairs with the producer's Release store of `prod.pos` (Producer::publish):
         // the records below `tail` are completely written.
         let tail = self.mem.header().prod.pos.load(Ordering::Acquire);
@@ -238,6 +237,7 @@ impl<M: Memory> Consumer<M> {
 
     /// Validates the record at `pos` (skipping a padding record), without releasing anything.
     fn next_record(&mut self, mut pos: u64) -> Result<Option<Next>> {
+        ring::check_poison(self.mem.header(), &mut self.poisoned)?;
         if !self.available(pos)? {
             return Ok(None);
         }
@@ -288,12 +288,12 @@ impl<M: Memory> Consumer<M> {
         // our reads of the released records happen before the producer overwrites them.
         hdr.cons.pos.store(pos, Ordering::Release);
         self.head = pos;
-        // SYNC: SeqCst fence pairs with the producer's fence in `wait_room` (eventcount).
+        // SYNC: SeqCst fence pairs with the producer's fence in `Producer::wait_room` (eventcount).
         fence(Ordering::SeqCst);
         let sleeping = hdr.prod_side.sleeping.load(Ordering::Relaxed);
         if sleeping & 1 == 1 && sleeping != self.last_woken {
             self.last_woken = sleeping;
-            // SYNC: Release pairs with the producer's Acquire load of our doorbell in `wait_room`.
+            // SYNC: Release pairs with the producer's Acquire load of our doorbell in `Producer::wait_room`.
             hdr.cons_side.doorbell.fetch_add(1, Ordering::Release);
             self.mem.wake(&hdr.cons_side.doorbell);
         }
@@ -315,13 +315,13 @@ impl<M: Memory> Consumer<M> {
                 spin_hint();
             }
             let hdr = self.mem.header();
-            // SYNC: Acquire pairs with the producer's Release bump of its doorbell (publish).
+            // SYNC: Acquire pairs with the producer's Release bump of its doorbell (`Producer::publish`).
             let bell = hdr.prod_side.doorbell.load(Ordering::Acquire);
             self.sleep_gen = self.sleep_gen.wrapping_add(1);
             hdr.cons_side
                 .sleeping
                 .store(self.sleep_gen, Ordering::Relaxed);
-            // SYNC: SeqCst fence pairs with the producer's fence in `publish` (eventcount): either
+            // SYNC: SeqCst fence pairs with the producer's fence in `Producer::publish` (eventcount): either
             // we see its new tail below, or it sees our odd `sleeping` and rings the doorbell.
             fence(Ordering::SeqCst);
             let ready = self.available(self.head);

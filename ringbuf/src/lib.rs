@@ -78,3 +78,9 @@ pub type DefaultMemory = HeapMemory;
 
 #[cfg(all(test, not(loom)))]
 mod tests;
+
+#[cfg(all(test, loom))]
+mod loom_tests;
+
+#[cfg(all(test, not(loom)))]
+mod prop_tests;

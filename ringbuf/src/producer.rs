@@ -268,7 +268,7 @@ impl<M: Memory> Producer<M> {
         hdr.prod.pos.store(self.pending, Ordering::Release);
         self.tail = self.pending;
         self.pending_records = 0;
-        // SYNC: SeqCst fence pairs with the consumer's fence in `pop_wait` (eventcount): either the
+        // SYNC: SeqCst fence pairs with the consumer's fence in `Consumer::wait_data` (eventcount): either the
         // consumer's re-check sees our new tail, or we see its `sleeping` flag below.
         fence(Ordering::SeqCst);
         let sleeping = hdr.cons_side.sleeping.load(Ordering::Relaxed);
@@ -310,7 +310,7 @@ impl<M: Memory> Producer<M> {
             hdr.prod_side
                 .sleeping
                 .store(self.sleep_gen, Ordering::Relaxed);
-            // SYNC: SeqCst fence pairs with the consumer's fence in `release` (eventcount).
+            // SYNC: SeqCst fence pairs with the consumer's fence in `Consumer::release` (eventcount).
             fence(Ordering::SeqCst);
             let room = self.has_room(need);
             let now = Instant::now();
