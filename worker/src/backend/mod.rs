@@ -11,6 +11,11 @@ pub mod testing;
 
 use thiserror::Error;
 
+pub mod cpu;
+mod load;
+
+pub use load::{BackendOptions, ComputeDtype, Device, ParseDeviceError, load_backend};
+
 /// One sequence's share of a step.
 #[derive(Debug, Clone, Copy)]
 pub struct SeqInput<'a> {
@@ -93,6 +98,9 @@ pub enum BackendError {
     /// The checkpoint could not be turned into this backend's weights.
     #[error("weights: {0}")]
     Weights(String),
+    /// The backend options are unusable (zero block size, too few KV blocks, ...).
+    #[error("invalid backend options: {0}")]
+    InvalidOptions(String),
     /// This backend was not compiled in.
     #[error("backend `{0}` is not available in this build (rebuild with `--features {0}`)")]
     NotCompiled(&'static str),
