@@ -2,6 +2,8 @@
 
 use clap::{Parser, Subcommand};
 
+mod engine_cli;
+
 #[derive(Parser)]
 #[command(
     name = "ringserve",
@@ -14,7 +16,10 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
-enum Command {}
+enum Command {
+    /// Offline batch generation: JSONL requests in, JSONL results out.
+    Generate(engine_cli::GenerateArgs),
+}
 
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -22,5 +27,7 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    match cli.command {}
+    match cli.command {
+        Command::Generate(args) => engine_cli::generate(args),
+    }
 }
