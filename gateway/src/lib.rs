@@ -9,12 +9,16 @@
 
 pub mod admission;
 pub mod chat;
+pub mod client;
 pub mod detok;
 pub mod stop;
 pub mod tokenizer;
 pub mod validate;
+pub mod health;
 pub mod link;
 pub mod metrics;
 pub mod router;
+pub mod server;
 pub mod service;
 pub mod stream;
+pub mod supervisor;

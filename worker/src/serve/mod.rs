@@ -11,6 +11,8 @@
 //! the worker. A full response ring makes the step wait — counted in the gauges' `response_ring_stalls`
 //! — rather than dropping tokens. The loop ends when the gateway dies or the rings turn corrupt.
 
+pub mod launch;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
