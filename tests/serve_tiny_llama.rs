@@ -177,7 +177,12 @@ fn health_is_serving_and_reflection_lists_the_service() {
     let server = tiny_server();
     let rt = runtime();
     rt.block_on(async {
-        let mut health = HealthClient::connect(server.url.clone()).await.unwrap();
+        let channel = tonic::transport::Channel::from_shared(server.url.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut health = HealthClient::new(channel.clone());
         for service in ["", "ringserve.v1.Inference"] {
             let status = health
                 .check(HealthCheckRequest {
@@ -189,9 +194,7 @@ fn health_is_serving_and_reflection_lists_the_service() {
                 .status;
             assert_eq!(status, ServingStatus::Serving as i32, "service {service:?}");
         }
-        let mut refl = ServerReflectionClient::connect(server.url.clone())
-            .await
-            .unwrap();
+        let mut refl = ServerReflectionClient::new(channel);
         let req = ServerReflectionRequest {
             host: String::new(),
             message_request: Some(MessageRequest::ListServices(String::new())),
