@@ -61,7 +61,9 @@ fn greedy_tokens_match_the_fixture_alone_and_64_concurrent() {
 
 fn ids_request(ids: &[u32]) -> GenerateRequest {
     GenerateRequest {
-        prompt: Some(generate_request::Prompt::TokenIds(TokenIds { ids: ids.to_vec() })),
+        prompt: Some(generate_request::Prompt::TokenIds(TokenIds {
+            ids: ids.to_vec(),
+        })),
         max_tokens: Some(4),
         ..Default::default()
     }
@@ -160,7 +162,9 @@ fn each_invalid_request_is_invalid_argument_naming_the_field() {
             );
         }
         // The server still serves after all that.
-        let ok = collect(&mut client, greedy_ids(&[1, 2, 3], 3)).await.unwrap();
+        let ok = collect(&mut client, greedy_ids(&[1, 2, 3], 3))
+            .await
+            .unwrap();
         assert_eq!(ids_of(&ok).len(), 3);
     });
 }
@@ -169,10 +173,10 @@ fn each_invalid_request_is_invalid_argument_naming_the_field() {
 fn health_is_serving_and_reflection_lists_the_service() {
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
     use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
 
     let server = tiny_server();
     let rt = runtime();
@@ -213,6 +217,9 @@ fn health_is_serving_and_reflection_lists_the_service() {
             names.iter().any(|n| n == "ringserve.v1.Inference"),
             "{names:?}"
         );
-        assert!(names.iter().any(|n| n == "grpc.health.v1.Health"), "{names:?}");
+        assert!(
+            names.iter().any(|n| n == "grpc.health.v1.Health"),
+            "{names:?}"
+        );
     });
 }

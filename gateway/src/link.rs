@@ -7,8 +7,8 @@
 //! blocks and no request is dropped.
 //!
 //! The reader thread pops Tokens records in batches and dispatches each entry into its request's
-//! bounded channel. A request whose client does not keep up (its channel full) is failed rather
-//! than stalling every other stream of the worker. When the worker dies the table is emptied, which
+//! bounded channel, sized by the request's token budget so it cannot fill up; should a worker send
+//! more than that, the request is failed rather than stalling every other stream of the worker. When the worker dies the table is emptied, which
 //! closes every in-flight request's channel: those streams end with `UNAVAILABLE`.
 
 use std::collections::HashMap;
@@ -25,8 +25,9 @@ use tokio::sync::mpsc;
 
 use crate::metrics as m;
 
-/// Capacity of each request's event channel (events carry one step's tokens each).
-pub const REQUEST_CHANNEL: usize = 1024;
+/// Events a request's channel holds beyond its token budget (its finish and a cancel
+/// acknowledgement).
+const CHANNEL_SLACK: usize = 4;
 
 /// What the reader thread hands a request.
 #[derive(Debug, Clone, PartialEq)]
@@ -114,9 +115,12 @@ impl WorkerLink {
         lock(&self.table).len()
     }
 
-    /// Registers a request; its events arrive on the returned receiver.
-    pub fn register(&self, id: u64) -> Result<mpsc::Receiver<Event>, LinkError> {
-        let (tx, rx) = mpsc::channel(REQUEST_CHANNEL);
+    /// Registers a request that generates at most `max_tokens`; its events arrive on the returned
+    /// receiver. The channel is bounded by the request's own budget (each event carries at least
+    /// one token, or ends the request), so the reader thread never waits on a slow client and a
+    /// client can never make the gateway hold more than its request asked for.
+    pub fn register(&self, id: u64, max_tokens: u32) -> Result<mpsc::Receiver<Event>, LinkError> {
+        let (tx, rx) = mpsc::channel(max_tokens as usize + CHANNEL_SLACK);
         let mut table = lock(&self.table);
         if !self.is_alive() {
             return Err(LinkError::WorkerGone);
@@ -148,8 +152,10 @@ impl WorkerLink {
     /// Writes a Cancel record (waiting off the runtime if the ring is full).
     pub async fn cancel(self: &Arc<Self>, request_id: u64) -> Result<(), LinkError> {
         let cancel = Cancel::new(request_id);
-        self.write(Cancel::LEN, RecordKind::Cancel, move |out| cancel.encode(out))
-            .await
+        self.write(Cancel::LEN, RecordKind::Cancel, move |out| {
+            cancel.encode(out)
+        })
+        .await
     }
 
     /// Writes a Cancel without waiting for it, from a context that cannot await (a `Drop`).
@@ -259,7 +265,7 @@ impl WorkerLink {
             // Closing the channel ends the stream; it then cancels the request on the worker.
             tracing::warn!(
                 request_id = id,
-                "client is not reading its stream; failing the request"
+                "worker sent more events than the request's budget; failing the request"
             );
             table.remove(&id);
         }

@@ -73,7 +73,9 @@ pub fn model_eos_ids(dir: &std::path::Path) -> Vec<u32> {
             continue;
         };
         let found: Vec<u32> = match v.get("eos_token_id") {
-            Some(serde_json::Value::Number(n)) => n.as_u64().map(|n| n as u32).into_iter().collect(),
+            Some(serde_json::Value::Number(n)) => {
+                n.as_u64().map(|n| n as u32).into_iter().collect()
+            }
             Some(serde_json::Value::Array(a)) => a
                 .iter()
                 .filter_map(|x| x.as_u64().map(|n| n as u32))

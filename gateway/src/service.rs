@@ -92,12 +92,14 @@ fn outcome(label: &'static str) {
 
 /// Tokenizes a prompt on the blocking pool.
 async fn tokenize(text: Option<Arc<TextModel>>, prompt: Prompt) -> Result<Vec<u32>, Status> {
-    let (field, work): (&str, Box<dyn FnOnce(&TextModel) -> Result<Vec<u32>, String> + Send>) =
-        match prompt {
-            Prompt::Ids(ids) => return Ok(ids),
-            Prompt::Text(t) => ("prompt.text", Box::new(move |tm| tm.encode_text(&t))),
-            Prompt::Chat(msgs) => ("prompt.chat", Box::new(move |tm| tm.encode_chat(&msgs))),
-        };
+    let (field, work): (
+        &str,
+        Box<dyn FnOnce(&TextModel) -> Result<Vec<u32>, String> + Send>,
+    ) = match prompt {
+        Prompt::Ids(ids) => return Ok(ids),
+        Prompt::Text(t) => ("prompt.text", Box::new(move |tm| tm.encode_text(&t))),
+        Prompt::Chat(msgs) => ("prompt.chat", Box::new(move |tm| tm.encode_chat(&msgs))),
+    };
     let text = text.ok_or_else(|| {
         Status::invalid_argument(format!(
             "{field}: this model has no tokenizer; send prompt.token_ids"
@@ -149,7 +151,8 @@ impl Inference for InferenceService {
         let prompt = tokenize(s.text.clone(), checked.prompt.clone())
             .await
             .inspect_err(|_| outcome("invalid"))?;
-        let valid = validate::finish(checked, prompt, limits).inspect_err(|_| outcome("invalid"))?;
+        let valid =
+            validate::finish(checked, prompt, limits).inspect_err(|_| outcome("invalid"))?;
         let permit = s.admission.try_admit(valid.prompt.len()).map_err(|e| {
             outcome("rejected_overload");
             Status::resource_exhausted(e.to_string())
@@ -165,7 +168,7 @@ impl Inference for InferenceService {
             valid.request_id.clone()
         };
         let events = link
-            .register(id)
+            .register(id, valid.max_tokens)
             .map_err(|e| Status::unavailable(e.to_string()))?;
         let prompt_len = valid.prompt.len();
         let work = (prompt_len + valid.max_tokens as usize) as i64;

@@ -135,7 +135,7 @@ async fn drive(t: &mut RequestTask, p: &mut Progress) -> End {
         };
         let Some(first) = first else {
             let msg = if t.link.is_alive() {
-                "the stream fell too far behind the worker (the client is not reading)"
+                "the worker sent more tokens than the request allows"
             } else {
                 "the worker serving this request died"
             };

@@ -10,9 +10,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use protos::v1::inference_client::InferenceClient;
-use protos::v1::{
-    GenerateRequest, GenerateResponse, SamplingParams, TokenIds, generate_request,
-};
+use protos::v1::{GenerateRequest, GenerateResponse, SamplingParams, TokenIds, generate_request};
 use tonic::transport::Channel;
 
 /// The tiny-llama fixture's folder.
