@@ -96,11 +96,9 @@ fn round(rng: &mut Rng, name: &str) -> bool {
     let mut c = other.consumer().unwrap();
     let pool = pool();
     // A ring in some state: records pushed, some consumed, positions somewhere past a wrap.
-    let mut seq = 0;
-    for _ in 0..rng.next() % 40 {
+    for seq in 0..(rng.next() % 40) as u32 {
         let mut buf = vec![0; rng.len(256)];
         fill(&pool, seq, &mut buf);
-        seq += 1;
         if !p.try_push(&buf).unwrap() {
             break;
         }
