@@ -45,6 +45,8 @@
 //! either side dies.
 
 #[cfg(not(loom))]
+pub mod bench;
+#[cfg(not(loom))]
 mod futex;
 
 mod consumer;
