@@ -26,6 +26,29 @@ enum Command {
     Worker(serve_cli::WorkerArgs),
     /// Stream a completion from a running server to the terminal.
     Client(serve_cli::ClientArgs),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Shared-memory ring across two processes: throughput per record size and batch, and
+    /// ping-pong round-trip latency (spinning and with futex waits).
+    Ring {
+        /// Records per throughput measurement.
+        #[arg(long, default_value_t = 2_000_000)]
+        records: u64,
+        /// Round trips per latency measurement.
+        #[arg(long, default_value_t = 100_000)]
+        round_trips: usize,
+        /// Measurements per cell (the best is shown).
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+    },
+    /// The child process of `bench ring` (started by it).
+    #[command(hide = true)]
+    RingChild { args: Vec<String> },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -39,6 +62,24 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => serve_cli::serve(args),
         Command::Worker(args) => serve_cli::worker(args),
         Command::Client(args) => serve_cli::client(args),
+        Command::Bench(BenchCommand::Ring {
+            records,
+            round_trips,
+            repeats,
+        }) => {
+            let launcher = ringbuf::bench::Launcher::current_exe(&["bench", "ring-child"])?;
+            let config = ringbuf::bench::ReportConfig {
+                records,
+                round_trips,
+                repeats,
+            };
+            print!("{}", ringbuf::bench::report(&launcher, config)?);
+            Ok(())
+        }
+        Command::Bench(BenchCommand::RingChild { args }) => {
+            ringbuf::bench::child_main(&args)?;
+            Ok(())
+        }
     }
 }
 

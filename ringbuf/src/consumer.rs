@@ -308,6 +308,7 @@ impl<M: Memory> Consumer<M> {
     fn wait_data(&mut self, timeout: Duration) -> Result<bool> {
         let deadline = Instant::now() + timeout;
         loop {
+            ring::check_poison(self.mem.header(), &mut self.poisoned)?;
             for _ in 0..=self.config.spin {
                 if self.available(self.head)? {
                     return Ok(true);
@@ -399,5 +400,18 @@ impl<M: Memory> Drop for ReadGrant<'_, M> {
             .mem
             .track_read(off, record_size(self.len as u64));
         self.consumer.release(self.next);
+    }
+}
+
+impl<M: Memory> std::fmt::Debug for Consumer<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hdr = self.mem.header();
+        f.debug_struct("Consumer")
+            .field("head", &self.head)
+            .field("cached_tail", &self.cached_tail)
+            .field("shared_tail", &hdr.prod.pos.load(Ordering::Relaxed))
+            .field("sleep_gen", &self.sleep_gen)
+            .field("poisoned", &self.poisoned)
+            .finish_non_exhaustive()
     }
 }

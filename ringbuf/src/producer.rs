@@ -473,3 +473,17 @@ impl<M: Memory> Drop for Batch<'_, M> {
         p.pending_records = 0;
     }
 }
+
+impl<M: Memory> std::fmt::Debug for Producer<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hdr = self.mem.header();
+        f.debug_struct("Producer")
+            .field("tail", &self.tail)
+            .field("pending", &self.pending)
+            .field("cached_head", &self.cached_head)
+            .field("shared_head", &hdr.cons.pos.load(Ordering::Relaxed))
+            .field("sleep_gen", &self.sleep_gen)
+            .field("poisoned", &self.poisoned)
+            .finish_non_exhaustive()
+    }
+}

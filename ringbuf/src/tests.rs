@@ -213,3 +213,37 @@ fn attach_refuses_open_permissions_and_bad_names() {
         Err(Error::InvalidCapacity { .. })
     ));
 }
+
+#[test]
+fn attach_refuses_foreign_owner() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return; // only root can give a segment away; the check itself is covered by the mode test
+    }
+    let name = unique_name("ringbuf-unit");
+    let ring = create(&name, 4096).unwrap();
+    let path = std::ffi::CString::new(format!("/dev/shm/{name}")).unwrap();
+    // SAFETY: `path` is a valid NUL-terminated path; chown changes only that file's owner.
+    assert_eq!(unsafe { libc::chown(path.as_ptr(), 65534, 65534) }, 0);
+    assert!(matches!(
+        attach(&name),
+        Err(Error::ForeignOwner { uid: 65534, .. })
+    ));
+    drop(ring);
+}
+
+#[test]
+fn silent_peer_is_unresponsive() {
+    let ring = Ring::heap(64).unwrap();
+    let p = ring.producer().unwrap();
+    let mut c = ring.consumer().unwrap();
+    c.set_wait_config(WaitConfig {
+        heartbeat_limit: Duration::from_millis(20),
+        ..WaitConfig::default()
+    });
+    assert!(matches!(c.peer_state(), PeerState::Alive { .. }));
+    std::thread::sleep(Duration::from_millis(40));
+    assert!(matches!(c.peer_state(), PeerState::Unresponsive { .. }));
+    p.heartbeat();
+    assert!(matches!(c.peer_state(), PeerState::Alive { .. }));
+}
