@@ -135,3 +135,49 @@ pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     eprintln!("{summary}{skipped}");
     Ok(())
 }
+
+/// `ringserve bench engine`: offline engine throughput, prefill and decode separately.
+#[derive(Args, Debug)]
+pub struct BenchEngineArgs {
+    /// A HuggingFace model folder.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Requests per batch (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 8, 32])]
+    pub batch_sizes: Vec<usize>,
+    /// Prompt lengths in tokens (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [128, 512])]
+    pub prompt_lens: Vec<usize>,
+    /// Tokens generated per request.
+    #[arg(long, default_value_t = 32)]
+    pub output_len: usize,
+    #[command(flatten)]
+    pub engine: EngineFlags,
+}
+
+pub fn bench_engine(args: BenchEngineArgs) -> anyhow::Result<()> {
+    let mut config = args.engine.engine_config();
+    // Distinct prompts never hit the cache; turning it off keeps the numbers about compute.
+    config.enable_prefix_caching = false;
+    let mut opened = open_model(&args.model, &args.engine.backend_options(), config)
+        .with_context(|| format!("opening {}", args.model.display()))?;
+    let stats = opened.engine.stats();
+    println!(
+        "engine bench: {} on {}, {} KV blocks of {} tokens, max_num_batched_tokens {}",
+        args.model.display(),
+        opened.engine.backend_name(),
+        stats.kv_blocks_total,
+        args.engine.block_size,
+        args.engine.max_num_batched_tokens
+    );
+    println!("{}", worker::bench::MARKDOWN_HEADER);
+    let bench = worker::bench::BenchConfig {
+        batch_sizes: args.batch_sizes,
+        prompt_lens: args.prompt_lens,
+        output_len: args.output_len,
+    };
+    worker::bench::run_bench(&mut opened.engine, &bench, |row| {
+        println!("{}", worker::bench::markdown_row(row))
+    })?;
+    Ok(())
+}

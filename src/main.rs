@@ -19,6 +19,17 @@ struct Cli {
 enum Command {
     /// Offline batch generation: JSONL requests in, JSONL results out.
     Generate(engine_cli::GenerateArgs),
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        which: BenchCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Offline engine throughput over batch sizes and prompt lengths (prefill and decode tokens/s).
+    Engine(engine_cli::BenchEngineArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -29,5 +40,8 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Generate(args) => engine_cli::generate(args),
+        Command::Bench { which } => match which {
+            BenchCommand::Engine(args) => engine_cli::bench_engine(args),
+        },
     }
 }

@@ -183,6 +183,11 @@ impl Engine {
         self.scheduler.config().max_model_len
     }
 
+    /// The model's vocabulary size.
+    pub fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+
     /// The backend's name.
     pub fn backend_name(&self) -> &'static str {
         self.backend.name()

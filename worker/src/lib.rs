@@ -5,6 +5,7 @@
 //! The engine knows nothing about gRPC; the ring-serving loop and offline `generate` drive it.
 
 pub mod backend;
+pub mod bench;
 pub mod checkpoint;
 pub mod config;
 pub mod engine;
