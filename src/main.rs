@@ -1,5 +1,8 @@
 //! `ringserve`: the one command line. Every subcommand parses its flags and calls into a library crate.
 
+use std::path::PathBuf;
+
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -14,7 +17,14 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
-enum Command {}
+enum Command {
+    /// Write the built-in demo model (a small random-weight Llama with a real tokenizer) to a folder.
+    DemoModel {
+        /// Output folder (created if missing; existing files are overwritten).
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
 
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -22,5 +32,12 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    match cli.command {}
+    match cli.command {
+        Command::DemoModel { out } => {
+            worker::demo::write_demo_model(&out)
+                .with_context(|| format!("writing the demo model to {}", out.display()))?;
+            eprintln!("wrote the demo model to {}", out.display());
+            Ok(())
+        }
+    }
 }

@@ -7,3 +7,4 @@
 pub mod backend;
 pub mod checkpoint;
 pub mod config;
+pub mod demo;
