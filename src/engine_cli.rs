@@ -139,9 +139,9 @@ pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
 /// `ringserve bench engine`: offline engine throughput, prefill and decode separately.
 #[derive(Args, Debug)]
 pub struct BenchEngineArgs {
-    /// A HuggingFace model folder.
+    /// A HuggingFace model folder (default: the built-in demo model).
     #[arg(long)]
-    pub model: PathBuf,
+    pub model: Option<PathBuf>,
     /// Requests per batch (comma-separated).
     #[arg(long, value_delimiter = ',', default_values_t = [1, 8, 32])]
     pub batch_sizes: Vec<usize>,
@@ -159,12 +159,16 @@ pub fn bench_engine(args: BenchEngineArgs) -> anyhow::Result<()> {
     let mut config = args.engine.engine_config();
     // Distinct prompts never hit the cache; turning it off keeps the numbers about compute.
     config.enable_prefix_caching = false;
-    let mut opened = open_model(&args.model, &args.engine.backend_options(), config)
-        .with_context(|| format!("opening {}", args.model.display()))?;
+    let model = match args.model {
+        Some(dir) => dir,
+        None => worker::demo::cached_demo_model_dir().context("preparing the demo model")?,
+    };
+    let mut opened = open_model(&model, &args.engine.backend_options(), config)
+        .with_context(|| format!("opening {}", model.display()))?;
     let stats = opened.engine.stats();
     println!(
         "engine bench: {} on {}, {} KV blocks of {} tokens, max_num_batched_tokens {}",
-        args.model.display(),
+        model.display(),
         opened.engine.backend_name(),
         stats.kv_blocks_total,
         args.engine.block_size,

@@ -1,5 +1,8 @@
 //! `ringserve`: the one command line. Every subcommand parses its flags and calls into a library crate.
 
+use std::path::PathBuf;
+
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 mod engine_cli;
@@ -24,6 +27,12 @@ enum Command {
         #[command(subcommand)]
         which: BenchCommand,
     },
+    /// Write the built-in demo model (a small random-weight Llama with a real tokenizer) to a folder.
+    DemoModel {
+        /// Output folder (created if missing; existing files are overwritten).
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -43,5 +52,11 @@ fn main() -> anyhow::Result<()> {
         Command::Bench { which } => match which {
             BenchCommand::Engine(args) => engine_cli::bench_engine(args),
         },
+        Command::DemoModel { out } => {
+            worker::demo::write_demo_model(&out)
+                .with_context(|| format!("writing the demo model to {}", out.display()))?;
+            eprintln!("wrote the demo model to {}", out.display());
+            Ok(())
+        }
     }
 }
