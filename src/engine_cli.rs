@@ -26,9 +26,13 @@ pub struct EngineFlags {
     /// Context length limit (default: the model's, capped by the KV cache).
     #[arg(long)]
     pub max_model_len: Option<usize>,
-    /// Reuse KV blocks of equal prompt prefixes across requests.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    /// Reuse KV blocks of equal prompt prefixes across requests (`--enable-prefix-caching false`
+    /// or `--no-enable-prefix-caching` turns it off).
+    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub enable_prefix_caching: bool,
+    /// Turn prefix caching off.
+    #[arg(long, conflicts_with = "enable_prefix_caching")]
+    pub no_enable_prefix_caching: bool,
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
@@ -59,7 +63,7 @@ impl EngineFlags {
             max_num_batched_tokens: self.max_num_batched_tokens,
             max_num_seqs: self.max_num_seqs,
             max_model_len: self.max_model_len,
-            enable_prefix_caching: self.enable_prefix_caching,
+            enable_prefix_caching: self.enable_prefix_caching && !self.no_enable_prefix_caching,
             seed: self.seed,
         }
     }
