@@ -277,7 +277,12 @@ fn filtered(logits: &[f32], params: &SamplingParams, sorted: bool) -> Vec<(u32, 
         .iter()
         .map(|&t| logits[t as usize])
         .fold(f32::NEG_INFINITY, f32::max);
-    let weight = |t: u32| (f64::from(logits[t as usize] - max) * inv_t).exp();
+    // One exp per token: weights are looked up from here on.
+    let mut weights = vec![0f64; logits.len()];
+    for &t in &order {
+        weights[t as usize] = (f64::from(logits[t as usize] - max) * inv_t).exp();
+    }
+    let weight = |t: u32| weights[t as usize];
     let z: f64 = order.iter().map(|&t| weight(t)).sum();
     // min-p keeps a prefix of the sorted order: p / p_max = weight, whatever the normalization.
     if params.min_p > 0.0 {
