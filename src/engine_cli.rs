@@ -26,9 +26,13 @@ pub struct EngineFlags {
     /// Context length limit (default: the model's, capped by the KV cache).
     #[arg(long)]
     pub max_model_len: Option<usize>,
-    /// Reuse KV blocks of equal prompt prefixes across requests.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    /// Reuse KV blocks of equal prompt prefixes across requests (`--enable-prefix-caching false`
+    /// or `--no-enable-prefix-caching` turns it off).
+    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub enable_prefix_caching: bool,
+    /// Turn prefix caching off.
+    #[arg(long, conflicts_with = "enable_prefix_caching")]
+    pub no_enable_prefix_caching: bool,
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
@@ -59,7 +63,7 @@ impl EngineFlags {
             max_num_batched_tokens: self.max_num_batched_tokens,
             max_num_seqs: self.max_num_seqs,
             max_model_len: self.max_model_len,
-            enable_prefix_caching: self.enable_prefix_caching,
+            enable_prefix_caching: self.enable_prefix_caching && !self.no_enable_prefix_caching,
             seed: self.seed,
         }
     }
@@ -133,5 +137,55 @@ pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         n => format!(" ({n} bad lines skipped)"),
     };
     eprintln!("{summary}{skipped}");
+    Ok(())
+}
+
+/// `ringserve bench engine`: offline engine throughput, prefill and decode separately.
+#[derive(Args, Debug)]
+pub struct BenchEngineArgs {
+    /// A HuggingFace model folder (default: the built-in demo model).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Requests per batch (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 8, 32])]
+    pub batch_sizes: Vec<usize>,
+    /// Prompt lengths in tokens (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [128, 512])]
+    pub prompt_lens: Vec<usize>,
+    /// Tokens generated per request.
+    #[arg(long, default_value_t = 32)]
+    pub output_len: usize,
+    #[command(flatten)]
+    pub engine: EngineFlags,
+}
+
+pub fn bench_engine(args: BenchEngineArgs) -> anyhow::Result<()> {
+    let mut config = args.engine.engine_config();
+    // Distinct prompts never hit the cache; turning it off keeps the numbers about compute.
+    config.enable_prefix_caching = false;
+    let model = match args.model {
+        Some(dir) => dir,
+        None => worker::demo::cached_demo_model_dir().context("preparing the demo model")?,
+    };
+    let mut opened = open_model(&model, &args.engine.backend_options(), config)
+        .with_context(|| format!("opening {}", model.display()))?;
+    let stats = opened.engine.stats();
+    println!(
+        "engine bench: {} on {}, {} KV blocks of {} tokens, max_num_batched_tokens {}",
+        model.display(),
+        opened.engine.backend_name(),
+        stats.kv_blocks_total,
+        args.engine.block_size,
+        args.engine.max_num_batched_tokens
+    );
+    println!("{}", worker::bench::MARKDOWN_HEADER);
+    let bench = worker::bench::BenchConfig {
+        batch_sizes: args.batch_sizes,
+        prompt_lens: args.prompt_lens,
+        output_len: args.output_len,
+    };
+    worker::bench::run_bench(&mut opened.engine, &bench, |row| {
+        println!("{}", worker::bench::markdown_row(row))
+    })?;
     Ok(())
 }

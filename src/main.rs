@@ -1,5 +1,8 @@
 //! `ringserve`: the one command line. Every subcommand parses its flags and calls into a library crate.
 
+use std::path::PathBuf;
+
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 mod engine_cli;
@@ -29,6 +32,12 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Write the built-in demo model (a small random-weight Llama with a real tokenizer) to a folder.
+    DemoModel {
+        /// Output folder (created if missing; existing files are overwritten).
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -49,6 +58,8 @@ enum BenchCommand {
     /// The child process of `bench ring` (started by it).
     #[command(hide = true)]
     RingChild { args: Vec<String> },
+    /// Offline engine throughput over batch sizes and prompt lengths (prefill and decode tokens/s).
+    Engine(engine_cli::BenchEngineArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -80,10 +91,17 @@ fn main() -> anyhow::Result<()> {
             ringbuf::bench::child_main(&args)?;
             Ok(())
         }
+        Command::Bench(BenchCommand::Engine(args)) => engine_cli::bench_engine(args),
+        Command::DemoModel { out } => {
+            worker::demo::write_demo_model(&out)
+                .with_context(|| format!("writing the demo model to {}", out.display()))?;
+            eprintln!("wrote the demo model to {}", out.display());
+            Ok(())
+        }
     }
 }
 
 /// The demo model's folder, written on first use under the user's cache directory.
-fn demo_model_dir() -> anyhow::Result<std::path::PathBuf> {
-    anyhow::bail!("no --model given and this build has no demo model yet; pass --model DIR")
+fn demo_model_dir() -> anyhow::Result<PathBuf> {
+    worker::demo::cached_demo_model_dir().context("preparing the demo model")
 }

@@ -5,8 +5,10 @@
 //! The engine knows nothing about gRPC; the ring-serving loop and offline `generate` drive it.
 
 pub mod backend;
+pub mod bench;
 pub mod checkpoint;
 pub mod config;
+pub mod demo;
 pub mod engine;
 pub mod generate;
 pub mod kv;
