@@ -54,7 +54,17 @@ impl Server {
     /// Starts `ringserve serve --addr 127.0.0.1:0 --metrics-addr 127.0.0.1:0 ARGS` and waits until
     /// `workers` workers are ready.
     pub fn start(args: &[&str], workers: usize) -> Server {
+        Self::start_with_env(args, workers, &[])
+    }
+
+    /// [`Server::start`] with extra environment variables for the server process.
+    pub fn start_with_env(
+        args: &[&str],
+        workers: usize,
+        env: &[(&str, &std::path::Path)],
+    ) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_ringserve"))
+            .envs(env.iter().map(|(k, v)| (*k, *v)))
             .arg("serve")
             .args(["--addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"])
             .args(args)
