@@ -60,6 +60,8 @@ enum BenchCommand {
     RingChild { args: Vec<String> },
     /// Offline engine throughput over batch sizes and prompt lengths (prefill and decode tokens/s).
     Engine(engine_cli::BenchEngineArgs),
+    /// Load a running server: TTFT, inter-token and end-to-end latency, throughput.
+    Serve(serve_cli::BenchServeArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -92,6 +94,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Bench(BenchCommand::Engine(args)) => engine_cli::bench_engine(args),
+        Command::Bench(BenchCommand::Serve(args)) => serve_cli::bench_serve(args),
         Command::DemoModel { out } => {
             worker::demo::write_demo_model(&out)
                 .with_context(|| format!("writing the demo model to {}", out.display()))?;

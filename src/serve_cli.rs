@@ -289,3 +289,76 @@ pub fn client(args: ClientArgs) -> anyhow::Result<()> {
     rt.block_on(gateway::client::run(&opts, &mut out))?;
     Ok(())
 }
+
+/// `ringserve bench serve`: load a running server and report latency and throughput.
+#[derive(Args, Debug)]
+pub struct BenchServeArgs {
+    /// Server address.
+    #[arg(long, default_value = "http://127.0.0.1:50051")]
+    pub addr: String,
+    /// Requests to send (per run).
+    #[arg(long, default_value_t = 200)]
+    pub num_requests: usize,
+    /// Closed loop: clients in flight (ignored with --request-rate).
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+    /// Open loop: Poisson arrivals per second.
+    #[arg(long)]
+    pub request_rate: Option<f64>,
+    /// Mean prompt length (random token ids).
+    #[arg(long, default_value_t = 128)]
+    pub input_len: usize,
+    /// Mean output length (generated to the end: EOS is ignored).
+    #[arg(long, default_value_t = 128)]
+    pub output_len: usize,
+    /// Lengths are uniform in len × [1 - r, 1 + r].
+    #[arg(long, default_value_t = 0.0)]
+    pub range_ratio: f64,
+    /// Seed of prompts, lengths and arrivals.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// gRPC connections to spread the streams over.
+    #[arg(long, default_value_t = 4)]
+    pub connections: usize,
+    /// Write the report (or the sweep's reports) as JSON to this file.
+    #[arg(long)]
+    pub result_file: Option<PathBuf>,
+    /// Print the report as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+pub fn bench_serve(args: BenchServeArgs) -> anyhow::Result<()> {
+    let addr = if args.addr.contains("://") {
+        args.addr.clone()
+    } else {
+        format!("http://{}", args.addr)
+    };
+    let opts = gateway::bench::BenchOptions {
+        addr,
+        num_requests: args.num_requests,
+        concurrency: args.concurrency,
+        request_rate: args.request_rate,
+        input_len: args.input_len,
+        output_len: args.output_len,
+        range_ratio: args.range_ratio,
+        seed: args.seed,
+        connections: args.connections,
+        progress: !args.quiet,
+    };
+    let rt = tokio::runtime::Runtime::new()?;
+    let report = rt.block_on(gateway::bench::run(&opts))?;
+    let json = serde_json::to_string_pretty(&report)?;
+    if let Some(path) = &args.result_file {
+        std::fs::write(path, &json).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if args.json {
+        println!("{json}");
+    } else {
+        print!("{report}");
+    }
+    Ok(())
+}

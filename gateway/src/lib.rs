@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admission;
+pub mod bench;
 pub mod chat;
 pub mod client;
 pub mod detok;
