@@ -103,7 +103,11 @@ impl std::fmt::Display for BenchReport {
             (Some(c), None) => format!("closed loop, concurrency {c}"),
             (None, None) => String::new(),
         };
-        writeln!(f, "{load}: {} requests in {:.2} s", self.num_requests, self.duration_s)?;
+        writeln!(
+            f,
+            "{load}: {} requests in {:.2} s",
+            self.num_requests, self.duration_s
+        )?;
         writeln!(
             f,
             "  completed {}  errors {}  {:.1} req/s  {:.0} output tok/s  ({} in, {} out)",
