@@ -92,23 +92,24 @@ fn outcome(label: &'static str) {
 
 /// Tokenizes a prompt on the blocking pool.
 async fn tokenize(text: Option<Arc<TextModel>>, prompt: Prompt) -> Result<Vec<u32>, Status> {
-    let (field, work): (
-        &str,
-        Box<dyn FnOnce(&TextModel) -> Result<Vec<u32>, String> + Send>,
-    ) = match prompt {
+    let field = match prompt {
         Prompt::Ids(ids) => return Ok(ids),
-        Prompt::Text(t) => ("prompt.text", Box::new(move |tm| tm.encode_text(&t))),
-        Prompt::Chat(msgs) => ("prompt.chat", Box::new(move |tm| tm.encode_chat(&msgs))),
+        Prompt::Text(_) => "prompt.text",
+        Prompt::Chat(_) => "prompt.chat",
     };
     let text = text.ok_or_else(|| {
         Status::invalid_argument(format!(
             "{field}: this model has no tokenizer; send prompt.token_ids"
         ))
     })?;
-    tokio::task::spawn_blocking(move || work(&text))
-        .await
-        .map_err(|e| Status::internal(format!("tokenizer task: {e}")))?
-        .map_err(|e| Status::invalid_argument(format!("{field}: {e}")))
+    tokio::task::spawn_blocking(move || match prompt {
+        Prompt::Text(t) => text.encode_text(&t),
+        Prompt::Chat(msgs) => text.encode_chat(&msgs),
+        Prompt::Ids(ids) => Ok(ids),
+    })
+    .await
+    .map_err(|e| Status::internal(format!("tokenizer task: {e}")))?
+    .map_err(|e| Status::invalid_argument(format!("{field}: {e}")))
 }
 
 /// The deadline a client set with `grpc-timeout`, if any.

@@ -100,10 +100,11 @@ pub async fn run_request(mut t: RequestTask) {
     metrics::gauge!(m::IN_FLIGHT).decrement(1.0);
     t.link.unregister(t.id);
     t.link.add_outstanding(-p.remaining_work);
-    if end.needs_cancel() && t.link.is_alive() {
-        if let Err(e) = t.link.cancel(t.id).await {
-            tracing::debug!(id = t.id, error = %e, "cancel not delivered");
-        }
+    if end.needs_cancel()
+        && t.link.is_alive()
+        && let Err(e) = t.link.cancel(t.id).await
+    {
+        tracing::debug!(id = t.id, error = %e, "cancel not delivered");
     }
     metrics::counter!(m::REQUESTS, "outcome" => end.label()).increment(1);
     metrics::histogram!(m::E2E).record(t.arrived.elapsed().as_secs_f64());

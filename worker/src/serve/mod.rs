@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use protos::records::{
     Cancel, EngineGauges, EntryLogprobs, ErrorCode, Finish, Hello, HelloInfo, RecordKind, Submit,
-    TokenEntry, Tokens, TokensWriter, WireError, peek_kind,
+    TokenEntry, TokensWriter, WireError, peek_kind,
 };
 use ringbuf::{Consumer, Producer, Ring};
 use thiserror::Error;
@@ -391,11 +391,18 @@ impl Loop {
     }
 }
 
+/// Logprobs of an entry's one token: its own and `num_top` alternatives.
+struct OwnedLogprobs {
+    num_top: u8,
+    chosen: Vec<f32>,
+    top: Vec<(u32, f32)>,
+}
+
 /// An entry built from engine output, before it is written.
 struct OwnedEntry {
     id: u64,
     tokens: Vec<u32>,
-    logprobs: Option<(u8, Vec<f32>, Vec<(u32, f32)>)>,
+    logprobs: Option<OwnedLogprobs>,
     finish: Finish,
     error: ErrorCode,
     prompt_tokens: u32,
@@ -404,11 +411,17 @@ struct OwnedEntry {
 impl OwnedEntry {
     fn from_event(e: &TokenEvent, prompt_tokens: u32) -> Self {
         let logprobs = e.logprobs.as_ref().map(|lp| {
-            (
-                lp.top.len().min(u8::MAX as usize) as u8,
-                vec![lp.sampled.logprob],
-                lp.top.iter().map(|t| (t.token, t.logprob)).collect(),
-            )
+            let top: Vec<(u32, f32)> = lp
+                .top
+                .iter()
+                .take(u8::MAX as usize)
+                .map(|t| (t.token, t.logprob))
+                .collect();
+            OwnedLogprobs {
+                num_top: top.len() as u8,
+                chosen: vec![lp.sampled.logprob],
+                top,
+            }
         });
         Self {
             id: e.id.0,
@@ -436,37 +449,23 @@ impl OwnedEntry {
     }
 
     fn len(&self) -> usize {
-        TokensWriter::entry_len(self.tokens.len(), self.logprobs.as_ref().map(|l| l.0))
+        TokensWriter::entry_len(self.tokens.len(), self.logprobs.as_ref().map(|l| l.num_top))
     }
 
     fn as_entry(&self) -> TokenEntry<'_> {
         TokenEntry {
             request_id: self.id,
             tokens: &self.tokens,
-            logprobs: self
-                .logprobs
-                .as_ref()
-                .map(|(n, chosen, top)| EntryLogprobs {
-                    num_top: *n,
-                    chosen,
-                    top,
-                }),
+            logprobs: self.logprobs.as_ref().map(|l| EntryLogprobs {
+                num_top: l.num_top,
+                chosen: &l.chosen,
+                top: &l.top,
+            }),
             finish: self.finish,
             error: self.error,
             prompt_tokens: self.prompt_tokens,
         }
     }
-}
-
-/// Reads a Tokens record (for tests and tools): its gauges and entries as owned values.
-pub fn read_tokens(
-    bytes: &[u8],
-) -> Result<(EngineGauges, Vec<(u64, Vec<u32>, Finish)>), WireError> {
-    let mut out = Vec::new();
-    let g = Tokens::decode(bytes, |e| {
-        out.push((e.request_id, e.tokens.to_vec(), e.finish))
-    })?;
-    Ok((g, out))
 }
 
 #[cfg(test)]
