@@ -216,3 +216,41 @@ fn emoji_and_cjk_round_trip_exactly() {
         }
     });
 }
+
+#[test]
+fn a_stop_string_truncates_the_output_and_finishes_with_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    write_demo(dir.path());
+    let model = dir.path().to_str().unwrap().to_owned();
+    let server = Server::start(&["--model", &model], 1);
+    let rt = runtime();
+    rt.block_on(async {
+        let mut client = server.client().await;
+        let prompt = generate_request::Prompt::Text("Tell me a story".into());
+        let full = collect(&mut client, greedy(prompt.clone(), 48))
+            .await
+            .unwrap();
+        let text: String = full.iter().map(|m| m.text.as_str()).collect();
+        // A stop string from the middle of the greedy output.
+        let chars: Vec<char> = text.chars().collect();
+        assert!(chars.len() > 12, "{text:?}");
+        let stop: String = chars[chars.len() / 2..chars.len() / 2 + 3].iter().collect();
+        let cut = text.find(&stop).unwrap();
+        let req = GenerateRequest {
+            stop: vec![stop.clone()],
+            ..greedy(prompt, 48)
+        };
+        let stopped = collect(&mut client, req).await.unwrap();
+        let got: String = stopped.iter().map(|m| m.text.as_str()).collect();
+        assert_eq!(got, text[..cut], "stop {stop:?}");
+        let last = stopped.last().unwrap();
+        assert_eq!(last.finish_reason, FinishReason::Stop as i32);
+        assert!(ids_of(&stopped).len() < 48);
+    });
+    // The worker was told to stop: nothing keeps running.
+    assert!(server.wait_metric(
+        "ringserve_num_requests_running",
+        std::time::Duration::from_secs(30),
+        |v| v == 0.0
+    ));
+}

@@ -226,3 +226,36 @@ fn a_killed_worker_is_restarted_and_its_requests_end_unavailable() {
             >= 1.0
     );
 }
+
+#[test]
+fn an_expired_deadline_ends_the_stream_and_frees_the_request() {
+    let server = null_server(&[]);
+    let rt = runtime();
+    rt.block_on(async {
+        let mut client = server.client().await;
+        let mut req = tonic::Request::new(greedy_ids(&[1, 2, 3], LONG));
+        req.set_timeout(Duration::from_millis(100));
+        let mut stream = client.generate(req).await.unwrap().into_inner();
+        // Read slowly: the deadline passes while the request is still streaming.
+        let err = loop {
+            match stream.message().await {
+                Ok(Some(_)) => tokio::time::sleep(Duration::from_millis(20)).await,
+                Ok(None) => panic!("the stream finished before its deadline"),
+                Err(e) => break e,
+            }
+        };
+        assert!(
+            matches!(err.code(), Code::DeadlineExceeded | Code::Cancelled),
+            "{err:?}"
+        );
+    });
+    assert!(server.wait_metric(
+        "ringserve_requests_total{outcome=\"deadline_exceeded\"}",
+        Duration::from_secs(30),
+        |v| v == 1.0
+    ));
+    assert!(
+        server.wait_metric("ringserve_kv_blocks_used", Duration::from_secs(30), |v| v
+            == 0.0)
+    );
+}

@@ -39,6 +39,22 @@ fn greedy_tokens_match_the_fixture_alone_and_64_concurrent() {
             assert_eq!(usage.prompt_tokens as usize, prompt.len());
             assert_eq!(usage.completion_tokens, 24);
         }
+        // Logprobs: one entry per token, the chosen token's first among the top alternatives
+        // (greedy picks the most likely).
+        let (prompt, greedy) = &cases[0];
+        let req = GenerateRequest {
+            logprobs: 3,
+            ..greedy_ids(prompt, 8)
+        };
+        let msgs = collect(&mut client, req).await.unwrap();
+        let lps: Vec<_> = msgs.iter().flat_map(|m| m.logprobs.clone()).collect();
+        assert_eq!(lps.len(), 8);
+        for (lp, want) in lps.iter().zip(greedy) {
+            assert_eq!(lp.token_id, *want);
+            assert_eq!(lp.top.len(), 3);
+            assert_eq!(lp.top[0].token_id, *want);
+            assert!(lp.logprob <= 0.0 && (lp.logprob - lp.top[0].logprob).abs() < 1e-6);
+        }
         // 64 concurrent streams, each identical to its solo run.
         let mut tasks = Vec::new();
         for i in 0..64 {
