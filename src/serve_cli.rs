@@ -329,6 +329,13 @@ pub struct BenchServeArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// Run once per request rate (open loop, comma-separated, e.g. 1,2,4,8) and draw the
+    /// throughput-latency curve.
+    #[arg(long, value_delimiter = ',')]
+    pub sweep: Vec<f64>,
+    /// Where --sweep draws its PNG.
+    #[arg(long, default_value = "sweep.png")]
+    pub plot: PathBuf,
 }
 
 pub fn bench_serve(args: BenchServeArgs) -> anyhow::Result<()> {
@@ -350,6 +357,29 @@ pub fn bench_serve(args: BenchServeArgs) -> anyhow::Result<()> {
         progress: !args.quiet,
     };
     let rt = tokio::runtime::Runtime::new()?;
+    if !args.sweep.is_empty() {
+        let mut reports = Vec::new();
+        for &rate in &args.sweep {
+            let run = gateway::bench::BenchOptions {
+                request_rate: Some(rate),
+                ..opts.clone()
+            };
+            let report = rt.block_on(gateway::bench::run(&run))?;
+            print!("{report}");
+            reports.push(report);
+        }
+        if let Some(path) = &args.result_file {
+            std::fs::write(path, serde_json::to_string_pretty(&reports)?)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        let title = format!(
+            "ringserve: throughput vs latency ({} in / {} out tokens)",
+            args.input_len, args.output_len
+        );
+        gateway::bench_plot::plot(&reports, &title, &args.plot)?;
+        eprintln!("wrote {}", args.plot.display());
+        return Ok(());
+    }
     let report = rt.block_on(gateway::bench::run(&opts))?;
     let json = serde_json::to_string_pretty(&report)?;
     if let Some(path) = &args.result_file {

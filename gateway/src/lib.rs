@@ -9,6 +9,7 @@
 
 pub mod admission;
 pub mod bench;
+pub mod bench_plot;
 pub mod chat;
 pub mod client;
 pub mod detok;
