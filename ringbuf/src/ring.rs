@@ -75,20 +75,21 @@ pub(crate) fn poison(
 }
 
 /// Fails if this side or the peer found the ring corrupt.
+#[inline]
 pub(crate) fn check_poison(
     hdr: &crate::layout::Header,
     local: &mut Option<&'static str>,
 ) -> Result<()> {
-    if let Some(what) = *local {
-        return Err(Error::Corrupt { what });
+    if local.is_none() && hdr.meta.poisoned.load(Ordering::Relaxed) == 0 {
+        return Ok(());
     }
-    if hdr.meta.poisoned.load(Ordering::Relaxed) != 0 {
-        *local = Some("ring (poisoned by the peer)");
-        return Err(Error::Corrupt {
-            what: "ring (poisoned by the peer)",
-        });
-    }
-    Ok(())
+    Err(poisoned(local))
+}
+
+#[cold]
+fn poisoned(local: &mut Option<&'static str>) -> Error {
+    let what = *local.get_or_insert("ring (poisoned by the peer)");
+    Error::Corrupt { what }
 }
 
 /// A handle on one ring: from it, claim the producer or the consumer role (each at most once
