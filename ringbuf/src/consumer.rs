@@ -8,7 +8,7 @@ use crate::layout::{
 use crate::liveness::{self, PeerState};
 use crate::memory::Memory;
 use crate::ring::{self, Claim, WaitConfig};
-use crate::sync::{Ordering, spin_hint};
+use crate::sync::Ordering;
 use std::ops::Deref;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -337,11 +337,9 @@ impl<M: Memory> Consumer<M> {
         let deadline = Instant::now() + timeout;
         loop {
             ring::check_poison(self.mem.header(), &mut self.poisoned)?;
-            for _ in 0..=self.config.spin {
-                if self.available(self.head)? {
-                    return Ok(true);
-                }
-                spin_hint();
+            let (limit, head) = (self.config.spin, self.head);
+            if ring::spin(limit, || self.available(head))? {
+                return Ok(true);
             }
             let hdr = self.mem.header();
             // SYNC: Acquire pairs with the producer's Release bump of its doorbell (`Producer::publish`).

@@ -8,7 +8,7 @@ use crate::layout::{
 use crate::liveness::{self, PeerState};
 use crate::memory::Memory;
 use crate::ring::{self, Claim, WaitConfig};
-use crate::sync::{Ordering, spin_hint};
+use crate::sync::Ordering;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -324,11 +324,9 @@ impl<M: Memory> Producer<M> {
             } else {
                 self.cap - off + total
             };
-            for _ in 0..=self.config.spin {
-                if self.has_room(need)? {
-                    return Ok(true);
-                }
-                spin_hint();
+            let limit = self.config.spin;
+            if ring::spin(limit, || self.has_room(need))? {
+                return Ok(true);
             }
             let hdr = self.mem.header();
             // SYNC: Acquire pairs with the consumer's Release bump of its doorbell (Consumer::release).
