@@ -128,7 +128,7 @@ fn touch(payload: &[u8]) -> u64 {
 /// them, echoes pings, and returns on anything else.
 fn serve<M: Memory>(rx: &mut Consumer<M>, tx: &mut Producer<M>, mode: WaitMode) -> Result<()> {
     let no_spin = WaitConfig {
-        spin: 0,
+        spin: Duration::ZERO,
         ..WaitConfig::default()
     };
     if mode == WaitMode::Futex {
@@ -281,7 +281,7 @@ impl<M: Memory> Peer<M> {
     /// `count` round trips of one `size`-byte record; returns each round trip in nanoseconds.
     pub fn ping_pong(&mut self, size: usize, count: usize, mode: WaitMode) -> Result<Vec<u64>> {
         let no_spin = WaitConfig {
-            spin: 0,
+            spin: Duration::ZERO,
             ..WaitConfig::default()
         };
         let config = if mode == WaitMode::Futex {

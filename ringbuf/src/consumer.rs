@@ -1,5 +1,6 @@
 //! The reading end: zero-copy borrows of committed records, batches, and waiting for data.
 
+use crate::barrier;
 use crate::error::{Error, Result, Role};
 use crate::layout::{
     MAX_POSITION, PAD_BIT, RECORD_HEADER, decode_record, max_payload, record_size,
@@ -7,7 +8,7 @@ use crate::layout::{
 use crate::liveness::{self, PeerState};
 use crate::memory::Memory;
 use crate::ring::{self, Claim, WaitConfig};
-use crate::sync::{Ordering, fence, spin_hint};
+use crate::sync::Ordering;
 use std::ops::Deref;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,6 +30,8 @@ pub struct Consumer<M: Memory = crate::DefaultMemory> {
     releases: u32,
     poisoned: Option<&'static str>,
     config: WaitConfig,
+    /// This process is registered for the asymmetric barrier (see `barrier`).
+    light: bool,
 }
 
 /// One record as seen by [`Consumer::pop_batch`].
@@ -72,6 +75,7 @@ impl<M: Memory> Consumer<M> {
             releases: 0,
             poisoned: None,
             config: WaitConfig::default(),
+            light: barrier::registered(),
             mem,
         };
         if tail > MAX_POSITION
@@ -90,6 +94,12 @@ impl<M: Memory> Consumer<M> {
             .cons_side
             .sleeping
             .store(c.sleep_gen, Ordering::Relaxed);
+        let flags = if c.light { barrier::FLAG_MEMBARRIER } else { 0 };
+        c.mem
+            .header()
+            .cons_side
+            .flags
+            .store(flags, Ordering::Relaxed);
         c.heartbeat();
         Ok(c)
     }
@@ -105,6 +115,7 @@ impl<M: Memory> Consumer<M> {
     }
 
     /// Borrows the next committed record, if any; it is released when the grant drops.
+    #[inline]
     pub fn try_pop(&mut self) -> Result<Option<ReadGrant<'_, M>>> {
         let next = self.next_record(self.head)?;
         Ok(next.map(|n| self.grant(n)))
@@ -112,6 +123,7 @@ impl<M: Memory> Consumer<M> {
 
     /// Hands up to `max` committed records to `f`, then releases them all with one store.
     /// Returns how many records `f` saw.
+    #[inline]
     pub fn pop_batch(&mut self, max: usize, mut f: impl FnMut(Record<'_>)) -> Result<usize> {
         let mut pos = self.head;
         let mut n = 0;
@@ -188,6 +200,7 @@ impl<M: Memory> Consumer<M> {
         ring::poison(self.mem.header(), &mut self.poisoned, what)
     }
 
+    #[inline]
     fn grant(&mut self, next: Next) -> ReadGrant<'_, M> {
         let payload = self.payload(next);
         let (ptr, len) = (payload.as_ptr(), payload.len());
@@ -201,6 +214,7 @@ impl<M: Memory> Consumer<M> {
         }
     }
 
+    #[inline]
     fn payload(&self, next: Next) -> &[u8] {
         let off = next.pos & self.mask;
         self.mem.track_read(off, record_size(u64::from(next.len)));
@@ -216,10 +230,17 @@ impl<M: Memory> Consumer<M> {
     }
 
     /// Whether bytes beyond `pos` are published (refreshing the cached tail if needed).
+    #[inline]
     fn available(&mut self, pos: u64) -> Result<bool> {
         if pos != self.cached_tail {
             return Ok(true);
         }
+        self.refresh_tail(pos)
+    }
+
+    /// Reloads the producer's tail (we caught up with our copy); whether bytes beyond `pos` exist.
+    #[inline(never)]
+    fn refresh_tail(&mut self, pos: u64) -> Result<bool> {
         // SYNC: Acquire pairs with the producer's Release store of `prod.pos` (Producer::publish):
         // the records below `tail` are completely written.
         let tail = self.mem.header().prod.pos.load(Ordering::Acquire);
@@ -236,6 +257,7 @@ impl<M: Memory> Consumer<M> {
     }
 
     /// Validates the record at `pos` (skipping a padding record), without releasing anything.
+    #[inline]
     fn next_record(&mut self, mut pos: u64) -> Result<Option<Next>> {
         ring::check_poison(self.mem.header(), &mut self.poisoned)?;
         if !self.available(pos)? {
@@ -274,6 +296,7 @@ impl<M: Memory> Consumer<M> {
         }))
     }
 
+    #[inline]
     fn read_header(&self, off: u64) -> (u32, u16, u16) {
         self.mem.track_read(off, RECORD_HEADER as u64);
         // SAFETY: off < cap and is a multiple of 8 (positions are validated to be 8-aligned), so the
@@ -282,14 +305,19 @@ impl<M: Memory> Consumer<M> {
     }
 
     /// Stores `pos` as the new head and wakes the producer if it sleeps for room.
+    #[inline]
     fn release(&mut self, pos: u64) {
         let hdr = self.mem.header();
         // SYNC: Release pairs with the producer's Acquire load of `cons.pos` (Producer::has_room):
         // our reads of the released records happen before the producer overwrites them.
         hdr.cons.pos.store(pos, Ordering::Release);
         self.head = pos;
-        // SYNC: SeqCst fence pairs with the producer's fence in `Producer::wait_room` (eventcount).
-        fence(Ordering::SeqCst);
+        // SYNC: StoreLoad barrier pairs with the producer's `barrier::waiter` in `Producer::wait_room`
+        // (eventcount).
+        barrier::publisher(
+            self.light
+                && hdr.prod_side.flags.load(Ordering::Relaxed) & barrier::FLAG_MEMBARRIER != 0,
+        );
         let sleeping = hdr.prod_side.sleeping.load(Ordering::Relaxed);
         if sleeping & 1 == 1 && sleeping != self.last_woken {
             self.last_woken = sleeping;
@@ -309,11 +337,9 @@ impl<M: Memory> Consumer<M> {
         let deadline = Instant::now() + timeout;
         loop {
             ring::check_poison(self.mem.header(), &mut self.poisoned)?;
-            for _ in 0..=self.config.spin {
-                if self.available(self.head)? {
-                    return Ok(true);
-                }
-                spin_hint();
+            let (limit, head) = (self.config.spin, self.head);
+            if ring::spin(limit, || self.available(head))? {
+                return Ok(true);
             }
             let hdr = self.mem.header();
             // SYNC: Acquire pairs with the producer's Release bump of its doorbell (`Producer::publish`).
@@ -322,9 +348,9 @@ impl<M: Memory> Consumer<M> {
             hdr.cons_side
                 .sleeping
                 .store(self.sleep_gen, Ordering::Relaxed);
-            // SYNC: SeqCst fence pairs with the producer's fence in `Producer::publish` (eventcount): either
-            // we see its new tail below, or it sees our odd `sleeping` and rings the doorbell.
-            fence(Ordering::SeqCst);
+            // SYNC: pairs with the producer's `barrier::publisher` in `Producer::publish` (eventcount):
+            // either we see its new tail below, or it sees our odd `sleeping` and rings the doorbell.
+            barrier::waiter(self.light);
             let ready = self.available(self.head);
             let now = Instant::now();
             let owner = self.mem.header().prod_side.owner.load(Ordering::Relaxed);
@@ -357,6 +383,7 @@ impl<M: Memory> Consumer<M> {
 }
 
 impl<M: Memory> Drop for Consumer<M> {
+    #[inline]
     fn drop(&mut self) {
         self.claim.release(&self.mem.header().cons_side.owner);
     }
@@ -374,11 +401,13 @@ pub struct ReadGrant<'a, M: Memory = crate::DefaultMemory> {
 
 impl<M: Memory> ReadGrant<'_, M> {
     /// The record's kind.
+    #[inline]
     pub fn kind(&self) -> u16 {
         self.kind
     }
 
     /// The record's flags.
+    #[inline]
     pub fn flags(&self) -> u16 {
         self.flags
     }
@@ -386,6 +415,7 @@ impl<M: Memory> ReadGrant<'_, M> {
 
 impl<M: Memory> Deref for ReadGrant<'_, M> {
     type Target = [u8];
+    #[inline]
     fn deref(&self) -> &[u8] {
         // SAFETY: `ptr`/`len` came from `Consumer::payload`, which validated them; the grant holds
         // `&mut Consumer`, so the record is not released (and not overwritten) while it lives.
@@ -394,6 +424,7 @@ impl<M: Memory> Deref for ReadGrant<'_, M> {
 }
 
 impl<M: Memory> Drop for ReadGrant<'_, M> {
+    #[inline]
     fn drop(&mut self) {
         let off = (self.next - record_size(self.len as u64)) & self.consumer.mask;
         self.consumer

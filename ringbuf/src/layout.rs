@@ -8,9 +8,9 @@
 //!    128   128  producer hot: tail u64, cached head u64        producer
 //!    256   128  consumer hot: head u64, cached tail u64        consumer
 //!    384   128  producer side: owner u64, heartbeat u64,       producer
-//!                     sleeping u32, doorbell u32
+//!                     sleeping u32, doorbell u32, flags u32
 //!    512   128  consumer side: owner u64, heartbeat u64,       consumer
-//!                     sleeping u32, doorbell u32
+//!                     sleeping u32, doorbell u32, flags u32
 //!    640        (unused up to DATA_OFFSET)
 //!   4096   cap  data: records [len u32][kind u16][flags u16][payload][pad to 8]
 //! ```
@@ -77,6 +77,10 @@ pub struct Side {
     pub sleeping: AtomicU32,
     /// Futex word the *peer* sleeps on; this side bumps it to wake the peer.
     pub doorbell: AtomicU32,
+    /// Bit 0: this side issues a global membarrier before sleeping (see `barrier`).
+    pub flags: AtomicU32,
+    /// Zero.
+    pub reserved: AtomicU32,
 }
 
 /// The segment header.
@@ -110,6 +114,8 @@ impl Header {
                 heartbeat: AtomicU64::new(0),
                 sleeping: AtomicU32::new(0),
                 doorbell: AtomicU32::new(0),
+                flags: AtomicU32::new(0),
+                reserved: AtomicU32::new(0),
             })
         };
         Header {
@@ -147,7 +153,9 @@ const _: () = {
     assert!(offset_of!(Side, heartbeat) == 8);
     assert!(offset_of!(Side, sleeping) == 16);
     assert!(offset_of!(Side, doorbell) == 20);
-    assert!(size_of::<Side>() == 24);
+    assert!(offset_of!(Side, flags) == 24);
+    assert!(offset_of!(Side, reserved) == 28);
+    assert!(size_of::<Side>() == 32);
     assert!(align_of::<CachePadded<Hot>>() == 128);
     assert!(offset_of!(Header, meta) == 0);
     assert!(offset_of!(Header, prod) == 128);

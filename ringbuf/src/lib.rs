@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+mod barrier;
 #[cfg(not(loom))]
 pub mod bench;
 #[cfg(not(loom))]

@@ -95,7 +95,7 @@ fn loom_batch_commit_is_all_or_nothing() {
 
 fn no_spin() -> WaitConfig {
     WaitConfig {
-        spin: 0,
+        spin: Duration::ZERO,
         ..WaitConfig::default()
     }
 }

@@ -1,5 +1,6 @@
 //! The writing end: zero-copy reservations, batches, publishing and waiting for space.
 
+use crate::barrier;
 use crate::error::{Error, Result, Role};
 use crate::layout::{
     MAX_POSITION, PAD_BIT, RECORD_HEADER, encode_record, max_payload, record_size,
@@ -7,7 +8,7 @@ use crate::layout::{
 use crate::liveness::{self, PeerState};
 use crate::memory::Memory;
 use crate::ring::{self, Claim, WaitConfig};
-use crate::sync::{Ordering, fence, spin_hint};
+use crate::sync::Ordering;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,6 +36,8 @@ pub struct Producer<M: Memory = crate::DefaultMemory> {
     publishes: u32,
     poisoned: Option<&'static str>,
     config: WaitConfig,
+    /// This process is registered for the asymmetric barrier (see `barrier`).
+    light: bool,
 }
 
 impl<M: Memory> Producer<M> {
@@ -61,6 +64,7 @@ impl<M: Memory> Producer<M> {
             publishes: 0,
             poisoned: None,
             config: WaitConfig::default(),
+            light: barrier::registered(),
             mem,
         };
         if tail > MAX_POSITION
@@ -79,6 +83,12 @@ impl<M: Memory> Producer<M> {
             .prod_side
             .sleeping
             .store(p.sleep_gen, Ordering::Relaxed);
+        let flags = if p.light { barrier::FLAG_MEMBARRIER } else { 0 };
+        p.mem
+            .header()
+            .prod_side
+            .flags
+            .store(flags, Ordering::Relaxed);
         p.heartbeat();
         Ok(p)
     }
@@ -100,16 +110,19 @@ impl<M: Memory> Producer<M> {
 
     /// Reserves room for one record of `len` payload bytes. `Ok(None)`: the ring is full for now.
     /// The grant publishes on [`WriteGrant::commit`]; dropped uncommitted, it publishes nothing.
+    #[inline]
     pub fn reserve(&mut self, len: usize) -> Result<Option<WriteGrant<'_, M>>> {
         self.reserve_inner(len, true)
     }
 
     /// Copies `payload` into a record of kind 0 and publishes it. `Ok(false)`: the ring is full.
+    #[inline]
     pub fn try_push(&mut self, payload: &[u8]) -> Result<bool> {
         self.try_push_kind(0, payload)
     }
 
     /// Like [`try_push`](Self::try_push) with a record kind.
+    #[inline]
     pub fn try_push_kind(&mut self, kind: u16, payload: &[u8]) -> Result<bool> {
         Ok(match self.reserve(payload.len())? {
             Some(mut grant) => {
@@ -180,6 +193,7 @@ impl<M: Memory> Producer<M> {
         (self.tail - self.cached_head) as usize
     }
 
+    #[inline]
     fn record_total(&self, len: usize) -> Result<u64> {
         if len as u64 > self.max_payload {
             return Err(Error::TooLarge {
@@ -194,6 +208,7 @@ impl<M: Memory> Producer<M> {
         ring::poison(self.mem.header(), &mut self.poisoned, what)
     }
 
+    #[inline]
     fn reserve_inner(&mut self, len: usize, publish: bool) -> Result<Option<WriteGrant<'_, M>>> {
         ring::check_poison(self.mem.header(), &mut self.poisoned)?;
         let total = self.record_total(len)?;
@@ -212,6 +227,7 @@ impl<M: Memory> Producer<M> {
 
     /// Finds room for a record of `total` bytes at `pending`, writing a padding record first if it
     /// would cross the wrap. Returns the record's position.
+    #[inline]
     fn place(&mut self, total: u64) -> Result<Option<u64>> {
         let off = self.pending & self.mask;
         let to_end = self.cap - off;
@@ -236,11 +252,18 @@ impl<M: Memory> Producer<M> {
         Ok(Some(self.pending + to_end))
     }
 
+    #[inline]
     fn has_room(&mut self, need: u64) -> Result<bool> {
         let end = self.pending + need;
         if end - self.cached_head <= self.cap {
             return Ok(true);
         }
+        self.refresh_head(end)
+    }
+
+    /// Reloads the consumer's head (the ring looked full); whether `end` now fits.
+    #[inline(never)]
+    fn refresh_head(&mut self, end: u64) -> Result<bool> {
         ring::check_poison(self.mem.header(), &mut self.poisoned)?;
         // SYNC: Acquire pairs with the consumer's Release store of `cons.pos` (Consumer::release):
         // the consumer has finished reading every byte below `head`, so we may overwrite it.
@@ -258,6 +281,7 @@ impl<M: Memory> Producer<M> {
     }
 
     /// Stores `pending` as the new tail and wakes the consumer if it sleeps.
+    #[inline]
     fn publish(&mut self) {
         if self.pending == self.tail {
             return;
@@ -268,9 +292,12 @@ impl<M: Memory> Producer<M> {
         hdr.prod.pos.store(self.pending, Ordering::Release);
         self.tail = self.pending;
         self.pending_records = 0;
-        // SYNC: SeqCst fence pairs with the consumer's fence in `Consumer::wait_data` (eventcount): either the
-        // consumer's re-check sees our new tail, or we see its `sleeping` flag below.
-        fence(Ordering::SeqCst);
+        // SYNC: StoreLoad barrier pairs with the consumer's `barrier::waiter` in `Consumer::wait_data`
+        // (eventcount): either its re-check sees our new tail, or we see its `sleeping` flag below.
+        barrier::publisher(
+            self.light
+                && hdr.cons_side.flags.load(Ordering::Relaxed) & barrier::FLAG_MEMBARRIER != 0,
+        );
         let sleeping = hdr.cons_side.sleeping.load(Ordering::Relaxed);
         if sleeping & 1 == 1 && sleeping != self.last_woken {
             self.last_woken = sleeping;
@@ -297,11 +324,9 @@ impl<M: Memory> Producer<M> {
             } else {
                 self.cap - off + total
             };
-            for _ in 0..=self.config.spin {
-                if self.has_room(need)? {
-                    return Ok(true);
-                }
-                spin_hint();
+            let limit = self.config.spin;
+            if ring::spin(limit, || self.has_room(need))? {
+                return Ok(true);
             }
             let hdr = self.mem.header();
             // SYNC: Acquire pairs with the consumer's Release bump of its doorbell (Consumer::release).
@@ -310,8 +335,8 @@ impl<M: Memory> Producer<M> {
             hdr.prod_side
                 .sleeping
                 .store(self.sleep_gen, Ordering::Relaxed);
-            // SYNC: SeqCst fence pairs with the consumer's fence in `Consumer::release` (eventcount).
-            fence(Ordering::SeqCst);
+            // SYNC: pairs with the consumer's `barrier::publisher` in `Consumer::release` (eventcount).
+            barrier::waiter(self.light);
             let room = self.has_room(need);
             let now = Instant::now();
             let outcome = match room {
@@ -362,16 +387,19 @@ pub struct WriteGrant<'a, M: Memory = crate::DefaultMemory> {
 
 impl<M: Memory> WriteGrant<'_, M> {
     /// Sets the record's kind (default 0).
+    #[inline]
     pub fn set_kind(&mut self, kind: u16) {
         self.kind = kind;
     }
 
     /// Sets the record's flags (default 0).
+    #[inline]
     pub fn set_flags(&mut self, flags: u16) {
         self.flags = flags;
     }
 
     /// Commits the record: publishes it now, or with its batch.
+    #[inline]
     pub fn commit(self) {
         let p = self.producer;
         let off = (self.pos & p.mask) as usize;
@@ -393,6 +421,7 @@ impl<M: Memory> WriteGrant<'_, M> {
 
 impl<M: Memory> Deref for WriteGrant<'_, M> {
     type Target = [u8];
+    #[inline]
     fn deref(&self) -> &[u8] {
         let p = &*self.producer;
         // SAFETY: `place` reserved `len` payload bytes after the header at `pos`, inside the data area
@@ -409,6 +438,7 @@ impl<M: Memory> Deref for WriteGrant<'_, M> {
 }
 
 impl<M: Memory> DerefMut for WriteGrant<'_, M> {
+    #[inline]
     fn deref_mut(&mut self) -> &mut [u8] {
         let p = &*self.producer;
         // SAFETY: as in `deref`; `&mut self` makes this the only borrow of those bytes.
@@ -431,11 +461,13 @@ pub struct Batch<'a, M: Memory = crate::DefaultMemory> {
 
 impl<M: Memory> Batch<'_, M> {
     /// Reserves the next record of the batch; its [`WriteGrant::commit`] adds it to the batch.
+    #[inline]
     pub fn reserve(&mut self, len: usize) -> Result<Option<WriteGrant<'_, M>>> {
         self.producer.reserve_inner(len, false)
     }
 
     /// Copies `payload` into the batch as a record of kind 0. `Ok(false)`: the ring is full.
+    #[inline]
     pub fn try_push(&mut self, payload: &[u8]) -> Result<bool> {
         Ok(match self.reserve(payload.len())? {
             Some(mut grant) => {
@@ -448,6 +480,7 @@ impl<M: Memory> Batch<'_, M> {
     }
 
     /// Records committed to this batch so far.
+    #[inline]
     pub fn len(&self) -> usize {
         self.producer.pending_records
     }
@@ -458,6 +491,7 @@ impl<M: Memory> Batch<'_, M> {
     }
 
     /// Publishes every record of the batch; returns how many.
+    #[inline]
     pub fn commit(self) -> usize {
         let n = self.producer.pending_records;
         self.producer.publish();

@@ -12,8 +12,9 @@ use std::time::Duration;
 /// How the waiting calls behave.
 #[derive(Clone, Copy, Debug)]
 pub struct WaitConfig {
-    /// Polls of the peer's position before going to sleep (each a `spin_loop` hint, a few ns).
-    pub spin: u32,
+    /// How long a wait polls the peer's position before going to sleep (a few µs: longer than a
+    /// cache-line round trip, much shorter than the ~50 µs a futex sleep and wake cost here).
+    pub spin: Duration,
     /// Longest single futex sleep: the peer's liveness is re-checked at least this often, so a wait
     /// notices a dead peer within about this long.
     pub liveness_poll: Duration,
@@ -24,9 +25,36 @@ pub struct WaitConfig {
 impl Default for WaitConfig {
     fn default() -> Self {
         WaitConfig {
-            spin: if cfg!(loom) { 0 } else { 2000 },
+            spin: if cfg!(loom) {
+                Duration::ZERO
+            } else {
+                Duration::from_micros(5)
+            },
             liveness_poll: Duration::from_millis(50),
             heartbeat_limit: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Polls `ready` until it holds or `limit` has passed (reading the clock every 32 polls).
+#[inline]
+pub(crate) fn spin(limit: Duration, mut ready: impl FnMut() -> Result<bool>) -> Result<bool> {
+    if ready()? {
+        return Ok(true);
+    }
+    if limit.is_zero() {
+        return Ok(false);
+    }
+    let start = std::time::Instant::now();
+    loop {
+        for _ in 0..32 {
+            crate::sync::spin_hint();
+            if ready()? {
+                return Ok(true);
+            }
+        }
+        if start.elapsed() >= limit {
+            return Ok(false);
         }
     }
 }
@@ -75,20 +103,21 @@ pub(crate) fn poison(
 }
 
 /// Fails if this side or the peer found the ring corrupt.
+#[inline]
 pub(crate) fn check_poison(
     hdr: &crate::layout::Header,
     local: &mut Option<&'static str>,
 ) -> Result<()> {
-    if let Some(what) = *local {
-        return Err(Error::Corrupt { what });
+    if local.is_none() && hdr.meta.poisoned.load(Ordering::Relaxed) == 0 {
+        return Ok(());
     }
-    if hdr.meta.poisoned.load(Ordering::Relaxed) != 0 {
-        *local = Some("ring (poisoned by the peer)");
-        return Err(Error::Corrupt {
-            what: "ring (poisoned by the peer)",
-        });
-    }
-    Ok(())
+    Err(poisoned(local))
+}
+
+#[cold]
+fn poisoned(local: &mut Option<&'static str>) -> Error {
+    let what = *local.get_or_insert("ring (poisoned by the peer)");
+    Error::Corrupt { what }
 }
 
 /// A handle on one ring: from it, claim the producer or the consumer role (each at most once
