@@ -19,6 +19,10 @@ pub fn matmul_t(a: &[f32], w: &[f32], out: &mut [f32], (m, k, n): (usize, usize,
         out.fill(0.0);
         return;
     }
+    if m <= GEMV_MAX_ROWS {
+        gemv_rows(a, w, out, (m, k, n));
+        return;
+    }
     let (mi, ki, ni) = (m as isize, k as isize, n as isize);
     debug_assert!(mi > 0 && ki > 0 && ni > 0);
     // SAFETY: the asserts above prove `out` holds m·n elements, `a` m·k and `w` n·k. With the strides
@@ -47,6 +51,34 @@ pub fn matmul_t(a: &[f32], w: &[f32], out: &mut [f32], (m, k, n): (usize, usize,
             false,
             Parallelism::Rayon(0),
         );
+    }
+}
+
+/// Up to this many rows, [`matmul_t`] streams the weight once with dot products instead of calling
+/// GEMM: decode steps are bandwidth-bound, and GEMM would first copy (pack) the whole weight.
+const GEMV_MAX_ROWS: usize = 4;
+
+/// Weight rows per parallel task of [`gemv_rows`].
+const GEMV_ROWS_PER_TASK: usize = 32;
+
+/// [`matmul_t`] for few rows: each task takes a band of weight rows and dots every input row with it.
+fn gemv_rows(a: &[f32], w: &[f32], out: &mut [f32], (m, k, n): (usize, usize, usize)) {
+    // Transposed result `[n × m]`, so each task writes one contiguous band.
+    let mut out_t = vec![0.0f32; n * m];
+    out_t
+        .par_chunks_mut(GEMV_ROWS_PER_TASK * m)
+        .zip(w.par_chunks(GEMV_ROWS_PER_TASK * k))
+        .for_each(|(o, w_band)| {
+            for (o_row, w_row) in o.chunks_exact_mut(m).zip(w_band.chunks_exact(k)) {
+                for (o, a_row) in o_row.iter_mut().zip(a.chunks_exact(k)) {
+                    *o = dot(a_row, w_row);
+                }
+            }
+        });
+    for (j, row) in out_t.chunks_exact(m).enumerate() {
+        for (i, &v) in row.iter().enumerate() {
+            out[i * n + j] = v;
+        }
     }
 }
 
@@ -154,17 +186,20 @@ pub fn paged_attention(
             let ctx = tokens[t];
             let q_row = &q[t * q_stride + head * d..t * q_stride + (head + 1) * d];
             let kv_off = (head / group) * d;
-            let slot = |j: usize| {
-                let block = ctx.block_table[j / block_size] as usize;
-                (block * block_size + j % block_size) * kv_dim + kv_off
+            // Offsets of the K/V rows of positions 0..=position, block by block.
+            let rows = || {
+                ctx.block_table
+                    .iter()
+                    .flat_map(move |&b| {
+                        let base = b as usize * block_size;
+                        (base..base + block_size).map(move |slot| slot * kv_dim + kv_off)
+                    })
+                    .take(ctx.position + 1)
             };
             scores.clear();
             let mut max = f32::NEG_INFINITY;
-            for j in 0..=ctx.position {
-                let s = slot(j);
-                let k = &k_cache[s..s + d];
-                let dot: f32 = q_row.iter().zip(k).map(|(a, b)| a * b).sum();
-                let score = dot * scale;
+            for s in rows() {
+                let score = dot(q_row, &k_cache[s..s + d]) * scale;
                 max = max.max(score);
                 scores.push(score);
             }
@@ -174,14 +209,34 @@ pub fn paged_attention(
                 sum += *s;
             }
             o.fill(0.0);
-            for (j, &w) in scores.iter().enumerate() {
+            for (s, &w) in rows().zip(scores.iter()) {
                 let p = w / sum;
-                let s = slot(j);
                 for (o, &v) in o.iter_mut().zip(&v_cache[s..s + d]) {
                     *o += p * v;
                 }
             }
         });
+}
+
+/// Dot product with eight independent partial sums, so the compiler can keep them in SIMD lanes (a
+/// plain `sum()` of f32 must run strictly in order and stays scalar).
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    const LANES: usize = 8;
+    let mut acc = [0.0f32; LANES];
+    let (a_chunks, b_chunks) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail: f32 = a_chunks
+        .remainder()
+        .iter()
+        .zip(b_chunks.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in a_chunks.zip(b_chunks) {
+        for i in 0..LANES {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
 }
 
 #[cfg(test)]
@@ -200,6 +255,33 @@ mod tests {
                 let want: f32 = (0..k).map(|p| a[i * k + p] * w[j * k + p]).sum();
                 assert!((out[i * n + j] - want).abs() < 1e-5, "({i},{j})");
             }
+        }
+    }
+
+    #[test]
+    fn gemv_path_matches_naive() {
+        for m in 1..=GEMV_MAX_ROWS + 1 {
+            let (k, n) = (37, 70);
+            let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.21).sin()).collect();
+            let w: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.07).cos()).collect();
+            let mut out = vec![f32::NAN; m * n];
+            matmul_t(&a, &w, &mut out, (m, k, n));
+            for i in 0..m {
+                for j in 0..n {
+                    let want: f32 = (0..k).map(|p| a[i * k + p] * w[j * k + p]).sum();
+                    assert!((out[i * n + j] - want).abs() < 1e-5, "m {m} ({i},{j})");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn dot_matches_sequential_sum() {
+        for n in [0, 1, 7, 8, 9, 64, 67] {
+            let a: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 3.0).collect();
+            let b: Vec<f32> = (0..n).map(|i| (i % 5) as f32 - 2.0).collect();
+            let want: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+            assert_eq!(dot(&a, &b), want, "n = {n}");
         }
     }
 
