@@ -366,6 +366,12 @@ impl Engine {
                         expected: format!("{}", rows.len()),
                     });
                 }
+                if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.vocab) {
+                    return Err(EngineError::BadOutput {
+                        got: format!("sampled token {bad}"),
+                        expected: format!("ids below the vocabulary size {}", self.vocab),
+                    });
+                }
                 return Ok((tokens, vec![None; rows.len()]));
             }
         }
