@@ -3,7 +3,11 @@
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "ringserve", version, about = "Serve Llama-family models over gRPC, fast")]
+#[command(
+    name = "ringserve",
+    version,
+    about = "Serve Llama-family models over gRPC, fast"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
