@@ -122,3 +122,6 @@ pub trait Backend: Send {
         Ok(None)
     }
 }
+
+#[cfg(feature = "cuda")]
+pub mod cuda;
