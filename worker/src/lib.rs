@@ -5,4 +5,10 @@
 //! The engine knows nothing about gRPC; the ring-serving loop and offline `generate` drive it.
 
 pub mod backend;
+pub mod checkpoint;
 pub mod config;
+pub mod engine;
+pub mod kv;
+pub mod request;
+pub mod sampler;
+pub mod scheduler;

@@ -7,7 +7,14 @@
 //! `block_table[p / block_size]`, slot `p % block_size`), attends over the whole context, and returns
 //! logits only for the sequences that sample this step (the last token of each such sequence).
 
+pub mod testing;
+
 use thiserror::Error;
+
+pub mod cpu;
+mod load;
+
+pub use load::{BackendOptions, ComputeDtype, Device, ParseDeviceError, load_backend};
 
 /// One sequence's share of a step.
 #[derive(Debug, Clone, Copy)]
@@ -91,6 +98,9 @@ pub enum BackendError {
     /// The checkpoint could not be turned into this backend's weights.
     #[error("weights: {0}")]
     Weights(String),
+    /// The backend options are unusable (zero block size, too few KV blocks, ...).
+    #[error("invalid backend options: {0}")]
+    InvalidOptions(String),
     /// This backend was not compiled in.
     #[error("backend `{0}` is not available in this build (rebuild with `--features {0}`)")]
     NotCompiled(&'static str),

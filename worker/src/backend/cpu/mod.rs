@@ -1,0 +1,351 @@
+//! The CPU backend: the f32 reference every other backend is checked against.
+//!
+//! Weights are converted to f32 once at load (q/k/v and gate/up fused into one matrix each). A step
+//! runs over the flattened tokens of all its sequences: one GEMM per projection for the whole step
+//! (the `gemm` crate, all cores through rayon), RoPE at each token's own position, K/V written into
+//! the paged cache through each sequence's block table, then attention per token and head over the
+//! sequence's whole context (so chunked prefill and prefix-cache hits need nothing special). Logits
+//! are computed only for the rows that sample.
+
+mod ops;
+
+use rayon::prelude::*;
+
+use crate::backend::{Backend, BackendError, ForwardBatch, Logits};
+use crate::checkpoint::names::{self, layer, layer_tensor};
+use crate::checkpoint::{Checkpoint, CheckpointError};
+use crate::config::ModelConfig;
+
+use ops::{AttentionDims, TokenContext};
+
+/// KV cache geometry of a [`CpuBackend`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuOptions {
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// KV blocks to allocate, the null block 0 included (so at least 2).
+    pub num_kv_blocks: usize,
+}
+
+/// One decoder layer's weights in f32, HF layout (`[out, in]`).
+struct LayerWeights {
+    input_norm: Vec<f32>,
+    post_norm: Vec<f32>,
+    /// `[q_dim + 2·kv_dim, hidden]`: q, k, v projections stacked.
+    qkv: Vec<f32>,
+    qkv_bias: Option<Vec<f32>>,
+    o: Vec<f32>,
+    /// `[2·intermediate, hidden]`: gate then up.
+    gate_up: Vec<f32>,
+    down: Vec<f32>,
+}
+
+/// The f32 CPU backend; owns the weights and the paged KV cache.
+pub struct CpuBackend {
+    config: ModelConfig,
+    embed: Vec<f32>,
+    /// `None` when tied to `embed`.
+    lm_head: Option<Vec<f32>>,
+    final_norm: Vec<f32>,
+    layers: Vec<LayerWeights>,
+    inv_freq: Vec<f32>,
+    block_size: usize,
+    num_blocks: usize,
+    /// Per layer, `[blocks × block_size × kv_heads × head_dim]`.
+    k_cache: Vec<Vec<f32>>,
+    v_cache: Vec<Vec<f32>>,
+}
+
+impl std::fmt::Debug for CpuBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuBackend")
+            .field("layers", &self.layers.len())
+            .field("block_size", &self.block_size)
+            .field("num_blocks", &self.num_blocks)
+            .finish_non_exhaustive()
+    }
+}
+
+fn weights_err(e: CheckpointError) -> BackendError {
+    BackendError::Weights(e.to_string())
+}
+
+impl CpuBackend {
+    /// Validates `checkpoint` against `config`, converts the weights to f32 and allocates the cache.
+    pub fn new(
+        config: &ModelConfig,
+        checkpoint: &Checkpoint,
+        options: CpuOptions,
+    ) -> Result<Self, BackendError> {
+        if options.block_size == 0 {
+            return Err(BackendError::InvalidOptions(
+                "block_size must be positive".into(),
+            ));
+        }
+        if options.num_kv_blocks < 2 {
+            return Err(BackendError::InvalidOptions(format!(
+                "num_kv_blocks is {}; at least 2 are needed (block 0 is the null block)",
+                options.num_kv_blocks
+            )));
+        }
+        let cache_len = options
+            .num_kv_blocks
+            .checked_mul(options.block_size)
+            .and_then(|n| n.checked_mul(config.kv_dim()))
+            .filter(|n| n.checked_mul(4 * 2 * config.num_hidden_layers).is_some())
+            .ok_or_else(|| BackendError::InvalidOptions("KV cache size overflows".into()))?;
+        checkpoint.validate(config).map_err(weights_err)?;
+
+        let layers = (0..config.num_hidden_layers)
+            .into_par_iter()
+            .map(|i| load_layer(config, checkpoint, i))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(weights_err)?;
+        let embed = checkpoint
+            .tensor_f32(names::EMBED_TOKENS)
+            .map_err(weights_err)?;
+        let lm_head = if config.tie_word_embeddings {
+            None
+        } else {
+            Some(checkpoint.tensor_f32(names::LM_HEAD).map_err(weights_err)?)
+        };
+        let final_norm = checkpoint
+            .tensor_f32(names::FINAL_NORM)
+            .map_err(weights_err)?;
+        let mut k_cache = Vec::with_capacity(config.num_hidden_layers);
+        let mut v_cache = Vec::with_capacity(config.num_hidden_layers);
+        for _ in 0..config.num_hidden_layers {
+            k_cache.push(vec![0.0f32; cache_len]);
+            v_cache.push(vec![0.0f32; cache_len]);
+        }
+        Ok(Self {
+            config: config.clone(),
+            embed,
+            lm_head,
+            final_norm,
+            layers,
+            inv_freq: config.rope.inv_freq(config.head_dim),
+            block_size: options.block_size,
+            num_blocks: options.num_kv_blocks,
+            k_cache,
+            v_cache,
+        })
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// Checks `batch` against the cache and the model, returning each token's attention context.
+    fn check_batch<'b>(
+        &self,
+        batch: &ForwardBatch<'b>,
+    ) -> Result<Vec<TokenContext<'b>>, BackendError> {
+        let bad = |msg: String| Err(BackendError::InvalidBatch(msg));
+        let n = batch.token_ids.len();
+        if batch.positions.len() != n {
+            return bad(format!(
+                "{} token ids but {} positions",
+                n,
+                batch.positions.len()
+            ));
+        }
+        if let Some(&t) = batch
+            .token_ids
+            .iter()
+            .find(|&&t| t as usize >= self.config.vocab_size)
+        {
+            return bad(format!(
+                "token id {t} is outside the vocabulary ({})",
+                self.config.vocab_size
+            ));
+        }
+        let mut tokens = Vec::with_capacity(n);
+        let mut next = 0usize;
+        for (i, seq) in batch.seqs.iter().enumerate() {
+            if seq.query_start != next {
+                return bad(format!(
+                    "sequence {i} starts at token {} but the previous one ends at {next}",
+                    seq.query_start
+                ));
+            }
+            if seq.query_len == 0 || seq.query_len > seq.context_len {
+                return bad(format!(
+                    "sequence {i}: query_len {} with context_len {}",
+                    seq.query_len, seq.context_len
+                ));
+            }
+            let end = seq.query_start + seq.query_len;
+            if end > n {
+                return bad(format!("sequence {i} runs past the {n} tokens of the step"));
+            }
+            let blocks_needed = seq.context_len.div_ceil(self.block_size);
+            if seq.block_table.len() < blocks_needed {
+                return bad(format!(
+                    "sequence {i}: context of {} tokens needs {blocks_needed} blocks, the table has {}",
+                    seq.context_len,
+                    seq.block_table.len()
+                ));
+            }
+            let table = &seq.block_table[..blocks_needed];
+            if let Some(&b) = table
+                .iter()
+                .find(|&&b| b == 0 || b as usize >= self.num_blocks)
+            {
+                return bad(format!(
+                    "sequence {i}: block {b} is the null block or beyond the {} allocated",
+                    self.num_blocks
+                ));
+            }
+            let first = seq.context_len - seq.query_len;
+            for (j, &p) in batch.positions[seq.query_start..end].iter().enumerate() {
+                if p as usize != first + j {
+                    return bad(format!(
+                        "sequence {i}: token {j} has position {p}, expected {}",
+                        first + j
+                    ));
+                }
+                tokens.push(TokenContext {
+                    position: p as usize,
+                    block_table: table,
+                });
+            }
+            next = end;
+        }
+        if next != n {
+            return bad(format!("the sequences cover {next} of the {n} tokens"));
+        }
+        Ok(tokens)
+    }
+
+    /// Writes each token's K and V (the k and v parts of its `qkv` row) into layer `l`'s cache.
+    fn write_kv(&mut self, l: usize, qkv: &[f32], tokens: &[TokenContext<'_>]) {
+        let (q_dim, kv_dim) = (self.config.q_dim(), self.config.kv_dim());
+        let width = q_dim + 2 * kv_dim;
+        let bs = self.block_size;
+        let (kc, vc) = (&mut self.k_cache[l], &mut self.v_cache[l]);
+        for (t, ctx) in tokens.iter().enumerate() {
+            let block = ctx.block_table[ctx.position / bs] as usize;
+            let dst = (block * bs + ctx.position % bs) * kv_dim;
+            let row = &qkv[t * width..(t + 1) * width];
+            kc[dst..dst + kv_dim].copy_from_slice(&row[q_dim..q_dim + kv_dim]);
+            vc[dst..dst + kv_dim].copy_from_slice(&row[q_dim + kv_dim..]);
+        }
+    }
+}
+
+fn load_layer(
+    config: &ModelConfig,
+    ckpt: &Checkpoint,
+    i: usize,
+) -> Result<LayerWeights, CheckpointError> {
+    let get = |suffix: &str| ckpt.tensor_f32(&layer_tensor(i, suffix));
+    let stack = |parts: &[&str]| -> Result<Vec<f32>, CheckpointError> {
+        let mut out = Vec::new();
+        for p in parts {
+            out.extend(get(p)?);
+        }
+        Ok(out)
+    };
+    Ok(LayerWeights {
+        input_norm: get(layer::INPUT_NORM)?,
+        post_norm: get(layer::POST_ATTENTION_NORM)?,
+        qkv: stack(&[layer::Q_PROJ, layer::K_PROJ, layer::V_PROJ])?,
+        qkv_bias: if config.qkv_bias {
+            Some(stack(&[layer::Q_BIAS, layer::K_BIAS, layer::V_BIAS])?)
+        } else {
+            None
+        },
+        o: get(layer::O_PROJ)?,
+        gate_up: stack(&[layer::GATE_PROJ, layer::UP_PROJ])?,
+        down: get(layer::DOWN_PROJ)?,
+    })
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn num_kv_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    fn forward(&mut self, batch: &ForwardBatch<'_>) -> Result<Logits, BackendError> {
+        let tokens = self.check_batch(batch)?;
+        let cfg = &self.config;
+        let (n, h, vocab) = (tokens.len(), cfg.hidden_size, cfg.vocab_size);
+        let (q_dim, kv_dim, inter) = (cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size);
+        let (hd, eps) = (cfg.head_dim, cfg.rms_norm_eps);
+        let width = q_dim + 2 * kv_dim;
+        let dims = AttentionDims {
+            num_heads: cfg.num_attention_heads,
+            num_kv_heads: cfg.num_key_value_heads,
+            head_dim: hd,
+            block_size: self.block_size,
+            q_stride: width,
+        };
+
+        let mut x = Vec::with_capacity(n * h);
+        for &t in batch.token_ids {
+            x.extend_from_slice(&self.embed[t as usize * h..(t as usize + 1) * h]);
+        }
+        let (cos, sin) = ops::rope_tables(batch.positions, &self.inv_freq);
+        let half = hd / 2;
+        let mut normed = vec![0.0f32; n * h];
+        let mut qkv = vec![0.0f32; n * width];
+        let mut attn = vec![0.0f32; n * q_dim];
+        let mut proj = vec![0.0f32; n * h];
+        let mut gate_up = vec![0.0f32; n * 2 * inter];
+        let mut act = vec![0.0f32; n * inter];
+
+        for l in 0..self.layers.len() {
+            let w = &self.layers[l];
+            ops::rms_norm(&x, &w.input_norm, eps, &mut normed);
+            ops::matmul_t(&normed, &w.qkv, &mut qkv, (n, h, width));
+            qkv.par_chunks_mut(width).enumerate().for_each(|(t, row)| {
+                if let Some(bias) = &w.qkv_bias {
+                    row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
+                }
+                let (c, s) = (
+                    &cos[t * half..(t + 1) * half],
+                    &sin[t * half..(t + 1) * half],
+                );
+                ops::rope_in_place(&mut row[..q_dim + kv_dim], hd, c, s);
+            });
+            self.write_kv(l, &qkv, &tokens);
+            let caches = (self.k_cache[l].as_slice(), self.v_cache[l].as_slice());
+            ops::paged_attention(&qkv, caches, &tokens, dims, &mut attn);
+            let w = &self.layers[l];
+            ops::matmul_t(&attn, &w.o, &mut proj, (n, q_dim, h));
+            x.iter_mut().zip(&proj).for_each(|(x, p)| *x += p);
+            ops::rms_norm(&x, &w.post_norm, eps, &mut normed);
+            ops::matmul_t(&normed, &w.gate_up, &mut gate_up, (n, h, 2 * inter));
+            ops::silu_mul(&gate_up, inter, &mut act);
+            ops::matmul_t(&act, &w.down, &mut proj, (n, inter, h));
+            x.iter_mut().zip(&proj).for_each(|(x, p)| *x += p);
+        }
+
+        let rows: Vec<usize> = batch
+            .seqs
+            .iter()
+            .filter(|s| s.sample)
+            .map(|s| s.query_start + s.query_len - 1)
+            .collect();
+        let mut last = Vec::with_capacity(rows.len() * h);
+        for &r in &rows {
+            last.extend_from_slice(&x[r * h..(r + 1) * h]);
+        }
+        let mut last_normed = vec![0.0f32; last.len()];
+        ops::rms_norm(&last, &self.final_norm, eps, &mut last_normed);
+        let head = self.lm_head.as_deref().unwrap_or(&self.embed);
+        let mut data = vec![0.0f32; rows.len() * vocab];
+        ops::matmul_t(&last_normed, head, &mut data, (rows.len(), h, vocab));
+        Ok(Logits { vocab, data })
+    }
+}

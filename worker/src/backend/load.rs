@@ -1,0 +1,135 @@
+//! Picking and building a backend from command-line style options.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::backend::cpu::{CpuBackend, CpuOptions};
+use crate::backend::{Backend, BackendError};
+use crate::checkpoint::Checkpoint;
+use crate::config::ModelConfig;
+
+/// Where the model runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Device {
+    /// The f32 CPU reference backend, on all cores.
+    #[default]
+    Cpu,
+    /// A CUDA GPU, by ordinal (`cuda` is `cuda:0`).
+    Cuda(usize),
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Cpu => f.write_str("cpu"),
+            Self::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+/// A device string that is none of `cpu`, `cuda`, `cuda:N`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown device `{0}` (expected cpu, cuda or cuda:N)")]
+pub struct ParseDeviceError(pub String);
+
+impl FromStr for Device {
+    type Err = ParseDeviceError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "cpu" => Ok(Self::Cpu),
+            "cuda" => Ok(Self::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Self::Cuda)
+                .ok_or_else(|| ParseDeviceError(s.to_owned())),
+        }
+    }
+}
+
+/// The element type a backend computes in. The CPU backend always computes in f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ComputeDtype {
+    #[default]
+    Float32,
+    BFloat16,
+}
+
+/// How to build a backend.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackendOptions {
+    pub device: Device,
+    /// Ignored by the CPU backend (always f32).
+    pub dtype: ComputeDtype,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// KV blocks (null block included); `None` sizes the cache from memory (CPU: a 1 GiB budget;
+    /// CUDA: `gpu_memory_utilization` of the device).
+    pub num_kv_blocks: Option<usize>,
+    /// Fraction of GPU memory the CUDA backend may use (weights + KV cache + workspace).
+    pub gpu_memory_utilization: f32,
+    /// CUDA: no CUDA graphs.
+    pub enforce_eager: bool,
+}
+
+impl Default for BackendOptions {
+    fn default() -> Self {
+        Self {
+            device: Device::Cpu,
+            dtype: ComputeDtype::Float32,
+            block_size: 16,
+            num_kv_blocks: None,
+            gpu_memory_utilization: 0.9,
+            enforce_eager: false,
+        }
+    }
+}
+
+/// KV memory the CPU backend takes when `num_kv_blocks` is not given.
+pub const CPU_DEFAULT_KV_BYTES: usize = 1 << 30;
+
+/// Builds the backend `options.device` names, with the checkpoint's weights.
+pub fn load_backend(
+    config: &ModelConfig,
+    checkpoint: &Checkpoint,
+    options: &BackendOptions,
+) -> Result<Box<dyn Backend>, BackendError> {
+    match options.device {
+        Device::Cpu => {
+            let num_kv_blocks = match options.num_kv_blocks {
+                Some(n) => n,
+                None => {
+                    let per_block = options
+                        .block_size
+                        .saturating_mul(config.kv_dim())
+                        .saturating_mul(config.num_hidden_layers)
+                        .saturating_mul(2 * 4)
+                        .max(1);
+                    (CPU_DEFAULT_KV_BYTES / per_block).max(2)
+                }
+            };
+            let cpu = CpuOptions {
+                block_size: options.block_size,
+                num_kv_blocks,
+            };
+            Ok(Box::new(CpuBackend::new(config, checkpoint, cpu)?))
+        }
+        Device::Cuda(_) => Err(BackendError::NotCompiled("cuda")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_devices() {
+        assert_eq!("cpu".parse(), Ok(Device::Cpu));
+        assert_eq!("cuda".parse(), Ok(Device::Cuda(0)));
+        assert_eq!("cuda:3".parse(), Ok(Device::Cuda(3)));
+        assert!("gpu".parse::<Device>().is_err());
+        assert!("cuda:x".parse::<Device>().is_err());
+        assert_eq!(Device::Cuda(1).to_string(), "cuda:1");
+    }
+}

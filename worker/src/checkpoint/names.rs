@@ -1,0 +1,71 @@
+//! HuggingFace tensor names of a Llama-family checkpoint, and the shape each must have.
+
+use crate::config::ModelConfig;
+
+/// Token embedding table, `[vocab, hidden]`.
+pub const EMBED_TOKENS: &str = "model.embed_tokens.weight";
+/// Final RMSNorm weight, `[hidden]`.
+pub const FINAL_NORM: &str = "model.norm.weight";
+/// Output projection, `[vocab, hidden]` (absent when embeddings are tied).
+pub const LM_HEAD: &str = "lm_head.weight";
+
+/// The name of a tensor of layer `layer`, e.g. `layer_tensor(3, "self_attn.q_proj.weight")`.
+pub fn layer_tensor(layer: usize, suffix: &str) -> String {
+    format!("model.layers.{layer}.{suffix}")
+}
+
+/// Per-layer tensor suffixes (see [`layer_tensor`]).
+pub mod layer {
+    pub const INPUT_NORM: &str = "input_layernorm.weight";
+    pub const POST_ATTENTION_NORM: &str = "post_attention_layernorm.weight";
+    pub const Q_PROJ: &str = "self_attn.q_proj.weight";
+    pub const K_PROJ: &str = "self_attn.k_proj.weight";
+    pub const V_PROJ: &str = "self_attn.v_proj.weight";
+    pub const O_PROJ: &str = "self_attn.o_proj.weight";
+    pub const Q_BIAS: &str = "self_attn.q_proj.bias";
+    pub const K_BIAS: &str = "self_attn.k_proj.bias";
+    pub const V_BIAS: &str = "self_attn.v_proj.bias";
+    pub const GATE_PROJ: &str = "mlp.gate_proj.weight";
+    pub const UP_PROJ: &str = "mlp.up_proj.weight";
+    pub const DOWN_PROJ: &str = "mlp.down_proj.weight";
+}
+
+/// The tensor that holds the output projection: `lm_head.weight`, or the embeddings when tied.
+pub fn lm_head_name(config: &ModelConfig) -> &'static str {
+    if config.tie_word_embeddings {
+        EMBED_TOKENS
+    } else {
+        LM_HEAD
+    }
+}
+
+/// Every tensor `config` needs, with its expected shape (HF layout: linear weights are `[out, in]`).
+pub fn expected_tensors(config: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    let h = config.hidden_size;
+    let q = config.q_dim();
+    let kv = config.kv_dim();
+    let inter = config.intermediate_size;
+    let mut out = vec![(EMBED_TOKENS.to_owned(), vec![config.vocab_size, h])];
+    for i in 0..config.num_hidden_layers {
+        let mut push = |suffix: &str, shape: Vec<usize>| out.push((layer_tensor(i, suffix), shape));
+        push(layer::INPUT_NORM, vec![h]);
+        push(layer::POST_ATTENTION_NORM, vec![h]);
+        push(layer::Q_PROJ, vec![q, h]);
+        push(layer::K_PROJ, vec![kv, h]);
+        push(layer::V_PROJ, vec![kv, h]);
+        push(layer::O_PROJ, vec![h, q]);
+        if config.qkv_bias {
+            push(layer::Q_BIAS, vec![q]);
+            push(layer::K_BIAS, vec![kv]);
+            push(layer::V_BIAS, vec![kv]);
+        }
+        push(layer::GATE_PROJ, vec![inter, h]);
+        push(layer::UP_PROJ, vec![inter, h]);
+        push(layer::DOWN_PROJ, vec![h, inter]);
+    }
+    out.push((FINAL_NORM.to_owned(), vec![h]));
+    if !config.tie_word_embeddings {
+        out.push((LM_HEAD.to_owned(), vec![config.vocab_size, h]));
+    }
+    out
+}

@@ -1,0 +1,413 @@
+//! The engine: requests in, one scheduled step at a time through a [`Backend`], tokens out.
+//!
+//! `Engine` ties the [`Scheduler`] (which sequences compute how many tokens), the backend (one forward
+//! pass over the step's flattened tokens, reading and writing KV through the block tables) and the
+//! sampler together. It is synchronous and owns no thread: the worker's ring loop, offline
+//! `generate` and the benchmarks each drive it with [`Engine::step`].
+//!
+//! ```
+//! use worker::backend::testing::ToyBackend;
+//! use worker::engine::{Engine, EngineConfig};
+//! use worker::kv::SeqId;
+//! use worker::request::Request;
+//! use worker::sampler::SamplingParams;
+//!
+//! let (backend, model) = ToyBackend::with_config(64, 16, 32);
+//! let mut engine = Engine::new(Box::new(backend), &model, EngineConfig::default()).unwrap();
+//! let mut req = Request::new(SeqId(1), vec![1, 2, 3], 4);
+//! req.params = SamplingParams::greedy();
+//! engine.add_request(req).unwrap();
+//! let mut tokens = Vec::new();
+//! while engine.has_unfinished() {
+//!     tokens.extend(engine.step().unwrap().into_iter().map(|e| e.token));
+//! }
+//! assert!(!tokens.is_empty() && tokens.len() <= 4);
+//! ```
+
+use thiserror::Error;
+
+use crate::backend::{Backend, BackendError, DeviceSampling, ForwardBatch, SeqInput};
+use crate::config::ModelConfig;
+use crate::kv::{KvError, SeqId, block_hash_mix as mix64};
+use crate::request::{FinishReason, Request, RequestError};
+use crate::sampler::{History, Logprobs, SampleRequest, sample_row};
+use crate::scheduler::{Scheduler, SchedulerConfig, StepPlan};
+
+/// Engine knobs (vLLM's names). The KV pool's size and block size come from the backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Tokens computed per step at most (default 8192).
+    pub max_num_batched_tokens: usize,
+    /// Sequences running at once at most (default 256).
+    pub max_num_seqs: usize,
+    /// Context length limit; default: the model's `max_position_embeddings`, capped by the KV pool.
+    pub max_model_len: Option<usize>,
+    /// Reuse cached KV blocks across requests with equal prefixes (default on).
+    pub enable_prefix_caching: bool,
+    /// Seed from which requests without a seed get theirs (default: from the clock).
+    pub seed: Option<u64>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            max_num_batched_tokens: 8192,
+            max_num_seqs: 256,
+            max_model_len: None,
+            enable_prefix_caching: true,
+            seed: None,
+        }
+    }
+}
+
+/// One generated token of one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenEvent {
+    pub id: SeqId,
+    pub token: u32,
+    /// Raw-distribution logprobs, when the request asked for them.
+    pub logprobs: Option<Logprobs>,
+    /// Set on the request's last token.
+    pub finish: Option<FinishReason>,
+}
+
+/// Gauges for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EngineStats {
+    pub running: usize,
+    pub waiting: usize,
+    /// KV blocks held by sequences.
+    pub kv_blocks_used: usize,
+    /// KV blocks that can be handed out (the null block excluded).
+    pub kv_blocks_total: usize,
+    pub preemptions: u64,
+    /// Prompt tokens admitted, and how many of them came from the prefix cache.
+    pub prefix_queried_tokens: u64,
+    pub prefix_hit_tokens: u64,
+}
+
+/// What the last [`Engine::step`] computed (for benchmarks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StepStats {
+    /// Tokens of sequences that did not sample (prefill chunks) plus non-final tokens of those that did.
+    pub prefill_tokens: usize,
+    /// Sampling sequences computing exactly one token.
+    pub decode_tokens: usize,
+    pub num_seqs: usize,
+}
+
+/// The engine cannot go on; the worker must stop (the KV cache may be half written).
+#[derive(Debug, Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error("KV bookkeeping: {0}")]
+    Kv(#[from] KvError),
+    #[error("backend returned {got}, expected {expected}")]
+    BadOutput { got: String, expected: String },
+    #[error("engine configuration: {0}")]
+    Config(String),
+}
+
+/// Continuous batching over one backend.
+pub struct Engine {
+    backend: Box<dyn Backend>,
+    scheduler: Scheduler,
+    vocab: usize,
+    seed_base: u64,
+    seeds_issued: u64,
+    last_step: StepStats,
+}
+
+impl Engine {
+    /// An engine over `backend`, which holds `model`'s weights and the KV pool.
+    pub fn new(
+        backend: Box<dyn Backend>,
+        model: &ModelConfig,
+        config: EngineConfig,
+    ) -> Result<Self, EngineError> {
+        let block_size = backend.block_size();
+        let num_kv_blocks = backend.num_kv_blocks();
+        if block_size == 0 || num_kv_blocks < 2 {
+            return Err(EngineError::Config(format!(
+                "the backend has {num_kv_blocks} KV blocks of {block_size} tokens; need at least 2 blocks of 1"
+            )));
+        }
+        if config.max_num_batched_tokens == 0 || config.max_num_seqs == 0 {
+            return Err(EngineError::Config(
+                "max_num_batched_tokens and max_num_seqs must be at least 1".into(),
+            ));
+        }
+        let kv_capacity = (num_kv_blocks - 1) * block_size;
+        let max_model_len = match config.max_model_len {
+            Some(len) if len > kv_capacity => {
+                return Err(EngineError::Config(format!(
+                    "max_model_len {len} exceeds the KV cache's {kv_capacity} tokens ({} blocks of {block_size})",
+                    num_kv_blocks - 1
+                )));
+            }
+            Some(len) => len,
+            None => model.max_position_embeddings.min(kv_capacity),
+        };
+        if max_model_len < 2 {
+            return Err(EngineError::Config(format!(
+                "max_model_len {max_model_len} leaves no room to generate"
+            )));
+        }
+        let seed_base = config.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+        });
+        let scheduler = Scheduler::new(SchedulerConfig {
+            max_num_batched_tokens: config.max_num_batched_tokens,
+            max_num_seqs: config.max_num_seqs,
+            max_model_len,
+            num_kv_blocks,
+            block_size,
+            enable_prefix_caching: config.enable_prefix_caching,
+            eos_token_ids: model.eos_token_ids.clone(),
+        });
+        Ok(Self {
+            backend,
+            scheduler,
+            vocab: model.vocab_size,
+            seed_base,
+            seeds_issued: 0,
+            last_step: StepStats::default(),
+        })
+    }
+
+    /// The context length limit in force.
+    pub fn max_model_len(&self) -> usize {
+        self.scheduler.config().max_model_len
+    }
+
+    /// The backend's name.
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    /// Validates and queues a request.
+    pub fn add_request(&mut self, req: Request) -> Result<(), RequestError> {
+        if self.scheduler.contains(req.id) {
+            return Err(RequestError::DuplicateId(req.id.0));
+        }
+        if req.prompt.is_empty() {
+            return Err(RequestError::EmptyPrompt);
+        }
+        if req.max_tokens == 0 {
+            return Err(RequestError::ZeroMaxTokens);
+        }
+        if req.prior_output_len > req.prompt.len() {
+            return Err(RequestError::BadPriorOutput {
+                prior: req.prior_output_len,
+                prompt_len: req.prompt.len(),
+            });
+        }
+        let max_model_len = self.max_model_len();
+        if req.prompt.len() >= max_model_len {
+            return Err(RequestError::PromptTooLong {
+                prompt_len: req.prompt.len(),
+                max_model_len,
+            });
+        }
+        if let Some((position, &token)) = req
+            .prompt
+            .iter()
+            .enumerate()
+            .find(|(_, t)| **t as usize >= self.vocab)
+        {
+            return Err(RequestError::TokenOutOfVocab {
+                token,
+                position,
+                vocab: self.vocab,
+            });
+        }
+        req.params.validate().map_err(RequestError::InvalidParams)?;
+        let seed = req.params.seed.unwrap_or_else(|| {
+            self.seeds_issued += 1;
+            mix64(self.seed_base ^ mix64(self.seeds_issued))
+        });
+        self.scheduler.add(req, seed);
+        Ok(())
+    }
+
+    /// Drops a request and frees its KV blocks at once. Returns whether it was live.
+    pub fn cancel(&mut self, id: SeqId) -> Result<bool, EngineError> {
+        Ok(self.scheduler.abort(id)?)
+    }
+
+    /// Whether any request is waiting or running.
+    pub fn has_unfinished(&self) -> bool {
+        self.scheduler.num_running() + self.scheduler.num_waiting() > 0
+    }
+
+    /// Current gauges.
+    pub fn stats(&self) -> EngineStats {
+        let pool = self.scheduler.kv().pool();
+        let (queried, hit) = self.scheduler.kv().prefix_cache_stats();
+        EngineStats {
+            running: self.scheduler.num_running(),
+            waiting: self.scheduler.num_waiting(),
+            kv_blocks_used: pool.num_used(),
+            kv_blocks_total: pool.num_usable(),
+            preemptions: self.scheduler.num_preemptions(),
+            prefix_queried_tokens: queried,
+            prefix_hit_tokens: hit,
+        }
+    }
+
+    /// What the last step computed.
+    pub fn last_step(&self) -> StepStats {
+        self.last_step
+    }
+
+    /// The scheduler (read-only; for tests and introspection).
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
+    }
+
+    /// Plans and runs one step; returns one event per sequence that produced a token.
+    pub fn step(&mut self) -> Result<Vec<TokenEvent>, EngineError> {
+        let plan = self.scheduler.schedule()?;
+        self.last_step = step_stats(&plan);
+        if plan.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (tokens, logprobs) = self.run(&plan)?;
+        let updates = self.scheduler.update(&plan, &tokens)?;
+        let mut logprobs = logprobs.into_iter();
+        Ok(updates
+            .into_iter()
+            .map(|u| TokenEvent {
+                id: u.seq,
+                token: u.token,
+                logprobs: logprobs.next().flatten(),
+                finish: u.finish,
+            })
+            .collect())
+    }
+
+    /// Runs the backend over `plan`; returns the sampled tokens and logprobs per sampling row.
+    fn run(&mut self, plan: &StepPlan) -> Result<(Vec<u32>, Vec<Option<Logprobs>>), EngineError> {
+        let num_tokens = plan.num_tokens();
+        let mut token_ids = Vec::with_capacity(num_tokens);
+        let mut positions = Vec::with_capacity(num_tokens);
+        let mut tables: Vec<Vec<u32>> = Vec::with_capacity(plan.seqs.len());
+        let mut rows = Vec::new();
+        for entry in &plan.seqs {
+            let seq = self
+                .scheduler
+                .seq(entry.seq)
+                .ok_or(EngineError::Kv(KvError::UnknownSeq(entry.seq.0)))?;
+            let range = entry.num_computed..entry.num_computed + entry.num_tokens;
+            token_ids.extend_from_slice(&seq.tokens()[range.clone()]);
+            positions.extend(range.map(|p| p as u32));
+            tables.push(
+                self.scheduler
+                    .kv()
+                    .block_table(entry.seq)
+                    .iter()
+                    .map(|b| b.0)
+                    .collect(),
+            );
+            if entry.sample {
+                rows.push(seq);
+            }
+        }
+        let mut start = 0;
+        let seqs: Vec<SeqInput<'_>> = plan
+            .seqs
+            .iter()
+            .zip(&tables)
+            .map(|(entry, table)| {
+                let input = SeqInput {
+                    query_start: start,
+                    query_len: entry.num_tokens,
+                    context_len: entry.num_computed + entry.num_tokens,
+                    block_table: table,
+                    sample: entry.sample,
+                };
+                start += entry.num_tokens;
+                input
+            })
+            .collect();
+        let batch = ForwardBatch {
+            token_ids: &token_ids,
+            positions: &positions,
+            seqs: &seqs,
+        };
+        let device_ok = rows
+            .iter()
+            .all(|s| s.logprobs.is_none() && !s.params.has_penalties());
+        if device_ok {
+            let sampling: Vec<DeviceSampling> = rows
+                .iter()
+                .map(|s| DeviceSampling {
+                    temperature: s.params.temperature,
+                    top_k: s.params.top_k,
+                    top_p: s.params.top_p,
+                    min_p: s.params.min_p,
+                    seed: s.seed,
+                    step: s.output().len() as u64,
+                })
+                .collect();
+            if let Some(tokens) = self.backend.forward_sampled(&batch, &sampling)? {
+                if tokens.len() != rows.len() {
+                    return Err(EngineError::BadOutput {
+                        got: format!("{} sampled tokens", tokens.len()),
+                        expected: format!("{}", rows.len()),
+                    });
+                }
+                return Ok((tokens, vec![None; rows.len()]));
+            }
+        }
+        let logits = self.backend.forward(&batch)?;
+        if logits.vocab != self.vocab
+            || logits.rows() != rows.len()
+            || logits.data.len() != rows.len() * self.vocab
+        {
+            return Err(EngineError::BadOutput {
+                got: format!("{} logits with vocab {}", logits.data.len(), logits.vocab),
+                expected: format!("{} rows of vocab {}", rows.len(), self.vocab),
+            });
+        }
+        Ok(rows
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                sample_row(
+                    logits.row(i),
+                    &SampleRequest {
+                        params: &s.params,
+                        seed: s.seed,
+                        output_index: s.output().len() as u64,
+                        history: History {
+                            prompt: s.prompt(),
+                            output: s.output(),
+                        },
+                        logprobs: s.logprobs,
+                    },
+                )
+            })
+            .unzip())
+    }
+}
+
+fn step_stats(plan: &StepPlan) -> StepStats {
+    let decode_tokens = plan
+        .seqs
+        .iter()
+        .filter(|s| s.sample && s.num_tokens == 1)
+        .count();
+    StepStats {
+        prefill_tokens: plan.num_tokens() - decode_tokens,
+        decode_tokens,
+        num_seqs: plan.seqs.len(),
+    }
+}
+
+#[cfg(test)]
+#[path = "engine_tests.rs"]
+mod tests;

@@ -1,0 +1,354 @@
+//! The host sampler: penalties, temperature, top-k / top-p / min-p, a per-request random stream, and
+//! top-n logprobs of the raw model distribution.
+//!
+//! Order of operations (as HuggingFace's logits processors and vLLM apply them): repetition penalty
+//! (HF semantics: a seen token's positive logit is divided by the penalty, a negative one multiplied),
+//! frequency and presence penalties (OpenAI semantics, over output tokens), then temperature, top-k,
+//! top-p and min-p, each filter renormalizing what the previous one kept. Temperature 0 is greedy.
+//!
+//! Randomness is counter-based: the draw for a request's `i`-th output token is a pure function of
+//! `(seed, i)` ([`uniform`]), so a request's tokens never depend on what it was batched with, and a
+//! request resumed elsewhere continues its random stream from the right index.
+
+use std::collections::HashMap;
+
+use crate::kv::block_hash_mix as mix64;
+
+/// Temperatures at or below this are treated as greedy.
+const GREEDY_EPS: f32 = 1e-5;
+
+/// How to pick the next token. `Default` is vLLM's: temperature 1, no filters, no penalties.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SamplingParams {
+    /// Softmax temperature; 0 means greedy.
+    pub temperature: f32,
+    /// Keep the `top_k` most likely tokens; 0 means all.
+    pub top_k: u32,
+    /// Keep the smallest set of tokens whose probability reaches `top_p` (in `(0, 1]`).
+    pub top_p: f32,
+    /// Drop tokens less likely than `min_p` times the most likely one (in `[0, 1]`).
+    pub min_p: f32,
+    /// HF repetition penalty over prompt and output tokens; 1 means none.
+    pub repetition_penalty: f32,
+    /// Subtracted once per earlier occurrence in the output.
+    pub frequency_penalty: f32,
+    /// Subtracted once if the token occurred in the output.
+    pub presence_penalty: f32,
+    /// Seed of the request's random stream (the engine picks one when `None`).
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            seed: None,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Greedy decoding.
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            ..Self::default()
+        }
+    }
+
+    /// Whether this picks the arg-max.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= GREEDY_EPS
+    }
+
+    /// Whether any penalty applies (these need the token history, so only the host applies them).
+    pub fn has_penalties(&self) -> bool {
+        self.repetition_penalty != 1.0
+            || self.frequency_penalty != 0.0
+            || self.presence_penalty != 0.0
+    }
+
+    /// Checks ranges; the error names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        let finite = |name: &str, v: f32| {
+            if v.is_finite() {
+                Ok(())
+            } else {
+                Err(format!("{name} must be finite, got {v}"))
+            }
+        };
+        finite("temperature", self.temperature)?;
+        finite("top_p", self.top_p)?;
+        finite("min_p", self.min_p)?;
+        finite("repetition_penalty", self.repetition_penalty)?;
+        finite("frequency_penalty", self.frequency_penalty)?;
+        finite("presence_penalty", self.presence_penalty)?;
+        if self.temperature < 0.0 {
+            return Err(format!(
+                "temperature must be >= 0, got {}",
+                self.temperature
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(format!("min_p must be in [0, 1], got {}", self.min_p));
+        }
+        if self.repetition_penalty <= 0.0 {
+            return Err(format!(
+                "repetition_penalty must be > 0, got {}",
+                self.repetition_penalty
+            ));
+        }
+        if !(-2.0..=2.0).contains(&self.frequency_penalty) {
+            return Err(format!(
+                "frequency_penalty must be in [-2, 2], got {}",
+                self.frequency_penalty
+            ));
+        }
+        if !(-2.0..=2.0).contains(&self.presence_penalty) {
+            return Err(format!(
+                "presence_penalty must be in [-2, 2], got {}",
+                self.presence_penalty
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The uniform draw in `[0, 1)` for output token `index` of a request seeded with `seed`.
+///
+/// `u = (mix64(seed ^ mix64(index + 1)) >> 40) / 2^24`, with SplitMix64's finalizer as `mix64`; a
+/// device sampler that uses the same formula picks the same tokens.
+pub fn uniform(seed: u64, index: u64) -> f32 {
+    let bits = mix64(seed ^ mix64(index.wrapping_add(1)));
+    (bits >> 40) as f32 / (1u64 << 24) as f32
+}
+
+/// One token and its log-probability.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub logprob: f32,
+}
+
+/// Log-probabilities of the raw model distribution at one generated position.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Logprobs {
+    /// The sampled token's.
+    pub sampled: TokenLogprob,
+    /// The `n` most likely tokens, highest first (ties: lower id first).
+    pub top: Vec<TokenLogprob>,
+}
+
+/// `log_softmax(logits)[token]` and the top `n`, of the unmodified logits.
+pub fn raw_logprobs(logits: &[f32], token: u32, n: usize) -> Logprobs {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    let log_z = max + sum.ln() as f32;
+    let lp = |t: u32| {
+        logits
+            .get(t as usize)
+            .map_or(f32::NEG_INFINITY, |&l| l - log_z)
+    };
+    let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+    let n = n.min(order.len());
+    let by_desc = |a: &u32, b: &u32| {
+        logits[*b as usize]
+            .total_cmp(&logits[*a as usize])
+            .then(a.cmp(b))
+    };
+    if n > 0 && n < order.len() {
+        order.select_nth_unstable_by(n - 1, by_desc);
+    }
+    order.truncate(n);
+    order.sort_by(by_desc);
+    Logprobs {
+        sampled: TokenLogprob {
+            token,
+            logprob: lp(token),
+        },
+        top: order
+            .into_iter()
+            .map(|t| TokenLogprob {
+                token: t,
+                logprob: lp(t),
+            })
+            .collect(),
+    }
+}
+
+/// The token history a request's penalties look at.
+#[derive(Debug, Clone, Copy)]
+pub struct History<'a> {
+    /// Prompt tokens (for a resumed request: the original prompt only).
+    pub prompt: &'a [u32],
+    /// Output tokens so far (for a resumed request: including those generated before).
+    pub output: &'a [u32],
+}
+
+/// Applies repetition, frequency and presence penalties to `logits` in place.
+pub fn apply_penalties(logits: &mut [f32], params: &SamplingParams, history: History<'_>) {
+    if params.repetition_penalty != 1.0 {
+        let p = params.repetition_penalty;
+        let mut seen = vec![false; logits.len()];
+        for &t in history.prompt.iter().chain(history.output) {
+            if let Some(s) = seen.get_mut(t as usize) {
+                *s = true;
+            }
+        }
+        for (l, _) in logits.iter_mut().zip(&seen).filter(|(_, s)| **s) {
+            *l = if *l > 0.0 { *l / p } else { *l * p };
+        }
+    }
+    if params.frequency_penalty != 0.0 || params.presence_penalty != 0.0 {
+        let mut counts: HashMap<u32, u32> = HashMap::new();
+        for &t in history.output {
+            *counts.entry(t).or_default() += 1;
+        }
+        for (t, c) in counts {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l -= c as f32 * params.frequency_penalty + params.presence_penalty;
+            }
+        }
+    }
+}
+
+/// Index of the largest logit (lowest index on ties; NaN never wins).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] || logits[best].is_nan() && !l.is_nan() {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// The tokens that may be sampled after temperature, top-k, top-p and min-p, with their renormalized
+/// probabilities, most likely first. `logits` must already carry the penalties. Never empty for a
+/// non-empty row. For greedy params: the arg-max alone, with probability 1.
+pub fn candidates(logits: &[f32], params: &SamplingParams) -> Vec<(u32, f32)> {
+    if logits.is_empty() {
+        return Vec::new();
+    }
+    if params.is_greedy() {
+        return vec![(argmax(logits), 1.0)];
+    }
+    let inv_t = 1.0 / params.temperature;
+    let mut order: Vec<u32> = (0..logits.len() as u32)
+        .filter(|&t| !logits[t as usize].is_nan())
+        .collect();
+    if order.is_empty() {
+        return vec![(0, 1.0)];
+    }
+    let by_desc = |a: &u32, b: &u32| {
+        logits[*b as usize]
+            .total_cmp(&logits[*a as usize])
+            .then(a.cmp(b))
+    };
+    let k = match params.top_k as usize {
+        0 => order.len(),
+        k => k.min(order.len()),
+    };
+    if k < order.len() {
+        order.select_nth_unstable_by(k - 1, by_desc);
+        order.truncate(k);
+    }
+    order.sort_by(by_desc);
+    let max = logits[order[0] as usize] * inv_t;
+    let mut probs: Vec<f64> = order
+        .iter()
+        .map(|&t| f64::from(logits[t as usize] * inv_t - max).exp())
+        .collect();
+    normalize(&mut probs);
+    if params.top_p < 1.0 {
+        let mut cum = 0.0;
+        let mut keep = probs.len();
+        for (i, p) in probs.iter().enumerate() {
+            cum += p;
+            if cum >= f64::from(params.top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+        probs.truncate(keep);
+        normalize(&mut probs);
+    }
+    if params.min_p > 0.0 {
+        let threshold = probs[0] * f64::from(params.min_p);
+        let keep = probs.iter().take_while(|&&p| p >= threshold).count().max(1);
+        probs.truncate(keep);
+        normalize(&mut probs);
+    }
+    order
+        .into_iter()
+        .zip(probs)
+        .map(|(t, p)| (t, p as f32))
+        .collect()
+}
+
+fn normalize(probs: &mut [f64]) {
+    let sum: f64 = probs.iter().sum();
+    if sum > 0.0 {
+        probs.iter_mut().for_each(|p| *p /= sum);
+    }
+}
+
+/// Samples a token from `logits` (penalties already applied) with the draw `u` in `[0, 1)`.
+pub fn sample_with(logits: &[f32], params: &SamplingParams, u: f32) -> u32 {
+    let cands = candidates(logits, params);
+    let mut cum = 0.0f64;
+    let u = f64::from(u);
+    for &(t, p) in &cands {
+        cum += f64::from(p);
+        if u < cum {
+            return t;
+        }
+    }
+    cands.last().map_or(0, |&(t, _)| t)
+}
+
+/// What the sampler needs to know about one row.
+#[derive(Debug, Clone, Copy)]
+pub struct SampleRequest<'a> {
+    pub params: &'a SamplingParams,
+    /// The request's seed (resolved: never `None` here).
+    pub seed: u64,
+    /// Index of the token being sampled in the request's output.
+    pub output_index: u64,
+    pub history: History<'a>,
+    /// Top-n logprobs wanted (`None`: no logprobs).
+    pub logprobs: Option<usize>,
+}
+
+/// Samples one row of raw logits: penalties, filters, the request's draw, and raw logprobs if asked.
+pub fn sample_row(raw: &[f32], req: &SampleRequest<'_>) -> (u32, Option<Logprobs>) {
+    let token = if req.params.has_penalties() {
+        let mut logits = raw.to_vec();
+        apply_penalties(&mut logits, req.params, req.history);
+        pick(&logits, req)
+    } else {
+        pick(raw, req)
+    };
+    (token, req.logprobs.map(|n| raw_logprobs(raw, token, n)))
+}
+
+fn pick(logits: &[f32], req: &SampleRequest<'_>) -> u32 {
+    if req.params.is_greedy() {
+        argmax(logits)
+    } else {
+        sample_with(logits, req.params, uniform(req.seed, req.output_index))
+    }
+}
+
+#[cfg(test)]
+#[path = "sampler_tests.rs"]
+mod tests;

@@ -1,0 +1,237 @@
+//! Scheduler tests: plans, budgets, chunking, FCFS, preemption order, and a randomized run that checks
+//! the KV invariants after every step.
+
+use super::*;
+
+fn config(budget: usize, max_seqs: usize, blocks: usize, block_size: usize) -> SchedulerConfig {
+    SchedulerConfig {
+        max_num_batched_tokens: budget,
+        max_num_seqs: max_seqs,
+        max_model_len: 1 << 20,
+        num_kv_blocks: blocks,
+        block_size,
+        enable_prefix_caching: true,
+        eos_token_ids: vec![0],
+    }
+}
+
+fn req(id: u64, len: usize, max_tokens: usize) -> Request {
+    let mut r = Request::new(
+        SeqId(id),
+        (0..len as u32).map(|i| 1000 * id as u32 + i + 1).collect(),
+        max_tokens,
+    );
+    r.ignore_eos = true;
+    r
+}
+
+/// Feeds token 7 to every sampling entry.
+fn advance(s: &mut Scheduler, plan: &StepPlan) -> Vec<SeqUpdate> {
+    let n = plan.seqs.iter().filter(|e| e.sample).count();
+    s.update(plan, &vec![7; n]).expect("update")
+}
+
+fn entry(seq: u64, num_computed: usize, num_tokens: usize, sample: bool) -> ScheduledSeq {
+    ScheduledSeq {
+        seq: SeqId(seq),
+        num_computed,
+        num_tokens,
+        sample,
+    }
+}
+
+#[test]
+fn prefill_is_chunked_to_the_budget() {
+    let mut s = Scheduler::new(config(7, 8, 64, 4));
+    s.add(req(1, 20, 2), 0);
+    let mut chunks = Vec::new();
+    loop {
+        let plan = s.schedule().expect("schedule");
+        if plan.is_empty() {
+            break;
+        }
+        assert!(plan.num_tokens() <= 7);
+        chunks.extend(plan.seqs.clone());
+        advance(&mut s, &plan);
+    }
+    assert_eq!(
+        chunks,
+        vec![
+            entry(1, 0, 7, false),
+            entry(1, 7, 7, false),
+            entry(1, 14, 6, true),
+            entry(1, 20, 1, true)
+        ]
+    );
+    assert_eq!(s.kv().pool().num_used(), 0);
+}
+
+#[test]
+fn decodes_go_first_then_prefills_fcfs() {
+    let mut s = Scheduler::new(config(10, 8, 64, 4));
+    s.add(req(1, 3, 5), 0);
+    let plan = s.schedule().expect("schedule");
+    advance(&mut s, &plan);
+    s.add(req(2, 20, 5), 0);
+    s.add(req(3, 2, 5), 0);
+    let plan = s.schedule().expect("schedule");
+    // The decode of 1 first; 2 gets the rest of the budget; 3 waits behind it (FCFS).
+    assert_eq!(plan.seqs, vec![entry(1, 3, 1, true), entry(2, 0, 9, false)]);
+    advance(&mut s, &plan);
+    let plan = s.schedule().expect("schedule");
+    assert_eq!(plan.seqs, vec![entry(1, 4, 1, true), entry(2, 9, 9, false)]);
+    advance(&mut s, &plan);
+    let plan = s.schedule().expect("schedule");
+    assert_eq!(
+        plan.seqs,
+        vec![
+            entry(1, 5, 1, true),
+            entry(2, 18, 2, true),
+            entry(3, 0, 2, true)
+        ]
+    );
+}
+
+#[test]
+fn max_num_seqs_caps_admission() {
+    let mut s = Scheduler::new(config(100, 2, 64, 4));
+    for id in 1..=3 {
+        s.add(req(id, 3, 5), 0);
+    }
+    let plan = s.schedule().expect("schedule");
+    assert_eq!(plan.seqs.len(), 2);
+    assert_eq!((s.num_running(), s.num_waiting()), (2, 1));
+}
+
+#[test]
+fn preemption_takes_the_latest_arrival_and_requeues_it_first() {
+    // 6 usable blocks of 2 tokens.
+    let mut s = Scheduler::new(config(100, 8, 7, 2));
+    s.add(req(1, 4, 20), 0);
+    s.add(req(2, 4, 20), 0);
+    s.add(req(3, 3, 20), 0);
+    let plan = s.schedule().expect("schedule");
+    assert_eq!(plan.seqs.len(), 3, "2 + 2 + 2 blocks");
+    advance(&mut s, &plan);
+    // Decodes: 1 needs a third block (5 tokens); none is free, so 3 (the latest) is preempted.
+    let plan = s.schedule().expect("schedule");
+    assert_eq!(plan.preempted, vec![SeqId(3)]);
+    assert_eq!(
+        plan.seqs.iter().map(|e| e.seq.0).collect::<Vec<_>>(),
+        vec![1, 2]
+    );
+    assert_eq!(s.seq(SeqId(3)).map(Sequence::num_computed), Some(0));
+    assert!(s.kv().block_table(SeqId(3)).is_empty());
+    s.add(req(4, 1, 20), 0);
+    advance(&mut s, &plan);
+    // 3 is first in line again (ahead of 4), with its sampled token kept for the recompute.
+    assert_eq!(s.seq(SeqId(3)).map(|q| q.tokens().len()), Some(4));
+    assert_eq!(
+        s.waiting.iter().map(|q| q.0).collect::<Vec<_>>(),
+        vec![3, 4]
+    );
+    s.kv().pool().check_invariants().expect("invariants");
+}
+
+#[test]
+fn finishes_on_max_tokens_and_frees() {
+    let mut s = Scheduler::new(config(100, 8, 64, 4));
+    s.add(req(1, 3, 2), 0);
+    let plan = s.schedule().expect("schedule");
+    assert_eq!(
+        advance(&mut s, &plan),
+        vec![SeqUpdate {
+            seq: SeqId(1),
+            token: 7,
+            finish: None
+        }]
+    );
+    let plan = s.schedule().expect("schedule");
+    let up = advance(&mut s, &plan);
+    assert_eq!(up[0].finish, Some(FinishReason::Length));
+    assert!(!s.contains(SeqId(1)));
+    assert_eq!(s.kv().pool().num_used(), 0);
+}
+
+/// A small deterministic generator for the randomized test.
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % n
+    }
+}
+
+#[test]
+fn randomized_runs_keep_kv_invariants() {
+    let (mut preemptions, mut hits) = (0, 0);
+    for seed in 0..20 {
+        let mut rng = Lcg(seed);
+        let block_size = 1 + rng.below(5) as usize;
+        let blocks = 12 + rng.below(40) as usize;
+        let budget = 1 + rng.below(40) as usize;
+        let mut s = Scheduler::new(config(
+            budget,
+            1 + rng.below(6) as usize,
+            blocks,
+            block_size,
+        ));
+        let mut next_id = 0;
+        let mut steps = 0;
+        loop {
+            if next_id < 30 && rng.below(3) == 0 {
+                // Prompts from a small alphabet, so prefixes repeat and the cache gets hits.
+                let len = 1 + rng.below(((blocks - 1) * block_size / 2) as u64) as usize;
+                let prompt: Vec<u32> = (0..len).map(|_| 1 + rng.below(2) as u32).collect();
+                let mut r = Request::new(SeqId(next_id), prompt, 1 + rng.below(8) as usize);
+                r.ignore_eos = true;
+                s.add(r, 0);
+                next_id += 1;
+            }
+            if rng.below(10) == 0 && next_id > 0 {
+                s.abort(SeqId(rng.below(next_id))).expect("abort");
+            }
+            let plan = s.schedule().expect("schedule");
+            assert!(plan.num_tokens() <= budget, "seed {seed}: over budget");
+            assert!(plan.seqs.len() <= s.config().max_num_seqs);
+            for e in &plan.seqs {
+                let table = s.kv().block_table(e.seq).len();
+                assert!(
+                    table * block_size >= e.num_computed + e.num_tokens,
+                    "seed {seed}: table too short"
+                );
+            }
+            for id in &s.waiting {
+                assert!(
+                    s.kv().block_table(*id).is_empty(),
+                    "seed {seed}: a waiting sequence holds blocks"
+                );
+            }
+            let toks: Vec<u32> = (0..plan.seqs.iter().filter(|e| e.sample).count())
+                .map(|_| 1 + rng.below(2) as u32)
+                .collect();
+            s.update(&plan, &toks).expect("update");
+            let pool = s.kv().pool();
+            pool.check_invariants()
+                .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+            assert_eq!(pool.num_free() + pool.num_used(), pool.num_usable());
+            steps += 1;
+            if next_id >= 30 && s.num_running() + s.num_waiting() == 0 {
+                break;
+            }
+            assert!(steps < 20_000, "seed {seed}: no progress");
+        }
+        assert_eq!(s.kv().pool().num_used(), 0, "seed {seed}: blocks leaked");
+        assert_eq!(s.kv().num_seqs(), 0);
+        preemptions += s.num_preemptions();
+        hits += s.kv().prefix_cache_stats().1;
+    }
+    assert!(
+        preemptions > 0 && hits > 0,
+        "the runs should exercise preemption ({preemptions}) and hits ({hits})"
+    );
+}
