@@ -6,7 +6,11 @@
 // (a tile of up to ROWS / group consecutive query tokens of one sequence) for one KV head and all
 // the query heads sharing it, streams 32-key tiles of K and V through shared memory and keeps an
 // online softmax per row (FlashAttention-2 style). With num_splits > 1 the context is split
-// across blocks (flash-decoding) and attn_combine merges the partial results.
+// across blocks (flash-decoding) and attn_combine merges the partial results; split launches take
+// only single-token items (decodes), so partial results are indexed by item.
+//
+// A sequence's result depends only on its own context and split size, never on the rest of the
+// batch: the direct path divides by the softmax sum exactly as the combine does for one split.
 #include "common.cuh"
 
 #define ROWS 16
@@ -19,8 +23,8 @@ struct AttnParams {
     const void* k_cache;     // T[blocks, hkv, block_size, d]
     const void* v_cache;
     void* out;               // T[n, hq, d] (num_splits == 1)
-    float* part_o;           // f32[n, hq, num_splits, d], unnormalised (num_splits > 1)
-    float* part_ml;          // f32[n, hq, num_splits, 2]: running max (log2 domain) and sum
+    float* part_o;           // f32[items, hq, num_splits, d], unnormalised (num_splits > 1)
+    float* part_ml;          // f32[items, hq, num_splits, 2]: running max (log2 domain) and sum
     const int* seqs;         // int4 per sequence: query_start, query_len, context_len, unused
     const int* items;        // int2 per work item: sequence index, first query index in the sequence
     const u32* block_tables; // [num_seqs, table_stride]
@@ -119,14 +123,14 @@ __device__ void attention_impl(const AttnParams& p) {
         if (r >= rows) break;
         const int tok = q_start + q0 + r / group, h = kvh * group + r % group;
         if (p.num_splits == 1) {
-            const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
 #pragma unroll
             for (int c = 0; c < MAX_D / 32; c++) {
                 const int col = lane + 32 * c;
-                if (col < d) ((T*)p.out)[((size_t)tok * p.hq + h) * d + col] = from_f<T>(acc[i][c] * inv);
+                if (col < d)
+                    ((T*)p.out)[((size_t)tok * p.hq + h) * d + col] = from_f<T>(l[i] > 0.f ? acc[i][c] / l[i] : 0.f);
             }
         } else {
-            const size_t slot = ((size_t)tok * p.hq + h) * p.num_splits + split;
+            const size_t slot = ((size_t)item * p.hq + h) * p.num_splits + split;
 #pragma unroll
             for (int c = 0; c < MAX_D / 32; c++) {
                 const int col = lane + 32 * c;
@@ -140,11 +144,12 @@ __device__ void attention_impl(const AttnParams& p) {
     }
 }
 
-// Merges the splits of each (token, head). Grid: (n, hq); block: d threads (rounded up to 32).
+// Merges the splits of each (item, head). Grid: (num_items, hq); block: d threads (rounded up to 32).
 template <typename T>
 __device__ void combine_impl(const AttnParams& p) {
-    const int tok = blockIdx.x, h = blockIdx.y, c = threadIdx.x;
-    const size_t base = ((size_t)tok * p.hq + h) * p.num_splits;
+    const int item = blockIdx.x, h = blockIdx.y, c = threadIdx.x;
+    const int tok = p.seqs[4 * p.items[2 * item]] + p.items[2 * item + 1];
+    const size_t base = ((size_t)item * p.hq + h) * p.num_splits;
     float gm = -INFINITY;
     for (int s = 0; s < p.num_splits; s++) gm = fmaxf(gm, p.part_ml[2 * (base + s)]);
     float num = 0.f, den = 0.f;
@@ -170,9 +175,8 @@ __device__ void combine_impl(const AttnParams& p) {
             if ((int)blockIdx.z * p.split_size > last) {                                           \
                 const int w = threadIdx.x;                                                         \
                 if (w < n_tok * group) {                                                           \
-                    const int tok = p.seqs[4 * seq] + q0 + w / group;                              \
                     const int h = blockIdx.y * group + w % group;                                  \
-                    const size_t slot = ((size_t)tok * p.hq + h) * p.num_splits + blockIdx.z;      \
+                    const size_t slot = ((size_t)blockIdx.x * p.hq + h) * p.num_splits + blockIdx.z; \
                     p.part_ml[2 * slot] = -INFINITY;                                               \
                     p.part_ml[2 * slot + 1] = 0.f;                                                 \
                 }                                                                                  \

@@ -259,6 +259,30 @@ impl Gpu {
         self.stream.memcpy_htod(bytes, &mut view).map_err(dev_err)
     }
 
+    /// Copies `bytes` into `dst` starting at byte `offset`.
+    pub fn write_bytes_at(
+        &self,
+        dst: &mut Buf,
+        offset: usize,
+        bytes: &[u8],
+    ) -> Result<(), BackendError> {
+        let end = offset
+            .checked_add(bytes.len())
+            .filter(|&e| e <= dst.mem.len());
+        let Some(end) = end else {
+            return Err(BackendError::InvalidBatch(format!(
+                "write of {} bytes at {offset} into a {}-byte buffer",
+                bytes.len(),
+                dst.mem.len()
+            )));
+        };
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let mut view = dst.mem.slice_mut(offset..end);
+        self.stream.memcpy_htod(bytes, &mut view).map_err(dev_err)
+    }
+
     /// Downloads the first `len` elements as raw bytes.
     pub fn download_bytes(&self, buf: &Buf, len: usize) -> Result<Vec<u8>, BackendError> {
         let n = (len * buf.dtype.size()).min(buf.mem.len());
@@ -285,6 +309,20 @@ impl Gpu {
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect(),
         })
+    }
+
+    /// Downloads the first `len` elements of an f32 buffer.
+    pub fn download_f32_prefix(&self, buf: &Buf, len: usize) -> Result<Vec<f32>, BackendError> {
+        if buf.dtype != DType::F32 {
+            return Err(BackendError::Device(
+                "download_f32_prefix of a non-f32 buffer".into(),
+            ));
+        }
+        let bytes = self.download_bytes(buf, len)?;
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
     }
 
     /// Downloads a u32 buffer.

@@ -214,7 +214,7 @@ pub struct RopeKv<'a> {
 pub unsafe fn rope_kv_write(gpu: &Gpu, a: &RopeKv<'_>) -> Result<(), BackendError> {
     let dt = float_type(a.qkv, "qkv")?;
     let width = (a.hq + 2 * a.hkv) * a.d;
-    if a.d % 2 != 0 {
+    if !a.d.is_multiple_of(2) {
         return Err(BackendError::InvalidBatch(format!("odd head_dim {}", a.d)));
     }
     a.qkv.check("qkv", dt, a.n * width)?;
@@ -288,7 +288,8 @@ pub struct Attention<'a> {
     pub v_cache: &'a Buf,
     /// `[n, hq, d]`.
     pub out: &'a Buf,
-    /// f32 `[n, hq, num_splits, d]` and `[n, hq, num_splits, 2]`; unused when `num_splits == 1`.
+    /// f32 `[num_items, hq, num_splits, d]` and `[num_items, hq, num_splits, 2]`; unused when
+    /// `num_splits == 1`.
     pub part_o: &'a Buf,
     pub part_ml: &'a Buf,
     /// i32 `[num_seqs, 4]`: query_start, query_len, context_len, 0.
@@ -337,10 +338,10 @@ pub fn attention_items(query_lens: &[usize], group: usize) -> Vec<i32> {
 /// `seqs`, `items` and `block_tables` describe the batch consistently: every item's sequence is
 /// `< num_seqs`, its first query `< query_len`; `query_start + query_len <= n`; `query_len <=
 /// context_len <= table_stride * block_size`; every table entry a context position reaches is a
-/// block of the cache.
+/// block of the cache. With `num_splits > 1` every sequence has `query_len == 1`.
 pub unsafe fn attention(gpu: &Gpu, a: &Attention<'_>) -> Result<(), BackendError> {
     let dt = float_type(a.q, "q")?;
-    if a.hkv == 0 || a.hq % a.hkv != 0 || a.hq / a.hkv > kernels::ATTN_ROWS {
+    if a.hkv == 0 || !a.hq.is_multiple_of(a.hkv) || a.hq / a.hkv > kernels::ATTN_ROWS {
         return Err(BackendError::InvalidBatch(format!(
             "attention: {} query heads over {} kv heads is not supported",
             a.hq, a.hkv
@@ -352,7 +353,10 @@ pub unsafe fn attention(gpu: &Gpu, a: &Attention<'_>) -> Result<(), BackendError
             a.d
         )));
     }
-    if a.num_splits == 0 || a.split_size % kernels::ATTN_KEY_TILE != 0 || a.split_size == 0 {
+    if a.num_splits == 0
+        || !a.split_size.is_multiple_of(kernels::ATTN_KEY_TILE)
+        || a.split_size == 0
+    {
         return Err(BackendError::InvalidBatch("attention: bad split".into()));
     }
     a.q.check("q", dt, a.n * a.hq * a.d)?;
@@ -408,9 +412,9 @@ pub unsafe fn attention(gpu: &Gpu, a: &Attention<'_>) -> Result<(), BackendError
         let mut b = gpu.stream.launch_builder(f);
         b.arg(&p);
         let threads = (a.d.div_ceil(32) * 32) as u32;
-        // SAFETY: the combine reads the n*hq*num_splits partials written above and writes out.
-        unsafe { b.launch(cfg((dim(a.n, "n")?, dim(a.hq, "hq")?, 1), threads, 0)) }
-            .map_err(dev_err)?;
+        let grid = (dim(a.num_items, "items")?, dim(a.hq, "hq")?, 1);
+        // SAFETY: the combine reads the items*hq*num_splits partials written above and writes out.
+        unsafe { b.launch(cfg(grid, threads, 0)) }.map_err(dev_err)?;
     }
     Ok(())
 }
@@ -456,9 +460,9 @@ impl Linear<'_> {
     /// Whether the GEMV kernel can run this product.
     pub fn gemv_ok(&self) -> bool {
         let vec = 16 / self.w.dtype().size();
-        let aligned = |p: u64| p % 16 == 0;
+        let aligned = |p: u64| p.is_multiple_of(16);
         self.m <= kernels::GEMV_MAX_BATCH
-            && self.k % vec == 0
+            && self.k.is_multiple_of(vec)
             && aligned(self.x.ptr())
             && aligned(self.w.ptr())
             && (self.y.dtype() == self.w.dtype()
