@@ -27,6 +27,8 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("elementwise.cu", include_str!("elementwise.cu")),
     ("rope.cu", include_str!("rope.cu")),
     ("attention.cu", include_str!("attention.cu")),
+    ("decode.cu", include_str!("decode.cu")),
+    ("prefill_mma.cu", include_str!("prefill_mma.cu")),
     ("gemv.cu", include_str!("gemv.cu")),
     ("sampling.cu", include_str!("sampling.cu")),
 ];
@@ -47,6 +49,11 @@ pub const KERNELS: &[&str] = &[
     "attention_bf16",
     "attn_combine_f32",
     "attn_combine_bf16",
+    "attn_decode_f32_d64",
+    "attn_decode_f32_d128",
+    "attn_decode_bf16_d64",
+    "attn_decode_bf16_d128",
+    "attn_prefill_bf16_d128",
     "gemv_f32",
     "gemv_bf16",
     "gemv_bf16_f32out",
@@ -61,6 +68,16 @@ pub const ATTN_KEY_TILE: usize = 32;
 pub const ATTN_MAX_HEAD_DIM: usize = 256;
 /// Threads per attention block.
 pub const ATTN_THREADS: u32 = 128;
+/// Head dimensions the decode attention kernel is built for (`attn_decode_<dtype>_d<D>`).
+pub const DECODE_HEAD_DIMS: &[usize] = &[64, 128];
+/// Largest query-heads-per-KV-head group the decode attention kernel takes (`DEC_MAXG`).
+pub const DECODE_MAX_GROUP: usize = 8;
+/// Threads per decode attention block.
+pub const DECODE_THREADS: u32 = 128;
+
+/// Query tokens per block of the tensor-core prefill kernel (`attn_prefill_bf16_d128`, `PF_BM`).
+pub const PREFILL_MMA_TOKENS: usize = 64;
+
 /// Largest batch the GEMV kernel takes (`MAX_B`).
 pub const GEMV_MAX_BATCH: usize = 8;
 /// Threads per sampling block (`SAMPLE_THREADS`).
@@ -359,7 +376,11 @@ mod tests {
             let direct = all.contains(&format!(" {k}(")) || all.contains(&format!("\n{k}("));
             let by_macro =
                 all.contains(&format!(" {op}_##S(")) && all.contains(&format!(", {dtype})"));
-            assert!(direct || by_macro, "{k} not found");
+            let decode = k.strip_prefix("attn_decode_").is_some_and(|rest| {
+                let (s, d) = rest.split_once("_d").expect("attn_decode_<dtype>_d<D>");
+                all.contains(&format!(", {s}, {d})"))
+            });
+            assert!(direct || by_macro || decode, "{k} not found");
         }
     }
 

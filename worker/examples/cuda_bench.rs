@@ -21,8 +21,14 @@ use worker::sampler::SamplingParams;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
-const GREEDY: DeviceSampling =
-    DeviceSampling { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 0, step: 0 };
+const GREEDY: DeviceSampling = DeviceSampling {
+    temperature: 0.0,
+    top_k: 0,
+    top_p: 1.0,
+    min_p: 0.0,
+    seed: 0,
+    step: 0,
+};
 
 /// Deterministic prompt tokens in [10, 120000).
 fn prompt(len: usize, salt: u64) -> Vec<u32> {
@@ -41,8 +47,9 @@ fn prompt(len: usize, salt: u64) -> Vec<u32> {
 fn time_decode(b: &mut CudaBackend, batch: usize, ctx: usize, steps: usize) -> Res<f64> {
     let bs = b.block_size();
     let per_seq = (ctx + steps + 8).div_ceil(bs);
-    let tables: Vec<Vec<u32>> =
-        (0..batch).map(|s| (0..per_seq).map(|j| (1 + s * per_seq + j) as u32).collect()).collect();
+    let tables: Vec<Vec<u32>> = (0..batch)
+        .map(|s| (0..per_seq).map(|j| (1 + s * per_seq + j) as u32).collect())
+        .collect();
     let ids: Vec<u32> = (0..batch as u32).map(|i| 1000 + i).collect();
     let sampling = vec![GREEDY; batch];
     let run = |b: &mut CudaBackend, step: usize| -> Res<()> {
@@ -56,7 +63,14 @@ fn time_decode(b: &mut CudaBackend, batch: usize, ctx: usize, steps: usize) -> R
                 sample: true,
             })
             .collect();
-        b.forward_sampled(&ForwardBatch { token_ids: &ids, positions: &pos, seqs: &seqs }, &sampling)?;
+        b.forward_sampled(
+            &ForwardBatch {
+                token_ids: &ids,
+                positions: &pos,
+                seqs: &seqs,
+            },
+            &sampling,
+        )?;
         Ok(())
     };
     for s in 0..3 {
@@ -75,8 +89,9 @@ fn time_decode(b: &mut CudaBackend, batch: usize, ctx: usize, steps: usize) -> R
 fn time_prefill(b: &mut CudaBackend, batch: usize, len: usize) -> Res<f64> {
     let bs = b.block_size();
     let per_seq = len.div_ceil(bs);
-    let tables: Vec<Vec<u32>> =
-        (0..batch).map(|s| (0..per_seq).map(|j| (1 + s * per_seq + j) as u32).collect()).collect();
+    let tables: Vec<Vec<u32>> = (0..batch)
+        .map(|s| (0..per_seq).map(|j| (1 + s * per_seq + j) as u32).collect())
+        .collect();
     let mut ids = Vec::new();
     let mut pos = Vec::new();
     for s in 0..batch {
@@ -84,10 +99,20 @@ fn time_prefill(b: &mut CudaBackend, batch: usize, len: usize) -> Res<f64> {
         pos.extend(0..len as u32);
     }
     let seqs: Vec<SeqInput<'_>> = (0..batch)
-        .map(|s| SeqInput { query_start: s * len, query_len: len, context_len: len, block_table: &tables[s], sample: true })
+        .map(|s| SeqInput {
+            query_start: s * len,
+            query_len: len,
+            context_len: len,
+            block_table: &tables[s],
+            sample: true,
+        })
         .collect();
     let sampling = vec![GREEDY; batch];
-    let batch_in = ForwardBatch { token_ids: &ids, positions: &pos, seqs: &seqs };
+    let batch_in = ForwardBatch {
+        token_ids: &ids,
+        positions: &pos,
+        seqs: &seqs,
+    };
     b.forward_sampled(&batch_in, &sampling)?;
     b.gpu().sync()?;
     let reps = 3;
@@ -115,7 +140,12 @@ fn time_ms(g: &Gpu, reps: usize, mut f: impl FnMut() -> Res<()>) -> Res<f64> {
 fn attention_alone(g: &Gpu) -> Res<Value> {
     let (hq, hkv, d, bs) = (32usize, 8usize, 128usize, 16usize);
     let mut out = serde_json::Map::new();
-    for (batch, qlen, ctx) in [(8usize, 2048usize, 2048usize), (1, 1, 2048), (128, 1, 2048), (128, 1, 512)] {
+    for (batch, qlen, ctx) in [
+        (8usize, 2048usize, 2048usize),
+        (1, 1, 2048),
+        (128, 1, 2048),
+        (128, 1, 512),
+    ] {
         let n = batch * qlen;
         let stride = ctx.div_ceil(bs);
         let blocks = 1 + batch * stride;
@@ -123,7 +153,9 @@ fn attention_alone(g: &Gpu) -> Res<Value> {
         // Zeroed caches: the kernel's time does not depend on the values.
         let kc = g.alloc(DType::Bf16, cache_len)?;
         let vc = g.alloc(DType::Bf16, cache_len)?;
-        let qv: Vec<f32> = (0..n * hq * d).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
+        let qv: Vec<f32> = (0..n * hq * d)
+            .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+            .collect();
         let q = g.upload_f32(&qv, DType::Bf16)?;
         let o = g.alloc(DType::Bf16, n * hq * d)?;
         let tables: Vec<u32> = (1..blocks as u32).collect();
@@ -131,12 +163,21 @@ fn attention_alone(g: &Gpu) -> Res<Value> {
         for s in 0..batch {
             seqs.extend([(s * qlen) as i32, qlen as i32, ctx as i32, 0]);
         }
-        let items = ops::attention_items(&vec![qlen; batch], hq / hkv);
+        let tile = if qlen == 1 {
+            1
+        } else {
+            ops::attention_tile_tokens(DType::Bf16, d, hq / hkv)
+        };
+        let items = ops::attention_items(&vec![qlen; batch], tile);
         let num_items = items.len() / 2;
         let splits = if qlen == 1 { ctx.div_ceil(256) } else { 1 };
         let po = g.alloc(DType::F32, num_items * hq * splits * d)?;
         let pml = g.alloc(DType::F32, num_items * hq * splits * 2)?;
-        let (sb, ib, tb) = (g.upload_i32(&seqs)?, g.upload_i32(&items)?, g.upload_u32(&tables)?);
+        let (sb, ib, tb) = (
+            g.upload_i32(&seqs)?,
+            g.upload_i32(&items)?,
+            g.upload_u32(&tables)?,
+        );
         let a = Attention {
             q: &q,
             k_cache: &kc,
@@ -158,6 +199,7 @@ fn attention_alone(g: &Gpu) -> Res<Value> {
             split_size: if qlen == 1 { 256 } else { 1 << 30 },
             num_splits: splits,
             scale: 1.0 / (d as f32).sqrt(),
+            decode: qlen == 1,
         };
         // SAFETY: seqs/items/tables built consistently above; every table entry < blocks.
         let ms = time_ms(g, 10, || Ok(unsafe { ops::attention(g, &a) }?))?;
@@ -168,8 +210,15 @@ fn attention_alone(g: &Gpu) -> Res<Value> {
         };
         let kv_bytes = (batch * ctx * hkv * d * 2 * 2) as f64;
         let key = format!("b{batch}_q{qlen}_ctx{ctx}");
-        println!("attention {key}: {ms:.3} ms, {:.1} TFLOP/s, KV read {:.0} GB/s", flops / ms / 1e9, kv_bytes / ms / 1e6);
-        out.insert(key, json!({"ms": ms, "tflops": flops / ms / 1e9, "kv_gb_s": kv_bytes / ms / 1e6}));
+        println!(
+            "attention {key}: {ms:.3} ms, {:.1} TFLOP/s, KV read {:.0} GB/s",
+            flops / ms / 1e9,
+            kv_bytes / ms / 1e6
+        );
+        out.insert(
+            key,
+            json!({"ms": ms, "tflops": flops / ms / 1e9, "kv_gb_s": kv_bytes / ms / 1e6}),
+        );
     }
     Ok(Value::Object(out))
 }
@@ -177,16 +226,33 @@ fn attention_alone(g: &Gpu) -> Res<Value> {
 /// GEMV vs cuBLAS at the 8B shapes, batch 1 and 8.
 fn linear_alone(g: &Gpu) -> Res<Value> {
     let mut out = serde_json::Map::new();
-    for (name, n, k) in [("qkv", 6144usize, 4096usize), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336), ("lm_head", 128_256, 4096)] {
+    for (name, n, k) in [
+        ("qkv", 6144usize, 4096usize),
+        ("o", 4096, 4096),
+        ("gate_up", 28672, 4096),
+        ("down", 4096, 14336),
+        ("lm_head", 128_256, 4096),
+    ] {
         let w = g.alloc(DType::Bf16, n * k)?;
         for m in [1usize, 8] {
             let x = g.upload_f32(&vec![0.01; m * k], DType::Bf16)?;
             let y = g.alloc(DType::Bf16, m * n)?;
-            let l = Linear { x: &x, w: &w, y: &y, m, n, k };
+            let l = Linear {
+                x: &x,
+                w: &w,
+                y: &y,
+                m,
+                n,
+                k,
+            };
             let gemv = time_ms(g, 20, || Ok(ops::gemv(g, &l)?))?;
             let gemm = time_ms(g, 20, || Ok(ops::gemm(g, &l)?))?;
             let gb = (n * k * 2) as f64 / 1e6;
-            println!("linear {name} m{m}: gemv {gemv:.4} ms ({:.0} GB/s), cublas {gemm:.4} ms ({:.0} GB/s)", gb / gemv, gb / gemm);
+            println!(
+                "linear {name} m{m}: gemv {gemv:.4} ms ({:.0} GB/s), cublas {gemm:.4} ms ({:.0} GB/s)",
+                gb / gemv,
+                gb / gemm
+            );
             out.insert(format!("{name}_m{m}"), json!({"gemv_ms": gemv, "cublas_ms": gemm, "gemv_gb_s": gb / gemv, "cublas_gb_s": gb / gemm}));
         }
     }
@@ -198,21 +264,37 @@ fn dump_logits(b: &mut CudaBackend, dump: &Path, prompts_json: &Path) -> Res<()>
     let prompts: Vec<Vec<u32>> = (0..4).map(|i| prompt(64, 100 + i)).collect();
     std::fs::write(prompts_json, serde_json::to_string(&prompts)?)?;
     let bs = b.block_size();
-    let tables: Vec<Vec<u32>> = (0..4).map(|s| (0..4).map(|j| (1 + s * 4 + j) as u32).collect()).collect();
+    let tables: Vec<Vec<u32>> = (0..4)
+        .map(|s| (0..4).map(|j| (1 + s * 4 + j) as u32).collect())
+        .collect();
     let _ = bs;
     let mut rows: Vec<Vec<f32>> = vec![Vec::new(); 4];
     for p in 0..64 {
         let ids: Vec<u32> = prompts.iter().map(|pr| pr[p]).collect();
         let pos = vec![p as u32; 4];
         let seqs: Vec<SeqInput<'_>> = (0..4)
-            .map(|s| SeqInput { query_start: s, query_len: 1, context_len: p + 1, block_table: &tables[s], sample: true })
+            .map(|s| SeqInput {
+                query_start: s,
+                query_len: 1,
+                context_len: p + 1,
+                block_table: &tables[s],
+                sample: true,
+            })
             .collect();
-        let l = b.forward(&ForwardBatch { token_ids: &ids, positions: &pos, seqs: &seqs })?;
+        let l = b.forward(&ForwardBatch {
+            token_ids: &ids,
+            positions: &pos,
+            seqs: &seqs,
+        })?;
         for (s, row) in rows.iter_mut().enumerate() {
             row.extend_from_slice(l.row(s));
         }
     }
-    let bytes: Vec<u8> = rows.iter().flatten().flat_map(|v| v.to_le_bytes()).collect();
+    let bytes: Vec<u8> = rows
+        .iter()
+        .flatten()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
     std::fs::write(dump, bytes)?;
     Ok(())
 }
@@ -241,9 +323,15 @@ fn batch_invariance(backend: CudaBackend, model: &worker::config::ModelConfig) -
     let alone = run(vec![req(0)])?[&0].clone();
     let together = run((0..64).map(req).collect())?;
     let same = alone == together[&0];
-    let agree = alone.iter().zip(&together[&0]).take_while(|(a, b)| a == b).count();
+    let agree = alone
+        .iter()
+        .zip(&together[&0])
+        .take_while(|(a, b)| a == b)
+        .count();
     println!("batch invariance: alone == in batch of 64: {same} (first {agree}/32 tokens agree)");
-    Ok(json!({"identical": same, "agreeing_prefix": agree, "alone": alone, "in_batch": together[&0]}))
+    Ok(
+        json!({"identical": same, "agreeing_prefix": agree, "alone": alone, "in_batch": together[&0]}),
+    )
 }
 
 fn main() -> Res<()> {
@@ -287,8 +375,14 @@ fn main() -> Res<()> {
     for ctx in [512usize, 2048] {
         for batch in [1usize, 8, 32, 128, 256] {
             let ms = time_decode(&mut b, batch, ctx, 20)?;
-            println!("decode batch {batch} ctx {ctx}: {ms:.3} ms/step, {:.0} tok/s", batch as f64 * 1e3 / ms);
-            decode.insert(format!("b{batch}_ctx{ctx}"), json!({"ms_per_step": ms, "tok_s": batch as f64 * 1e3 / ms}));
+            println!(
+                "decode batch {batch} ctx {ctx}: {ms:.3} ms/step, {:.0} tok/s",
+                batch as f64 * 1e3 / ms
+            );
+            decode.insert(
+                format!("b{batch}_ctx{ctx}"),
+                json!({"ms_per_step": ms, "tok_s": batch as f64 * 1e3 / ms}),
+            );
         }
     }
     res.insert("decode".into(), Value::Object(decode));
@@ -297,8 +391,15 @@ fn main() -> Res<()> {
     let mut prefill = serde_json::Map::new();
     for batch in [1usize, 8] {
         let s = time_prefill(&mut b, batch, 2048)?;
-        println!("prefill {batch}x2048: {:.1} ms, {:.0} tok/s", s * 1e3, (batch * 2048) as f64 / s);
-        prefill.insert(format!("{batch}x2048"), json!({"s": s, "tok_s": (batch * 2048) as f64 / s}));
+        println!(
+            "prefill {batch}x2048: {:.1} ms, {:.0} tok/s",
+            s * 1e3,
+            (batch * 2048) as f64 / s
+        );
+        prefill.insert(
+            format!("{batch}x2048"),
+            json!({"s": s, "tok_s": (batch * 2048) as f64 / s}),
+        );
     }
     res.insert("prefill".into(), Value::Object(prefill));
     res.insert("attention".into(), attention_alone(b.gpu())?);

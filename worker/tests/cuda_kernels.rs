@@ -375,7 +375,7 @@ fn attention_matches_cpu() {
             hkv: 8,
             d: 128,
             bs: 16,
-            seqs: vec![(37, 37), (50, 333), (1, 1)],
+            seqs: vec![(37, 37), (50, 333), (1, 1), (130, 200)],
             split_size: 1 << 20,
             num_splits: 1,
         },
@@ -385,9 +385,19 @@ fn attention_matches_cpu() {
             hkv: 8,
             d: 128,
             bs: 16,
-            seqs: vec![(1, 700), (1, 31), (1, 257), (3, 100)],
+            seqs: vec![(1, 700), (1, 31), (1, 257), (1, 100)],
             split_size: 64,
             num_splits: 12,
+        },
+        // tiny-llama shape, split decodes (general kernel: no decode kernel for d 16)
+        AttnCase {
+            hq: 4,
+            hkv: 2,
+            d: 16,
+            bs: 16,
+            seqs: vec![(1, 40), (1, 3), (1, 77)],
+            split_size: 32,
+            num_splits: 3,
         },
         // MHA (group 1), d 64
         AttnCase {
@@ -396,6 +406,16 @@ fn attention_matches_cpu() {
             d: 64,
             bs: 16,
             seqs: vec![(20, 45), (1, 96)],
+            split_size: 1 << 20,
+            num_splits: 1,
+        },
+        // MHA decodes, split
+        AttnCase {
+            hq: 8,
+            hkv: 8,
+            d: 64,
+            bs: 16,
+            seqs: vec![(1, 45), (1, 96), (1, 1)],
             split_size: 32,
             num_splits: 3,
         },
@@ -424,8 +444,14 @@ fn attention_matches_cpu() {
                 start += ql;
             }
             let group = c.hq / c.hkv;
-            let items =
-                ops::attention_items(&c.seqs.iter().map(|s| s.0).collect::<Vec<_>>(), group);
+            let all_decode = c.seqs.iter().all(|s| s.0 == 1);
+            // Split launches take one token per item; prefill tiles depend on the kernel.
+            let tile = if c.num_splits > 1 {
+                1
+            } else {
+                ops::attention_tile_tokens(dt, c.d, group)
+            };
+            let items = ops::attention_items(&c.seqs.iter().map(|s| s.0).collect::<Vec<_>>(), tile);
             let qb = g.upload_f32(&qv, dt).unwrap();
             let kb = g.upload_f32(&kc, dt).unwrap();
             let vb = g.upload_f32(&vc, dt).unwrap();
@@ -461,10 +487,23 @@ fn attention_matches_cpu() {
                 split_size: c.split_size,
                 num_splits: c.num_splits,
                 scale,
+                decode: c.num_splits > 1,
             };
             // SAFETY: seqs/items/tables built consistently above; every table entry < blocks.
             unsafe { ops::attention(&g, &args) }.unwrap();
             let got = g.download_f32(&out).unwrap();
+            // Decode-only batches also through the decode kernel (its items: one per token).
+            let got_decode = (all_decode && tile == 1).then(|| {
+                let out2 = g.alloc(dt, n * c.hq * c.d).unwrap();
+                let args = Attention {
+                    out: &out2,
+                    decode: true,
+                    ..args
+                };
+                // SAFETY: as above, and every sequence has one query token.
+                unsafe { ops::attention(&g, &args) }.unwrap();
+                g.download_f32(&out2).unwrap()
+            });
             let mut want = vec![0f32; n * c.hq * c.d];
             for (s, &(ql, ctx)) in c.seqs.iter().enumerate() {
                 let qs = seqs[4 * s] as usize;
@@ -511,6 +550,10 @@ fn attention_matches_cpu() {
                 abs,
                 rel,
             );
+            if let Some(got) = got_decode {
+                let what = format!("decode attention {dt:?} hq{} d{}", c.hq, c.d);
+                assert_close(&what, &got, &want, abs, rel);
+            }
         }
     }
 }

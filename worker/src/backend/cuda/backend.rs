@@ -79,7 +79,11 @@ impl Workspace {
     fn new(gpu: &Gpu, cfg: &ModelConfig, dt: DType, caps: Caps) -> Result<Self, BackendError> {
         let (t, s, h) = (caps.tokens, caps.seqs, cfg.hidden_size);
         let (qd, kvd, inter) = (cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size);
-        let tile = ops::attention_tile_tokens(cfg.num_attention_heads / cfg.num_key_value_heads);
+        let tile = ops::attention_tile_tokens(
+            dt,
+            cfg.head_dim,
+            cfg.num_attention_heads / cfg.num_key_value_heads,
+        );
         Ok(Self {
             caps,
             x: gpu.alloc(dt, t * h)?,
@@ -266,6 +270,8 @@ impl CudaBackend {
             block_size: self.block_size,
             num_blocks: self.num_blocks,
             tile_tokens: ops::attention_tile_tokens(
+                self.dtype,
+                self.cfg.head_dim,
                 self.cfg.num_attention_heads / self.cfg.num_key_value_heads,
             ),
         }
@@ -422,6 +428,7 @@ impl CudaBackend {
                 split_size: 1 << 30,
                 num_splits: 1,
                 scale: 1.0 / (hd as f32).sqrt(),
+                decode: false,
             };
             // SAFETY: step::build made seqs/items/tables consistent and checked every block id;
             // decode items are single-token sequences, as the split launch requires.
@@ -431,6 +438,7 @@ impl CudaBackend {
                 attn.num_items = d.items_decode;
                 attn.split_size = DECODE_SPLIT;
                 attn.num_splits = d.splits;
+                attn.decode = true;
                 ops::attention(g, &attn)?;
             }
             ops::linear(

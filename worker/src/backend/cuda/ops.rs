@@ -310,16 +310,28 @@ pub struct Attention<'a> {
     pub split_size: usize,
     pub num_splits: usize,
     pub scale: f32,
+    /// Every sequence the items reach has `query_len == 1`: use the decode kernel when the
+    /// head size and group allow it.
+    pub decode: bool,
 }
 
-/// Query tokens per attention work item for a GQA group size.
-pub fn attention_tile_tokens(group: usize) -> usize {
-    (kernels::ATTN_ROWS / group.max(1)).max(1)
+/// Whether prefill attention runs on the tensor-core kernel (bf16, head size 128).
+fn prefill_on_tensor_cores(dt: DType, d: usize) -> bool {
+    dt == DType::Bf16 && d == 128
 }
 
-/// The work items for sequences with `query_lens`: `(sequence, first query)` per tile.
-pub fn attention_items(query_lens: &[usize], group: usize) -> Vec<i32> {
-    let tile = attention_tile_tokens(group);
+/// Query tokens per prefill attention work item for this type, head size and GQA group size.
+pub fn attention_tile_tokens(dt: DType, d: usize, group: usize) -> usize {
+    if prefill_on_tensor_cores(dt, d) {
+        kernels::PREFILL_MMA_TOKENS
+    } else {
+        (kernels::ATTN_ROWS / group.max(1)).max(1)
+    }
+}
+
+/// The work items for sequences with `query_lens`: `(sequence, first query)` per `tile` tokens
+/// ([`attention_tile_tokens`] for prefill launches; decode launches take one token per item).
+pub fn attention_items(query_lens: &[usize], tile: usize) -> Vec<i32> {
     let mut items = Vec::new();
     for (s, &len) in query_lens.iter().enumerate() {
         let mut q0 = 0;
@@ -353,6 +365,11 @@ pub unsafe fn attention(gpu: &Gpu, a: &Attention<'_>) -> Result<(), BackendError
             a.d
         )));
     }
+    if !a.decode && a.num_splits != 1 {
+        return Err(BackendError::InvalidBatch(
+            "attention: only decodes are split".into(),
+        ));
+    }
     if a.num_splits == 0
         || !a.split_size.is_multiple_of(kernels::ATTN_KEY_TILE)
         || a.split_size == 0
@@ -368,10 +385,13 @@ pub unsafe fn attention(gpu: &Gpu, a: &Attention<'_>) -> Result<(), BackendError
     a.block_tables
         .check("block_tables", DType::U32, a.num_seqs * a.table_stride)?;
     if a.num_splits > 1 {
-        a.part_o
-            .check("part_o", DType::F32, a.n * a.hq * a.num_splits * a.d)?;
+        a.part_o.check(
+            "part_o",
+            DType::F32,
+            a.num_items * a.hq * a.num_splits * a.d,
+        )?;
         a.part_ml
-            .check("part_ml", DType::F32, a.n * a.hq * a.num_splits * 2)?;
+            .check("part_ml", DType::F32, a.num_items * a.hq * a.num_splits * 2)?;
     }
     if a.num_items == 0 {
         return Ok(());
@@ -396,17 +416,37 @@ pub unsafe fn attention(gpu: &Gpu, a: &Attention<'_>) -> Result<(), BackendError
         num_splits: int(a.num_splits, "splits")?,
         scale_log2: a.scale * std::f32::consts::LOG2_E,
     };
-    let f = gpu.func(&format!("attention_{}", dt.suffix()))?;
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(&p);
     let grid = (
         dim(a.num_items, "items")?,
         dim(a.hkv, "hkv")?,
         dim(a.num_splits, "splits")?,
     );
-    let smem = kernels::attention_smem_bytes(a.d);
-    // SAFETY: q/out/partials sized for n tokens (checked); the index data is the caller's promise.
-    unsafe { b.launch(cfg(grid, kernels::ATTN_THREADS, smem)) }.map_err(dev_err)?;
+    let use_decode = a.decode
+        && kernels::DECODE_HEAD_DIMS.contains(&a.d)
+        && a.hq / a.hkv <= kernels::DECODE_MAX_GROUP;
+    if use_decode {
+        let f = gpu.func(&format!("attn_decode_{}_d{}", dt.suffix(), a.d))?;
+        let mut b = gpu.stream.launch_builder(f);
+        b.arg(&p);
+        // SAFETY: as for the general kernel below; the decode kernel's parameter struct has the
+        // same layout, and the caller promises single-token sequences.
+        unsafe { b.launch(cfg(grid, kernels::DECODE_THREADS, 0)) }.map_err(dev_err)?;
+    } else if prefill_on_tensor_cores(dt, a.d) {
+        let f = gpu.func("attn_prefill_bf16_d128")?;
+        let mut b = gpu.stream.launch_builder(f);
+        b.arg(&p);
+        let grid = (dim(a.num_items, "items")?, dim(a.hq, "hq")?, 1);
+        // SAFETY: as for the general kernel; items were built with attention_tile_tokens (64
+        // tokens each) for this type and head size, which the kernel assumes.
+        unsafe { b.launch(cfg(grid, 128, 0)) }.map_err(dev_err)?;
+    } else {
+        let f = gpu.func(&format!("attention_{}", dt.suffix()))?;
+        let mut b = gpu.stream.launch_builder(f);
+        b.arg(&p);
+        let smem = kernels::attention_smem_bytes(a.d);
+        // SAFETY: q/out/partials sized (checked); the index data is the caller's promise.
+        unsafe { b.launch(cfg(grid, kernels::ATTN_THREADS, smem)) }.map_err(dev_err)?;
+    }
     if a.num_splits > 1 {
         let f = gpu.func(&format!("attn_combine_{}", dt.suffix()))?;
         let mut b = gpu.stream.launch_builder(f);
@@ -544,13 +584,11 @@ pub fn gemm(gpu: &Gpu, l: &Linear<'_>) -> Result<(), BackendError> {
     .map_err(dev_err)
 }
 
-/// GEMV when it applies, else cuBLAS.
+/// The product the backend uses: cuBLAS. (The GEMV kernel reached 1.1–2.4 TB/s on the H200 where
+/// cuBLAS reached 1.9–4.4 TB/s at the 8B shapes for 1 and 8 rows — docs/benchmarks.md — so it is
+/// not on the model's path.)
 pub fn linear(gpu: &Gpu, l: &Linear<'_>) -> Result<(), BackendError> {
-    if l.gemv_ok() {
-        gemv(gpu, l)
-    } else {
-        gemm(gpu, l)
-    }
+    gemm(gpu, l)
 }
 
 /// One row's sampling settings, as the kernel's `SampleRow`.
