@@ -351,6 +351,7 @@ fn main() -> Res<()> {
         gpu_memory_utilization: 0.9,
         enforce_eager: false,
         max_batch_tokens: 8192,
+        batch_invariant: false,
     };
     let t1 = Instant::now();
     let mut b = CudaBackend::new(&model, &ckpt, &opts)?;
@@ -405,6 +406,20 @@ fn main() -> Res<()> {
     res.insert("attention".into(), attention_alone(b.gpu())?);
     res.insert("linear".into(), linear_alone(b.gpu())?);
     res.insert("batch_invariance".into(), batch_invariance(b, &model)?);
+    // Again in batch-invariant mode (fixed-shape GEMM blocks), with its decode cost.
+    let inv_opts = CudaOptions {
+        batch_invariant: true,
+        ..opts
+    };
+    let mut b = CudaBackend::new(&model, &ckpt, &inv_opts)?;
+    let mut inv = serde_json::Map::new();
+    for (batch, ctx) in [(1usize, 512usize), (128, 512)] {
+        let ms = time_decode(&mut b, batch, ctx, 20)?;
+        println!("batch-invariant mode: decode batch {batch} ctx {ctx}: {ms:.3} ms/step");
+        inv.insert(format!("decode_b{batch}_ctx{ctx}_ms"), json!(ms));
+    }
+    inv.insert("check".into(), batch_invariance(b, &model)?);
+    res.insert("batch_invariant_mode".into(), Value::Object(inv));
     std::fs::write(out_json, serde_json::to_string_pretty(&Value::Object(res))?)?;
     Ok(())
 }

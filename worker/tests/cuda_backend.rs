@@ -72,6 +72,7 @@ fn backend(
         gpu_memory_utilization: 0.9,
         enforce_eager: eager,
         max_batch_tokens: 512,
+        batch_invariant: dtype == DType::Bf16,
     };
     let b = CudaBackend::new(&model, &ckpt, &opts).unwrap_or_else(|e| panic!("CUDA backend: {e}"));
     (b, model)

@@ -133,6 +133,7 @@ pub fn load_backend(
                 gpu_memory_utilization: options.gpu_memory_utilization,
                 enforce_eager: options.enforce_eager,
                 max_batch_tokens: CUDA_WORKSPACE_TOKENS,
+                batch_invariant: false,
             };
             Ok(Box::new(CudaBackend::new(config, checkpoint, &opts)?))
         }

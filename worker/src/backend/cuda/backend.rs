@@ -34,7 +34,13 @@ pub struct CudaOptions {
     pub enforce_eager: bool,
     /// Tokens per step the workspace is first sized for (it grows when a step needs more).
     pub max_batch_tokens: usize,
+    /// Run every GEMM in blocks of [`INVARIANT_CHUNK`] rows so that a sequence's results do not
+    /// depend on its batch (costs up to ~1.5 ms per decode step at batch 1 on the 8B shape).
+    pub batch_invariant: bool,
 }
+
+/// Rows per GEMM in batch-invariant mode.
+pub const INVARIANT_CHUNK: usize = 256;
 
 /// Largest decode batch replayed from a CUDA graph.
 pub const MAX_GRAPH_BATCH: usize = 256;
@@ -77,7 +83,10 @@ struct Workspace {
 
 impl Workspace {
     fn new(gpu: &Gpu, cfg: &ModelConfig, dt: DType, caps: Caps) -> Result<Self, BackendError> {
-        let (t, s, h) = (caps.tokens, caps.seqs, cfg.hidden_size);
+        // Whole GEMM blocks of rows, for batch-invariant mode's padding rows.
+        let t = caps.tokens.next_multiple_of(INVARIANT_CHUNK);
+        let s = caps.seqs.next_multiple_of(INVARIANT_CHUNK);
+        let h = cfg.hidden_size;
         let (qd, kvd, inter) = (cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size);
         let tile = ops::attention_tile_tokens(
             dt,
@@ -136,6 +145,7 @@ pub struct CudaBackend {
     ws: Workspace,
     graphs: HashMap<(usize, usize), Graph>,
     enforce_eager: bool,
+    batch_invariant: bool,
     _blas_workspace: Buf,
 }
 
@@ -245,6 +255,7 @@ impl CudaBackend {
             ws,
             graphs: HashMap::new(),
             enforce_eager: opts.enforce_eager,
+            batch_invariant: opts.batch_invariant,
             _blas_workspace: blas_ws,
         })
     }
@@ -351,6 +362,14 @@ impl CudaBackend {
         g.write_bytes(&mut ws.sample_params, &params)
     }
 
+    fn linear(&self, l: &Linear<'_>) -> Result<(), BackendError> {
+        if self.batch_invariant {
+            ops::linear_chunked(&self.gpu, l, INVARIANT_CHUNK)
+        } else {
+            ops::linear(&self.gpu, l)
+        }
+    }
+
     /// Queues the whole forward pass for a step already uploaded.
     fn launch_model(&self, d: Dims) -> Result<(), BackendError> {
         let (g, ws, cfg) = (&self.gpu, &self.ws, &self.cfg);
@@ -378,17 +397,14 @@ impl CudaBackend {
                     eps,
                 },
             )?;
-            ops::linear(
-                g,
-                &Linear {
-                    x: &ws.normed,
-                    w: &w.qkv,
-                    y: &ws.qkv,
-                    m: n,
-                    n: width,
-                    k: h,
-                },
-            )?;
+            self.linear(&Linear {
+                x: &ws.normed,
+                w: &w.qkv,
+                y: &ws.qkv,
+                m: n,
+                n: width,
+                k: h,
+            })?;
             let rope = RopeKv {
                 qkv: &ws.qkv,
                 bias: w.qkv_bias.as_ref(),
@@ -441,17 +457,14 @@ impl CudaBackend {
                 attn.decode = true;
                 ops::attention(g, &attn)?;
             }
-            ops::linear(
-                g,
-                &Linear {
-                    x: &ws.attn,
-                    w: &w.o,
-                    y: &ws.proj,
-                    m: n,
-                    n: h,
-                    k: qd,
-                },
-            )?;
+            self.linear(&Linear {
+                x: &ws.attn,
+                w: &w.o,
+                y: &ws.proj,
+                m: n,
+                n: h,
+                k: qd,
+            })?;
             ops::add_rmsnorm(
                 g,
                 &AddRmsNorm {
@@ -464,29 +477,23 @@ impl CudaBackend {
                     eps,
                 },
             )?;
-            ops::linear(
-                g,
-                &Linear {
-                    x: &ws.normed,
-                    w: &w.gate_up,
-                    y: &ws.gate_up,
-                    m: n,
-                    n: 2 * inter,
-                    k: h,
-                },
-            )?;
+            self.linear(&Linear {
+                x: &ws.normed,
+                w: &w.gate_up,
+                y: &ws.gate_up,
+                m: n,
+                n: 2 * inter,
+                k: h,
+            })?;
             ops::silu_mul(g, &ws.gate_up, &ws.act, (n, inter))?;
-            ops::linear(
-                g,
-                &Linear {
-                    x: &ws.act,
-                    w: &w.down,
-                    y: &ws.proj,
-                    m: n,
-                    n: h,
-                    k: inter,
-                },
-            )?;
+            self.linear(&Linear {
+                x: &ws.act,
+                w: &w.down,
+                y: &ws.proj,
+                m: n,
+                n: h,
+                k: inter,
+            })?;
         }
         ops::add_rmsnorm(
             g,
@@ -513,7 +520,7 @@ impl CudaBackend {
             n: cfg.vocab_size,
             k: h,
         };
-        ops::linear(g, &lm)?;
+        self.linear(&lm)?;
         if d.sample {
             ops::sample(
                 g,

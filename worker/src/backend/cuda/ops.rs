@@ -545,8 +545,18 @@ pub fn gemv(gpu: &Gpu, l: &Linear<'_>) -> Result<(), BackendError> {
 
 /// Runs the product with cuBLAS (f32 accumulation; bf16 or f32 inputs).
 pub fn gemm(gpu: &Gpu, l: &Linear<'_>) -> Result<(), BackendError> {
-    let dt = l.check()?;
-    if l.m == 0 {
+    l.check()?;
+    gemm_rows(gpu, l, 0, l.m)
+}
+
+/// cuBLAS over rows `row0 .. row0 + rows` of `x` and `y` (which may lie past `l.m`, up to the
+/// buffers' lengths).
+fn gemm_rows(gpu: &Gpu, l: &Linear<'_>, row0: usize, rows: usize) -> Result<(), BackendError> {
+    let dt = float_type(l.w, "weight")?;
+    let end = row0 + rows;
+    l.x.check("linear x", dt, end * l.k)?;
+    l.y.check("linear y", l.y.dtype(), end * l.n)?;
+    if rows == 0 {
         return Ok(());
     }
     let ty = |d: DType| match d {
@@ -556,7 +566,7 @@ pub fn gemm(gpu: &Gpu, l: &Linear<'_>) -> Result<(), BackendError> {
     let (alpha, beta) = (1.0f32, 0.0f32);
     // Row-major y[m,n] = x[m,k] w[n,k]^T is column-major y^T[n,m] = w^T... : A = w (k x n
     // column-major, transposed), B = x (k x m column-major).
-    // SAFETY: w holds n*k, x m*k and y m*n elements of the given types (checked); the handle is
+    // SAFETY: w holds n*k, x (row0+rows)*k and y (row0+rows)*n elements (checked); the handle is
     // bound to our stream; alpha/beta are f32 as CUBLAS_COMPUTE_32F requires.
     unsafe {
         cudarc::cublas::result::gemm_ex(
@@ -564,17 +574,17 @@ pub fn gemm(gpu: &Gpu, l: &Linear<'_>) -> Result<(), BackendError> {
             blas_sys::cublasOperation_t::CUBLAS_OP_T,
             blas_sys::cublasOperation_t::CUBLAS_OP_N,
             int(l.n, "n")?,
-            int(l.m, "m")?,
+            int(rows, "m")?,
             int(l.k, "k")?,
             (&alpha as *const f32).cast(),
             l.w.ptr() as *const _,
             ty(dt),
             int(l.k, "k")?,
-            l.x.ptr() as *const _,
+            l.x.ptr_at(row0 * l.k) as *const _,
             ty(dt),
             int(l.k, "k")?,
             (&beta as *const f32).cast(),
-            l.y.ptr() as *mut _,
+            l.y.ptr_at(row0 * l.n) as *mut _,
             ty(l.y.dtype()),
             int(l.n, "n")?,
             blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
@@ -589,6 +599,20 @@ pub fn gemm(gpu: &Gpu, l: &Linear<'_>) -> Result<(), BackendError> {
 /// not on the model's path.)
 pub fn linear(gpu: &Gpu, l: &Linear<'_>) -> Result<(), BackendError> {
     gemm(gpu, l)
+}
+
+/// [`linear`] in blocks of exactly `chunk` rows (the last one running over padding rows of `x`
+/// and `y`, which must hold `m` rounded up to `chunk` rows). cuBLAS then always sees the same
+/// shape, so a row's result never depends on how many rows are in the batch (batch invariance).
+pub fn linear_chunked(gpu: &Gpu, l: &Linear<'_>, chunk: usize) -> Result<(), BackendError> {
+    float_type(l.w, "weight")?;
+    l.w.check("weight", l.w.dtype(), l.n * l.k)?;
+    let mut row0 = 0;
+    while row0 < l.m {
+        gemm_rows(gpu, l, row0, chunk)?;
+        row0 += chunk;
+    }
+    Ok(())
 }
 
 /// One row's sampling settings, as the kernel's `SampleRow`.
