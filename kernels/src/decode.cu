@@ -1,18 +1,18 @@
 // Paged attention for single-token queries (decodes), tuned for bandwidth: the counterpart of
-// attention.cu's general kernel for head sizes 64 and 128 and up to 8 query heads per KV head.
+// attention.cu's general kernel for head sizes 64 and 128 and 1, 2, 4 or 8 query heads per KV head.
 //
 // A block of 128 threads takes one (decode item, KV head, context split) and streams 64-key tiles:
 //  1. q·k: each key is handled by D/8 threads, each holding 8 of its dimensions (one 16-byte bf16
-//     load) and the matching slice of every query head of the group; a few shuffles finish the dots;
+//     load) and the matching slice of every query head of the group; a few shuffles finish the dots.
+//     The same threads' V rows for step 3 are loaded here too, so K and V stream together;
 //  2. one warp per query head updates the online softmax over the tile;
-//  3. p·v: threads own 8 dimensions for every head and a stride of the tile's keys (16-byte loads).
+//  3. p·v: threads own 8 dimensions for every head and a stride of the tile's keys.
 // The per-thread partial outputs are summed through shared memory at the end. Results and the split
 // partials use the same layout and the same final division as attention.cu, so the combine kernel
 // (attn_combine_*) is shared.
 #include "common.cuh"
 
 #define DEC_TK 64
-#define DEC_MAXG 8
 #define DEC_THREADS 128
 
 struct AttnParamsD {
@@ -29,80 +29,97 @@ struct AttnParamsD {
     float scale_log2;
 };
 
-__device__ __forceinline__ void load8(const float* p, float* o) {
-    unpack16(*(const uint4*)p, o, 0.f);
-    unpack16(*(const uint4*)(p + 4), o + 4, 0.f);
-}
-__device__ __forceinline__ void load8(const bf16* p, float* o) { unpack16(*(const uint4*)p, o, bf16()); }
+// 8 elements of T as raw 16-byte words.
+template <typename T> struct Raw8 { uint4 w[sizeof(T) / 2]; };
 
-template <typename T, int D>
+template <typename T> __device__ __forceinline__ Raw8<T> ld8(const T* p) {
+    Raw8<T> r;
+#pragma unroll
+    for (int i = 0; i < (int)(sizeof(T) / 2); i++) r.w[i] = __ldg((const uint4*)p + i);
+    return r;
+}
+template <typename T> __device__ __forceinline__ Raw8<T> zero8() {
+    Raw8<T> r;
+#pragma unroll
+    for (int i = 0; i < (int)(sizeof(T) / 2); i++) r.w[i] = make_uint4(0, 0, 0, 0);
+    return r;
+}
+__device__ __forceinline__ void un8(const Raw8<float>& r, float* o) {
+    unpack16(r.w[0], o, 0.f);
+    unpack16(r.w[1], o + 4, 0.f);
+}
+__device__ __forceinline__ void un8(const Raw8<bf16>& r, float* o) { unpack16(r.w[0], o, bf16()); }
+
+template <typename T, int D, int G>
 __device__ void decode_impl(const AttnParamsD& p) {
-    constexpr int TPK = D / 8;                 // threads per key (q·k)
-    constexpr int KPP = DEC_THREADS / TPK;     // keys per pass
-    constexpr int SLICES = D / 8;              // 8-dim slices (p·v)
+    constexpr int TPK = D / 8;             // threads per key (q·k)
+    constexpr int KPP = DEC_THREADS / TPK; // keys per pass
+    constexpr int SLICES = D / 8;          // 8-dim slices (p·v)
     constexpr int KLANES = DEC_THREADS / SLICES;
-    __shared__ float sc[DEC_MAXG][DEC_TK];
-    __shared__ float m_s[DEC_MAXG], l_s[DEC_MAXG], corr_s[DEC_MAXG];
-    __shared__ float accs[KLANES * 4 * D]; // partial outputs of four heads at a time
+    constexpr int VKEYS = DEC_TK / KLANES; // V rows per thread per tile
+    constexpr int HB = G < 4 ? G : 4;      // heads per pass of the final reduction
+    __shared__ float sc[G][DEC_TK];
+    __shared__ float m_s[G], l_s[G], corr_s[G];
+    __shared__ float accs[KLANES * HB * D];
     const int item = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
-    const int group = p.hq / p.hkv;
     const int seq = p.items[2 * item];
     const int q_start = p.seqs[4 * seq], ctx = p.seqs[4 * seq + 2];
     const int kv_lo = split * p.split_size;
     const int kv_hi = min(ctx, kv_lo + p.split_size);
     const u32* table = p.block_tables + (size_t)seq * p.table_stride;
+    const T* kc = (const T*)p.k_cache;
+    const T* vc = (const T*)p.v_cache;
+    auto row = [&](int j) {
+        return (((size_t)table[j / p.block_size] * p.hkv + kvh) * p.block_size + j % p.block_size) * D;
+    };
 
-    // This thread's q slices: dims [ (tid % TPK) * 8, +8 ) of every head of the group.
-    float q[DEC_MAXG][8];
+    float q[G][8];
     const int qs = (tid % TPK) * 8;
 #pragma unroll
-    for (int h = 0; h < DEC_MAXG; h++) {
-        if (h < group) {
-            load8((const T*)p.q + ((size_t)q_start * p.hq + kvh * group + h) * D + qs, q[h]);
-        } else {
-#pragma unroll
-            for (int e = 0; e < 8; e++) q[h][e] = 0.f;
-        }
-    }
-    if (tid < DEC_MAXG) { m_s[tid] = -INFINITY; l_s[tid] = 0.f; }
+    for (int h = 0; h < G; h++) un8(ld8((const T*)p.q + ((size_t)q_start * p.hq + kvh * G + h) * D + qs), q[h]);
+    if (tid < G) { m_s[tid] = -INFINITY; l_s[tid] = 0.f; }
 
     const int vs = (tid % SLICES) * 8, kl = tid / SLICES;
-    float acc[DEC_MAXG][8];
+    float acc[G][8];
 #pragma unroll
-    for (int h = 0; h < DEC_MAXG; h++)
+    for (int h = 0; h < G; h++)
 #pragma unroll
         for (int e = 0; e < 8; e++) acc[h][e] = 0.f;
 
     for (int k0 = kv_lo; k0 < kv_hi; k0 += DEC_TK) {
+        // Issue this tile's V loads first; they are consumed after the softmax.
+        Raw8<T> vraw[VKEYS];
+#pragma unroll
+        for (int i = 0; i < VKEYS; i++) {
+            const int j = k0 + kl + i * KLANES;
+            vraw[i] = j < kv_hi ? ld8(vc + row(j) + vs) : zero8<T>();
+        }
         // 1. scores
+        Raw8<T> kraw[DEC_TK / KPP];
 #pragma unroll
         for (int pass = 0; pass < DEC_TK / KPP; pass++) {
-            const int jl = pass * KPP + tid / TPK, j = k0 + jl;
+            const int j = k0 + pass * KPP + tid / TPK;
+            kraw[pass] = j < kv_hi ? ld8(kc + row(j) + qs) : zero8<T>();
+        }
+#pragma unroll
+        for (int pass = 0; pass < DEC_TK / KPP; pass++) {
+            const int jl = pass * KPP + tid / TPK;
             float kf[8];
-            const bool ok = j < kv_hi;
-            if (ok) {
-                const size_t base = (((size_t)table[j / p.block_size] * p.hkv + kvh) * p.block_size + j % p.block_size) * D;
-                load8((const T*)p.k_cache + base + qs, kf);
-            } else {
+            un8(kraw[pass], kf);
 #pragma unroll
-                for (int e = 0; e < 8; e++) kf[e] = 0.f;
-            }
+            for (int h = 0; h < G; h++) {
+                float s = 0.f;
 #pragma unroll
-            for (int h = 0; h < DEC_MAXG; h++) {
-                if (h < group) {
-                    float s = 0.f;
+                for (int e = 0; e < 8; e++) s += q[h][e] * kf[e];
 #pragma unroll
-                    for (int e = 0; e < 8; e++) s += q[h][e] * kf[e];
-#pragma unroll
-                    for (int o = TPK / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-                    if (tid % TPK == 0) sc[h][jl] = ok ? s * p.scale_log2 : -INFINITY;
-                }
+                for (int o = TPK / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+                if (tid % TPK == 0) sc[h][jl] = k0 + jl < kv_hi ? s * p.scale_log2 : -INFINITY;
             }
         }
         __syncthreads();
         // 2. online softmax, one warp per head
         const int lane = tid & 31, warp = tid >> 5;
-        for (int h = warp; h < group; h += DEC_THREADS / 32) {
+        for (int h = warp; h < G; h += DEC_THREADS / 32) {
             const float a = sc[h][lane], b = sc[h][lane + 32];
             const float m_old = m_s[h];
             const float m_new = fmaxf(m_old, warp_max(fmaxf(a, b)));
@@ -118,52 +135,41 @@ __device__ void decode_impl(const AttnParamsD& p) {
             }
         }
         __syncthreads();
-        // 3. p·v
+        // 3. p·v (keys past the end have p = 0 and zeroed V)
 #pragma unroll
-        for (int h = 0; h < DEC_MAXG; h++) {
-            if (h < group) {
-                const float c = corr_s[h];
+        for (int h = 0; h < G; h++) {
+            const float c = corr_s[h];
 #pragma unroll
-                for (int e = 0; e < 8; e++) acc[h][e] *= c;
-            }
+            for (int e = 0; e < 8; e++) acc[h][e] *= c;
         }
-        for (int jl = kl; jl < DEC_TK; jl += KLANES) {
-            const int j = k0 + jl;
-            if (j >= kv_hi) break;
+#pragma unroll
+        for (int i = 0; i < VKEYS; i++) {
+            const int jl = kl + i * KLANES;
             float vf[8];
-            const size_t base = (((size_t)table[j / p.block_size] * p.hkv + kvh) * p.block_size + j % p.block_size) * D;
-            load8((const T*)p.v_cache + base + vs, vf);
+            un8(vraw[i], vf);
 #pragma unroll
-            for (int h = 0; h < DEC_MAXG; h++) {
-                if (h < group) {
-                    const float pj = sc[h][jl];
+            for (int h = 0; h < G; h++) {
+                const float pj = sc[h][jl];
 #pragma unroll
-                    for (int e = 0; e < 8; e++) acc[h][e] += pj * vf[e];
-                }
+                for (int e = 0; e < 8; e++) acc[h][e] += pj * vf[e];
             }
         }
         __syncthreads();
     }
 
-    // Sum the KLANES partial outputs, four heads at a time through shared memory.
+    // Sum the KLANES partial outputs, HB heads at a time through shared memory.
 #pragma unroll
-    for (int h0 = 0; h0 < DEC_MAXG; h0 += 4) {
-        if (h0 >= group) break;
+    for (int h0 = 0; h0 < G; h0 += HB) {
 #pragma unroll
-        for (int hh = 0; hh < 4; hh++) {
-            const int h = h0 + hh;
-            if (h < group) {
+        for (int hh = 0; hh < HB; hh++)
 #pragma unroll
-                for (int e = 0; e < 8; e++) accs[(kl * 4 + hh) * D + vs + e] = acc[h][e];
-            }
-        }
+            for (int e = 0; e < 8; e++) accs[(kl * HB + hh) * D + vs + e] = acc[h0 + hh][e];
         __syncthreads();
-        for (int i = tid; i < 4 * D; i += DEC_THREADS) {
+        for (int i = tid; i < HB * D; i += DEC_THREADS) {
             const int hh = i / D, c = i % D, h = h0 + hh;
-            if (h >= group) continue;
             float s = 0.f;
-            for (int k = 0; k < KLANES; k++) s += accs[(k * 4 + hh) * D + c];
-            const int qh = kvh * group + h;
+            for (int k = 0; k < KLANES; k++) s += accs[(k * HB + hh) * D + c];
+            const int qh = kvh * G + h;
             if (p.num_splits == 1) {
                 const float l = l_s[h];
                 ((T*)p.out)[((size_t)q_start * p.hq + qh) * D + c] = from_f<T>(l > 0.f ? s / l : 0.f);
@@ -180,11 +186,13 @@ __device__ void decode_impl(const AttnParamsD& p) {
     }
 }
 
-#define DECODE(T, S, D)                                                                            \
-    extern "C" __global__ void __launch_bounds__(DEC_THREADS) attn_decode_##S##_d##D(AttnParamsD p) { \
-        if (blockIdx.x < p.num_items) decode_impl<T, D>(p);                                         \
+#define DECODE(T, S, D, G)                                                                         \
+    extern "C" __global__ void __launch_bounds__(DEC_THREADS, 3)                                   \
+        attn_decode_##S##_d##D##_g##G(AttnParamsD p) {                                             \
+        if (blockIdx.x < p.num_items) decode_impl<T, D, G>(p);                                     \
     }
-DECODE(float, f32, 64)
-DECODE(float, f32, 128)
-DECODE(bf16, bf16, 64)
-DECODE(bf16, bf16, 128)
+#define DECODE_G(T, S, D) DECODE(T, S, D, 1) DECODE(T, S, D, 2) DECODE(T, S, D, 4) DECODE(T, S, D, 8)
+DECODE_G(float, f32, 64)
+DECODE_G(float, f32, 128)
+DECODE_G(bf16, bf16, 64)
+DECODE_G(bf16, bf16, 128)

@@ -49,10 +49,22 @@ pub const KERNELS: &[&str] = &[
     "attention_bf16",
     "attn_combine_f32",
     "attn_combine_bf16",
-    "attn_decode_f32_d64",
-    "attn_decode_f32_d128",
-    "attn_decode_bf16_d64",
-    "attn_decode_bf16_d128",
+    "attn_decode_f32_d64_g1",
+    "attn_decode_f32_d64_g2",
+    "attn_decode_f32_d64_g4",
+    "attn_decode_f32_d64_g8",
+    "attn_decode_f32_d128_g1",
+    "attn_decode_f32_d128_g2",
+    "attn_decode_f32_d128_g4",
+    "attn_decode_f32_d128_g8",
+    "attn_decode_bf16_d64_g1",
+    "attn_decode_bf16_d64_g2",
+    "attn_decode_bf16_d64_g4",
+    "attn_decode_bf16_d64_g8",
+    "attn_decode_bf16_d128_g1",
+    "attn_decode_bf16_d128_g2",
+    "attn_decode_bf16_d128_g4",
+    "attn_decode_bf16_d128_g8",
     "attn_prefill_bf16_d128",
     "gemv_f32",
     "gemv_bf16",
@@ -68,10 +80,10 @@ pub const ATTN_KEY_TILE: usize = 32;
 pub const ATTN_MAX_HEAD_DIM: usize = 256;
 /// Threads per attention block.
 pub const ATTN_THREADS: u32 = 128;
-/// Head dimensions the decode attention kernel is built for (`attn_decode_<dtype>_d<D>`).
+/// Head dimensions the decode attention kernel is built for (`attn_decode_<dtype>_d<D>_g<G>`).
 pub const DECODE_HEAD_DIMS: &[usize] = &[64, 128];
-/// Largest query-heads-per-KV-head group the decode attention kernel takes (`DEC_MAXG`).
-pub const DECODE_MAX_GROUP: usize = 8;
+/// Query-heads-per-KV-head group sizes the decode attention kernel is built for.
+pub const DECODE_GROUPS: &[usize] = &[1, 2, 4, 8];
 /// Threads per decode attention block.
 pub const DECODE_THREADS: u32 = 128;
 
@@ -377,8 +389,11 @@ mod tests {
             let by_macro =
                 all.contains(&format!(" {op}_##S(")) && all.contains(&format!(", {dtype})"));
             let decode = k.strip_prefix("attn_decode_").is_some_and(|rest| {
-                let (s, d) = rest.split_once("_d").expect("attn_decode_<dtype>_d<D>");
-                all.contains(&format!(", {s}, {d})"))
+                let (s, dg) = rest
+                    .split_once("_d")
+                    .expect("attn_decode_<dtype>_d<D>_g<G>");
+                let (d, g) = dg.split_once("_g").expect("attn_decode_<dtype>_d<D>_g<G>");
+                all.contains(&format!(", {s}, {d})")) && all.contains(&format!(", D, {g})"))
             });
             assert!(direct || by_macro || decode, "{k} not found");
         }

@@ -170,7 +170,11 @@ fn attention_alone(g: &Gpu) -> Res<Value> {
         };
         let items = ops::attention_items(&vec![qlen; batch], tile);
         let num_items = items.len() / 2;
-        let splits = if qlen == 1 { ctx.div_ceil(256) } else { 1 };
+        let splits = if qlen == 1 {
+            ctx.div_ceil(worker::backend::cuda::step::DECODE_SPLIT)
+        } else {
+            1
+        };
         let po = g.alloc(DType::F32, num_items * hq * splits * d)?;
         let pml = g.alloc(DType::F32, num_items * hq * splits * 2)?;
         let (sb, ib, tb) = (
@@ -196,7 +200,11 @@ fn attention_alone(g: &Gpu) -> Res<Value> {
             hkv,
             d,
             block_size: bs,
-            split_size: if qlen == 1 { 256 } else { 1 << 30 },
+            split_size: if qlen == 1 {
+                worker::backend::cuda::step::DECODE_SPLIT
+            } else {
+                1 << 30
+            },
             num_splits: splits,
             scale: 1.0 / (d as f32).sqrt(),
             decode: qlen == 1,

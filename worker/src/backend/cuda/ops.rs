@@ -423,9 +423,10 @@ pub unsafe fn attention(gpu: &Gpu, a: &Attention<'_>) -> Result<(), BackendError
     );
     let use_decode = a.decode
         && kernels::DECODE_HEAD_DIMS.contains(&a.d)
-        && a.hq / a.hkv <= kernels::DECODE_MAX_GROUP;
+        && kernels::DECODE_GROUPS.contains(&(a.hq / a.hkv));
     if use_decode {
-        let f = gpu.func(&format!("attn_decode_{}_d{}", dt.suffix(), a.d))?;
+        let name = format!("attn_decode_{}_d{}_g{}", dt.suffix(), a.d, a.hq / a.hkv);
+        let f = gpu.func(&name)?;
         let mut b = gpu.stream.launch_builder(f);
         b.arg(&p);
         // SAFETY: as for the general kernel below; the decode kernel's parameter struct has the

@@ -5,7 +5,7 @@ use crate::backend::{BackendError, ForwardBatch};
 
 /// Keys per attention split for decodes. Fixed, so a sequence's attention is computed the same way
 /// whatever else is in the batch (batch invariance).
-pub const DECODE_SPLIT: usize = 256;
+pub const DECODE_SPLIT: usize = 128;
 
 /// Host-side arrays of one step, ready to upload.
 #[derive(Debug, Default, Clone, PartialEq)]
