@@ -24,6 +24,7 @@
 //! assert!(!tokens.is_empty() && tokens.len() <= 4);
 //! ```
 
+use rayon::prelude::*;
 use thiserror::Error;
 
 use crate::backend::{Backend, BackendError, DeviceSampling, ForwardBatch, SeqInput};
@@ -31,7 +32,7 @@ use crate::config::ModelConfig;
 use crate::kv::{KvError, SeqId, block_hash_mix as mix64};
 use crate::request::{FinishReason, Request, RequestError};
 use crate::sampler::{History, Logprobs, SampleRequest, sample_row};
-use crate::scheduler::{Scheduler, SchedulerConfig, StepPlan};
+use crate::scheduler::{Scheduler, SchedulerConfig, Sequence, StepPlan};
 
 /// Engine knobs (vLLM's names). The KV pool's size and block size come from the backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,6 +182,11 @@ impl Engine {
     /// The context length limit in force.
     pub fn max_model_len(&self) -> usize {
         self.scheduler.config().max_model_len
+    }
+
+    /// The model's vocabulary size.
+    pub fn vocab_size(&self) -> usize {
+        self.vocab
     }
 
     /// The backend's name.
@@ -373,25 +379,29 @@ impl Engine {
                 expected: format!("{} rows of vocab {}", rows.len(), self.vocab),
             });
         }
-        Ok(rows
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                sample_row(
-                    logits.row(i),
-                    &SampleRequest {
-                        params: &s.params,
-                        seed: s.seed,
-                        output_index: s.output().len() as u64,
-                        history: History {
-                            prompt: s.prompt(),
-                            output: s.output(),
-                        },
-                        logprobs: s.logprobs,
+        let sample = |(i, s): (usize, &&Sequence)| {
+            sample_row(
+                logits.row(i),
+                &SampleRequest {
+                    params: &s.params,
+                    seed: s.seed,
+                    output_index: s.output().len() as u64,
+                    history: History {
+                        prompt: s.prompt(),
+                        output: s.output(),
                     },
-                )
-            })
-            .unzip())
+                    logprobs: s.logprobs,
+                },
+            )
+        };
+        // Rows are independent; spread big ones over the cores (each draw depends only on its row).
+        let sampled: Vec<(u32, Option<Logprobs>)> =
+            if rows.len() > 1 && rows.len() * self.vocab >= 1 << 16 {
+                rows.par_iter().enumerate().map(sample).collect()
+            } else {
+                rows.iter().enumerate().map(sample).collect()
+            };
+        Ok(sampled.into_iter().unzip())
     }
 }
 

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use super::*;
 use crate::backend::testing::{ToyBackend, toy_logits};
-use crate::sampler::{SamplingParams, argmax};
+use crate::sampler::{Logprobs, SamplingParams, argmax};
 
 const VOCAB: usize = 97;
 
@@ -442,4 +442,44 @@ fn bad_requests_are_refused() {
         Engine::new(Box::new(backend), &model, config),
         Err(EngineError::Config(_))
     ));
+}
+
+#[test]
+fn parallel_host_sampling_matches_one_at_a_time() {
+    // A large vocabulary sends the batch's rows to the thread pool; each request alone does not.
+    let vocab = 20_000;
+    let mk = |id: u64| {
+        let mut req = Request::new(SeqId(id), vec![id as u32 + 1; 3], 6);
+        req.params = SamplingParams {
+            temperature: 0.9,
+            top_p: 0.95,
+            presence_penalty: 0.5,
+            seed: Some(id),
+            ..Default::default()
+        };
+        req.ignore_eos = true;
+        req.logprobs = Some(2);
+        req
+    };
+    let run = |reqs: Vec<Request>| {
+        let (backend, model) = ToyBackend::with_config(vocab, 4, 64);
+        let mut engine =
+            Engine::new(Box::new(backend), &model, EngineConfig::default()).expect("engine");
+        for r in reqs {
+            engine.add_request(r).expect("valid");
+        }
+        let mut out: HashMap<u64, Vec<(u32, Option<Logprobs>)>> = HashMap::new();
+        while engine.has_unfinished() {
+            for ev in engine.step().expect("step") {
+                out.entry(ev.id.0)
+                    .or_default()
+                    .push((ev.token, ev.logprobs));
+            }
+        }
+        out
+    };
+    let together = run((0..8).map(mk).collect());
+    for id in 0..8 {
+        assert_eq!(run(vec![mk(id)])[&id], together[&id], "request {id}");
+    }
 }

@@ -5,10 +5,14 @@
 //! The engine knows nothing about gRPC; the ring-serving loop and offline `generate` drive it.
 
 pub mod backend;
+pub mod bench;
 pub mod checkpoint;
 pub mod config;
+pub mod demo;
 pub mod engine;
+pub mod generate;
 pub mod kv;
+pub mod open;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;

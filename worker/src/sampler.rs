@@ -236,13 +236,22 @@ pub fn argmax(logits: &[f32]) -> u32 {
 /// probabilities, most likely first. `logits` must already carry the penalties. Never empty for a
 /// non-empty row. For greedy params: the arg-max alone, with probability 1.
 pub fn candidates(logits: &[f32], params: &SamplingParams) -> Vec<(u32, f32)> {
+    filtered(logits, params, true)
+}
+
+/// How many of the most likely tokens are sorted first when looking for the top-p cut; only if they
+/// do not reach `top_p` is the whole row sorted.
+const TOP_P_HEAD: usize = 1024;
+
+/// [`candidates`], sorted only when `sorted` (or when top-p needs it): sampling does not care about
+/// order, and sorting a 128k-token row per step would dominate the host sampler.
+fn filtered(logits: &[f32], params: &SamplingParams, sorted: bool) -> Vec<(u32, f32)> {
     if logits.is_empty() {
         return Vec::new();
     }
     if params.is_greedy() {
         return vec![(argmax(logits), 1.0)];
     }
-    let inv_t = 1.0 / params.temperature;
     let mut order: Vec<u32> = (0..logits.len() as u32)
         .filter(|&t| !logits[t as usize].is_nan())
         .collect();
@@ -262,49 +271,59 @@ pub fn candidates(logits: &[f32], params: &SamplingParams) -> Vec<(u32, f32)> {
         order.select_nth_unstable_by(k - 1, by_desc);
         order.truncate(k);
     }
-    order.sort_by(by_desc);
-    let max = logits[order[0] as usize] * inv_t;
-    let mut probs: Vec<f64> = order
+    // Weights relative to the most likely token (which has weight 1); `z` normalizes the top-k set.
+    let inv_t = f64::from(1.0 / params.temperature);
+    let max = order
         .iter()
-        .map(|&t| f64::from(logits[t as usize] * inv_t - max).exp())
-        .collect();
-    normalize(&mut probs);
-    if params.top_p < 1.0 {
-        let mut cum = 0.0;
-        let mut keep = probs.len();
-        for (i, p) in probs.iter().enumerate() {
-            cum += p;
-            if cum >= f64::from(params.top_p) {
-                keep = i + 1;
-                break;
-            }
-        }
-        probs.truncate(keep);
-        normalize(&mut probs);
+        .map(|&t| logits[t as usize])
+        .fold(f32::NEG_INFINITY, f32::max);
+    // One exp per token: weights are looked up from here on.
+    let mut weights = vec![0f64; logits.len()];
+    for &t in &order {
+        weights[t as usize] = (f64::from(logits[t as usize] - max) * inv_t).exp();
     }
+    let weight = |t: u32| weights[t as usize];
+    let z: f64 = order.iter().map(|&t| weight(t)).sum();
+    // min-p keeps a prefix of the sorted order: p / p_max = weight, whatever the normalization.
     if params.min_p > 0.0 {
-        let threshold = probs[0] * f64::from(params.min_p);
-        let keep = probs.iter().take_while(|&&p| p >= threshold).count().max(1);
-        probs.truncate(keep);
-        normalize(&mut probs);
+        let min_p = f64::from(params.min_p);
+        order.retain(|&t| weight(t) >= min_p);
     }
+    if params.top_p < 1.0 {
+        let top_p = f64::from(params.top_p) * z;
+        let cut = |order: &[u32]| {
+            let mut cum = 0.0;
+            order.iter().position(|&t| {
+                cum += weight(t);
+                cum >= top_p
+            })
+        };
+        let head = TOP_P_HEAD.min(order.len());
+        if head < order.len() {
+            order.select_nth_unstable_by(head - 1, by_desc);
+        }
+        order[..head].sort_by(by_desc);
+        let keep = match cut(&order[..head]) {
+            Some(i) => i + 1,
+            None => {
+                order.sort_by(by_desc);
+                cut(&order).map_or(order.len(), |i| i + 1)
+            }
+        };
+        order.truncate(keep);
+    } else if sorted {
+        order.sort_by(by_desc);
+    }
+    let kept: f64 = order.iter().map(|&t| weight(t)).sum();
     order
         .into_iter()
-        .zip(probs)
-        .map(|(t, p)| (t, p as f32))
+        .map(|t| (t, (weight(t) / kept) as f32))
         .collect()
-}
-
-fn normalize(probs: &mut [f64]) {
-    let sum: f64 = probs.iter().sum();
-    if sum > 0.0 {
-        probs.iter_mut().for_each(|p| *p /= sum);
-    }
 }
 
 /// Samples a token from `logits` (penalties already applied) with the draw `u` in `[0, 1)`.
 pub fn sample_with(logits: &[f32], params: &SamplingParams, u: f32) -> u32 {
-    let cands = candidates(logits, params);
+    let cands = filtered(logits, params, false);
     let mut cum = 0.0f64;
     let u = f64::from(u);
     for &(t, p) in &cands {

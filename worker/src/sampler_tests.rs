@@ -226,3 +226,70 @@ fn validation_names_the_field() {
         .validate()
         .expect("default is valid");
 }
+
+/// The filters the slow, obvious way: sort everything, apply each filter, renormalize each time.
+fn naive(logits: &[f32], p: &SamplingParams) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+    order.sort_by(|a, b| {
+        logits[*b as usize]
+            .total_cmp(&logits[*a as usize])
+            .then(a.cmp(b))
+    });
+    if p.top_k > 0 {
+        order.truncate(p.top_k as usize);
+    }
+    let probs = |order: &[u32]| {
+        let m = logits[order[0] as usize];
+        let w: Vec<f64> = order
+            .iter()
+            .map(|&t| ((logits[t as usize] - m) as f64 / p.temperature as f64).exp())
+            .collect();
+        let z: f64 = w.iter().sum();
+        w.into_iter().map(|x| x / z).collect::<Vec<_>>()
+    };
+    if p.top_p < 1.0 {
+        let pr = probs(&order);
+        let mut cum = 0.0;
+        let keep = pr.iter().position(|&x| {
+            cum += x;
+            cum >= p.top_p as f64
+        });
+        order.truncate(keep.map_or(order.len(), |i| i + 1));
+    }
+    if p.min_p > 0.0 {
+        let pr = probs(&order);
+        let keep = pr
+            .iter()
+            .take_while(|&&x| x >= pr[0] * p.min_p as f64)
+            .count();
+        order.truncate(keep);
+    }
+    order
+}
+
+#[test]
+fn large_rows_match_the_naive_filters() {
+    let mut state = 12345u64;
+    let mut next = || {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1);
+        (state >> 40) as f32 / (1u64 << 24) as f32
+    };
+    for round in 0..12 {
+        // Flat rows (top-p needs far more than the sorted head) and peaked ones.
+        let spread = if round % 2 == 0 { 0.5 } else { 12.0 };
+        let logits: Vec<f32> = (0..5000).map(|_| next() * spread).collect();
+        let p = SamplingParams {
+            temperature: 0.5 + next(),
+            top_k: if round % 3 == 0 { 2000 } else { 0 },
+            top_p: [1.0, 0.9, 0.5, 0.99][round % 4],
+            min_p: if round % 5 == 0 { 0.3 } else { 0.0 },
+            ..SamplingParams::default()
+        };
+        let fast = ids(&candidates(&logits, &p));
+        assert_eq!(fast, naive(&logits, &p), "round {round}: {p:?}");
+        let total: f32 = candidates(&logits, &p).iter().map(|c| c.1).sum();
+        assert!((total - 1.0).abs() < 1e-3);
+    }
+}

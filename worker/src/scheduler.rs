@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::kv::{KvCacheManager, KvError, SeqId};
+use crate::kv::{BlockId, KvCacheManager, KvError, SeqId};
 use crate::request::{FinishReason, Request};
 use crate::sampler::SamplingParams;
 
@@ -33,7 +33,7 @@ pub struct SchedulerConfig {
 }
 
 /// One sequence's share of a step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScheduledSeq {
     pub seq: SeqId,
     /// Tokens of the sequence already in the KV cache; this step computes positions
@@ -42,6 +42,9 @@ pub struct ScheduledSeq {
     pub num_tokens: usize,
     /// Whether this step reaches the sequence's last token, so it samples the next one.
     pub sample: bool,
+    /// Blocks appended to the sequence's block table for this step (at admission: the whole table,
+    /// prefix-cache hits first). A rank that mirrors tables from plans needs nothing else.
+    pub new_blocks: Vec<BlockId>,
 }
 
 /// One step: which sequences compute how many tokens. Plain data (it is what TP ranks receive).
@@ -51,6 +54,8 @@ pub struct StepPlan {
     pub seqs: Vec<ScheduledSeq>,
     /// Sequences preempted while planning this step (their blocks are free again).
     pub preempted: Vec<SeqId>,
+    /// Sequences that finished or were cancelled since the previous plan (their blocks are free).
+    pub finished: Vec<SeqId>,
 }
 
 impl StepPlan {
@@ -126,6 +131,8 @@ pub struct Scheduler {
     running: Vec<SeqId>,
     next_arrival: u64,
     num_preemptions: u64,
+    /// Ended since the last plan (reported in [`StepPlan::finished`]).
+    ended: Vec<SeqId>,
 }
 
 impl Scheduler {
@@ -143,6 +150,7 @@ impl Scheduler {
             running: Vec::new(),
             next_arrival: 0,
             num_preemptions: 0,
+            ended: Vec::new(),
         }
     }
 
@@ -207,13 +215,17 @@ impl Scheduler {
         self.waiting.retain(|&s| s != id);
         self.running.retain(|&s| s != id);
         self.kv.free(id)?;
+        self.ended.push(id);
         Ok(true)
     }
 
     /// Plans the next step: running decodes, then running prefills, then admissions from the waiting
     /// queue, under the token budget; preempts the latest arrivals when blocks run out.
     pub fn schedule(&mut self) -> Result<StepPlan, KvError> {
-        let mut plan = StepPlan::default();
+        let mut plan = StepPlan {
+            finished: std::mem::take(&mut self.ended),
+            ..StepPlan::default()
+        };
         let mut budget = self.config.max_num_batched_tokens;
         for decodes in [true, false] {
             let mut i = 0;
@@ -227,6 +239,7 @@ impl Scheduler {
                 }
                 let n = remaining.min(budget);
                 let target = seq.num_computed + n;
+                let had = self.kv.block_table(id).len();
                 loop {
                     if self.kv.allocate_slots(id, target, None).is_some() {
                         let seq = &self.seqs[&id];
@@ -235,6 +248,7 @@ impl Scheduler {
                             num_computed: seq.num_computed,
                             num_tokens: n,
                             sample: target == seq.tokens.len(),
+                            new_blocks: self.kv.block_table(id)[had..].to_vec(),
                         });
                         budget -= n;
                         i += 1;
@@ -292,6 +306,7 @@ impl Scheduler {
                 num_computed: computed,
                 num_tokens: n,
                 sample,
+                new_blocks: self.kv.block_table(id).to_vec(),
             });
             budget -= n;
         }

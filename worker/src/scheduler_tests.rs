@@ -37,7 +37,18 @@ fn entry(seq: u64, num_computed: usize, num_tokens: usize, sample: bool) -> Sche
         num_computed,
         num_tokens,
         sample,
+        new_blocks: Vec::new(),
     }
+}
+
+/// The plan's entries without their block lists.
+fn stripped(seqs: &[ScheduledSeq]) -> Vec<ScheduledSeq> {
+    seqs.iter()
+        .map(|e| ScheduledSeq {
+            new_blocks: Vec::new(),
+            ..e.clone()
+        })
+        .collect()
 }
 
 #[test]
@@ -51,7 +62,7 @@ fn prefill_is_chunked_to_the_budget() {
             break;
         }
         assert!(plan.num_tokens() <= 7);
-        chunks.extend(plan.seqs.clone());
+        chunks.extend(stripped(&plan.seqs));
         advance(&mut s, &plan);
     }
     assert_eq!(
@@ -76,14 +87,20 @@ fn decodes_go_first_then_prefills_fcfs() {
     s.add(req(3, 2, 5), 0);
     let plan = s.schedule().expect("schedule");
     // The decode of 1 first; 2 gets the rest of the budget; 3 waits behind it (FCFS).
-    assert_eq!(plan.seqs, vec![entry(1, 3, 1, true), entry(2, 0, 9, false)]);
-    advance(&mut s, &plan);
-    let plan = s.schedule().expect("schedule");
-    assert_eq!(plan.seqs, vec![entry(1, 4, 1, true), entry(2, 9, 9, false)]);
+    assert_eq!(
+        stripped(&plan.seqs),
+        vec![entry(1, 3, 1, true), entry(2, 0, 9, false)]
+    );
     advance(&mut s, &plan);
     let plan = s.schedule().expect("schedule");
     assert_eq!(
-        plan.seqs,
+        stripped(&plan.seqs),
+        vec![entry(1, 4, 1, true), entry(2, 9, 9, false)]
+    );
+    advance(&mut s, &plan);
+    let plan = s.schedule().expect("schedule");
+    assert_eq!(
+        stripped(&plan.seqs),
         vec![
             entry(1, 5, 1, true),
             entry(2, 18, 2, true),
@@ -182,6 +199,8 @@ fn randomized_runs_keep_kv_invariants() {
         ));
         let mut next_id = 0;
         let mut steps = 0;
+        // Block tables rebuilt from the plans alone, as a TP rank would.
+        let mut mirror: std::collections::HashMap<SeqId, Vec<BlockId>> = Default::default();
         loop {
             if next_id < 30 && rng.below(3) == 0 {
                 // Prompts from a small alphabet, so prefixes repeat and the cache gets hits.
@@ -196,6 +215,20 @@ fn randomized_runs_keep_kv_invariants() {
                 s.abort(SeqId(rng.below(next_id))).expect("abort");
             }
             let plan = s.schedule().expect("schedule");
+            for id in plan.finished.iter().chain(&plan.preempted) {
+                mirror.remove(id);
+            }
+            for e in &plan.seqs {
+                mirror
+                    .entry(e.seq)
+                    .or_default()
+                    .extend_from_slice(&e.new_blocks);
+                assert_eq!(
+                    mirror[&e.seq],
+                    s.kv().block_table(e.seq),
+                    "seed {seed}: mirrored table"
+                );
+            }
             assert!(plan.num_tokens() <= budget, "seed {seed}: over budget");
             assert!(plan.seqs.len() <= s.config().max_num_seqs);
             for e in &plan.seqs {
@@ -226,6 +259,15 @@ fn randomized_runs_keep_kv_invariants() {
             assert!(steps < 20_000, "seed {seed}: no progress");
         }
         assert_eq!(s.kv().pool().num_used(), 0, "seed {seed}: blocks leaked");
+        let last = s.schedule().expect("schedule");
+        for id in &last.finished {
+            mirror.remove(id);
+        }
+        assert!(
+            mirror.is_empty(),
+            "seed {seed}: plans never reported {:?} as ended",
+            mirror.keys()
+        );
         assert_eq!(s.kv().num_seqs(), 0);
         preemptions += s.num_preemptions();
         hits += s.kv().prefix_cache_stats().1;

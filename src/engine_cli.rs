@@ -1,0 +1,191 @@
+//! Flags of the engine's subcommands: `generate` and `bench engine`.
+
+use std::fs::File;
+use std::io::{BufReader, BufWriter};
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use worker::backend::{BackendOptions, Device};
+use worker::engine::EngineConfig;
+use worker::generate::{self, OnError};
+use worker::open::open_model;
+
+/// Engine and KV cache knobs (vLLM's flag names).
+#[derive(Args, Debug, Clone)]
+pub struct EngineFlags {
+    /// Where the model runs: cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: Device,
+    /// Tokens computed per step at most (prefill chunks + decodes).
+    #[arg(long, default_value_t = 8192)]
+    pub max_num_batched_tokens: usize,
+    /// Sequences running at once at most.
+    #[arg(long, default_value_t = 256)]
+    pub max_num_seqs: usize,
+    /// Context length limit (default: the model's, capped by the KV cache).
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Reuse KV blocks of equal prompt prefixes across requests (`--enable-prefix-caching false`
+    /// or `--no-enable-prefix-caching` turns it off).
+    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub enable_prefix_caching: bool,
+    /// Turn prefix caching off.
+    #[arg(long, conflicts_with = "enable_prefix_caching")]
+    pub no_enable_prefix_caching: bool,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// KV blocks to allocate (default: sized from memory).
+    #[arg(long)]
+    pub num_kv_blocks: Option<usize>,
+    /// Fraction of GPU memory to use (CUDA).
+    #[arg(long, default_value_t = 0.9)]
+    pub gpu_memory_utilization: f32,
+    /// Seed for requests that bring none (default: from the clock).
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+impl EngineFlags {
+    pub fn backend_options(&self) -> BackendOptions {
+        BackendOptions {
+            device: self.device,
+            block_size: self.block_size,
+            num_kv_blocks: self.num_kv_blocks,
+            gpu_memory_utilization: self.gpu_memory_utilization,
+            ..BackendOptions::default()
+        }
+    }
+
+    pub fn engine_config(&self) -> EngineConfig {
+        EngineConfig {
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            max_num_seqs: self.max_num_seqs,
+            max_model_len: self.max_model_len,
+            enable_prefix_caching: self.enable_prefix_caching && !self.no_enable_prefix_caching,
+            seed: self.seed,
+        }
+    }
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy)]
+pub enum OnErrorFlag {
+    /// Report a bad line and go on without it.
+    Skip,
+    /// Stop at the first bad line, before generating anything.
+    Fail,
+}
+
+/// `ringserve generate`: offline batch generation over JSONL.
+#[derive(Args, Debug)]
+pub struct GenerateArgs {
+    /// A HuggingFace model folder.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Requests, one JSON object per line.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Results, one JSON object per line, in input order.
+    #[arg(long)]
+    pub output: PathBuf,
+    /// What a bad input line does.
+    #[arg(long, value_enum, default_value = "skip")]
+    pub on_error: OnErrorFlag,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+    #[command(flatten)]
+    pub engine: EngineFlags,
+}
+
+pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
+    let mut opened = open_model(
+        &args.model,
+        &args.engine.backend_options(),
+        args.engine.engine_config(),
+    )
+    .with_context(|| format!("opening {}", args.model.display()))?;
+    let input =
+        File::open(&args.input).with_context(|| format!("opening {}", args.input.display()))?;
+    let on_error = match args.on_error {
+        OnErrorFlag::Skip => OnError::Skip,
+        OnErrorFlag::Fail => OnError::Fail,
+    };
+    let prepared = generate::prepare(
+        &mut opened.engine,
+        opened.tokenizer.as_ref(),
+        BufReader::new(input),
+        on_error,
+    )
+    .with_context(|| format!("reading {}", args.input.display()))?;
+    for bad in &prepared.skipped {
+        eprintln!("{}: skipped {bad}", args.input.display());
+    }
+    let file = File::create(&args.output)
+        .with_context(|| format!("creating {}", args.output.display()))?;
+    let mut out = BufWriter::new(file);
+    let summary = generate::run(
+        &mut opened.engine,
+        opened.tokenizer.as_ref(),
+        &prepared,
+        &mut out,
+        !args.quiet,
+    )?;
+    let skipped = match prepared.skipped.len() {
+        0 => String::new(),
+        n => format!(" ({n} bad lines skipped)"),
+    };
+    eprintln!("{summary}{skipped}");
+    Ok(())
+}
+
+/// `ringserve bench engine`: offline engine throughput, prefill and decode separately.
+#[derive(Args, Debug)]
+pub struct BenchEngineArgs {
+    /// A HuggingFace model folder (default: the built-in demo model).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Requests per batch (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 8, 32])]
+    pub batch_sizes: Vec<usize>,
+    /// Prompt lengths in tokens (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [128, 512])]
+    pub prompt_lens: Vec<usize>,
+    /// Tokens generated per request.
+    #[arg(long, default_value_t = 32)]
+    pub output_len: usize,
+    #[command(flatten)]
+    pub engine: EngineFlags,
+}
+
+pub fn bench_engine(args: BenchEngineArgs) -> anyhow::Result<()> {
+    let mut config = args.engine.engine_config();
+    // Distinct prompts never hit the cache; turning it off keeps the numbers about compute.
+    config.enable_prefix_caching = false;
+    let model = match args.model {
+        Some(dir) => dir,
+        None => worker::demo::cached_demo_model_dir().context("preparing the demo model")?,
+    };
+    let mut opened = open_model(&model, &args.engine.backend_options(), config)
+        .with_context(|| format!("opening {}", model.display()))?;
+    let stats = opened.engine.stats();
+    println!(
+        "engine bench: {} on {}, {} KV blocks of {} tokens, max_num_batched_tokens {}",
+        model.display(),
+        opened.engine.backend_name(),
+        stats.kv_blocks_total,
+        args.engine.block_size,
+        args.engine.max_num_batched_tokens
+    );
+    println!("{}", worker::bench::MARKDOWN_HEADER);
+    let bench = worker::bench::BenchConfig {
+        batch_sizes: args.batch_sizes,
+        prompt_lens: args.prompt_lens,
+        output_len: args.output_len,
+    };
+    worker::bench::run_bench(&mut opened.engine, &bench, |row| {
+        println!("{}", worker::bench::markdown_row(row))
+    })?;
+    Ok(())
+}

@@ -1,0 +1,188 @@
+//! The engine benchmark behind `ringserve bench engine`: offline throughput over batch sizes and
+//! prompt lengths, with prefill and decode measured separately.
+//!
+//! For each `(batch, prompt_len)` a batch of greedy requests with distinct pseudo-random prompts
+//! (no prefix-cache hits) and `output_len` tokens each runs to completion. Steps that compute any
+//! prefill token count as prefill time; steps of decodes only as decode time. Prefill throughput is
+//! prompt tokens over prefill time, decode throughput generated tokens (after each request's first)
+//! over decode time.
+
+use std::time::{Duration, Instant};
+
+use crate::engine::{Engine, EngineError};
+use crate::kv::{SeqId, block_hash_mix as mix64};
+use crate::request::{Request, RequestError};
+use crate::sampler::SamplingParams;
+
+/// What to measure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BenchConfig {
+    pub batch_sizes: Vec<usize>,
+    pub prompt_lens: Vec<usize>,
+    /// Tokens generated per request.
+    pub output_len: usize,
+}
+
+impl Default for BenchConfig {
+    fn default() -> Self {
+        Self {
+            batch_sizes: vec![1, 8, 32],
+            prompt_lens: vec![128, 512],
+            output_len: 32,
+        }
+    }
+}
+
+/// One measured point.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BenchRow {
+    pub batch: usize,
+    pub prompt_len: usize,
+    pub output_len: usize,
+    pub prefill_tokens: usize,
+    pub prefill_time: Duration,
+    pub decode_tokens: usize,
+    pub decode_time: Duration,
+    pub decode_steps: usize,
+}
+
+impl BenchRow {
+    pub fn prefill_tokens_per_s(&self) -> f64 {
+        per_second(self.prefill_tokens, self.prefill_time)
+    }
+
+    pub fn decode_tokens_per_s(&self) -> f64 {
+        per_second(self.decode_tokens, self.decode_time)
+    }
+
+    /// Mean time of a decode-only step.
+    pub fn ms_per_decode_step(&self) -> f64 {
+        if self.decode_steps == 0 {
+            0.0
+        } else {
+            self.decode_time.as_secs_f64() * 1e3 / self.decode_steps as f64
+        }
+    }
+}
+
+fn per_second(n: usize, t: Duration) -> f64 {
+    if t.is_zero() {
+        0.0
+    } else {
+        n as f64 / t.as_secs_f64()
+    }
+}
+
+/// A benchmark point that could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("batch {batch} x prompt {prompt_len}: {source}")]
+    Request {
+        batch: usize,
+        prompt_len: usize,
+        source: RequestError,
+    },
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
+/// Runs every `(batch, prompt_len)` point on `engine`, calling `report` after each.
+pub fn run_bench(
+    engine: &mut Engine,
+    config: &BenchConfig,
+    mut report: impl FnMut(&BenchRow),
+) -> Result<Vec<BenchRow>, BenchError> {
+    let vocab = engine.vocab_size() as u64;
+    let mut rows = Vec::new();
+    let mut next_id = 0u64;
+    for &prompt_len in &config.prompt_lens {
+        for &batch in &config.batch_sizes {
+            for _ in 0..batch {
+                let prompt = (0..prompt_len as u64)
+                    .map(|i| (mix64(next_id << 32 | i) % vocab) as u32)
+                    .collect();
+                let mut req = Request::new(SeqId(next_id), prompt, config.output_len);
+                req.params = SamplingParams::greedy();
+                req.ignore_eos = true;
+                next_id += 1;
+                engine
+                    .add_request(req)
+                    .map_err(|source| BenchError::Request {
+                        batch,
+                        prompt_len,
+                        source,
+                    })?;
+            }
+            let mut row = BenchRow {
+                batch,
+                prompt_len,
+                output_len: config.output_len,
+                prefill_tokens: 0,
+                prefill_time: Duration::ZERO,
+                decode_tokens: 0,
+                decode_time: Duration::ZERO,
+                decode_steps: 0,
+            };
+            while engine.has_unfinished() {
+                let start = Instant::now();
+                engine.step()?;
+                let took = start.elapsed();
+                let step = engine.last_step();
+                if step.prefill_tokens > 0 {
+                    row.prefill_tokens += step.prefill_tokens;
+                    row.prefill_time += took;
+                } else {
+                    row.decode_tokens += step.decode_tokens;
+                    row.decode_time += took;
+                    row.decode_steps += 1;
+                }
+            }
+            report(&row);
+            rows.push(row);
+        }
+    }
+    Ok(rows)
+}
+
+/// The header of [`markdown_row`]'s table.
+pub const MARKDOWN_HEADER: &str = "| batch | prompt | output | prefill tok/s | decode tok/s | ms / decode step |\n| ---: | ---: | ---: | ---: | ---: | ---: |";
+
+/// One row of a markdown table.
+pub fn markdown_row(r: &BenchRow) -> String {
+    format!(
+        "| {} | {} | {} | {:.0} | {:.1} | {:.2} |",
+        r.batch,
+        r.prompt_len,
+        r.output_len,
+        r.prefill_tokens_per_s(),
+        r.decode_tokens_per_s(),
+        r.ms_per_decode_step()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::testing::ToyBackend;
+    use crate::engine::EngineConfig;
+
+    #[test]
+    fn counts_prefill_and_decode_tokens() {
+        let (backend, model) = ToyBackend::with_config(50, 4, 200);
+        let mut engine =
+            Engine::new(Box::new(backend), &model, EngineConfig::default()).expect("engine");
+        let config = BenchConfig {
+            batch_sizes: vec![1, 3],
+            prompt_lens: vec![5, 9],
+            output_len: 4,
+        };
+        let rows = run_bench(&mut engine, &config, |_| {}).expect("bench");
+        assert_eq!(rows.len(), 4);
+        for r in &rows {
+            assert_eq!(r.prefill_tokens, r.batch * r.prompt_len);
+            assert_eq!(r.decode_tokens, r.batch * (r.output_len - 1));
+            assert_eq!(r.decode_steps, r.output_len - 1);
+        }
+        assert!(markdown_row(&rows[0]).starts_with("| 1 | 5 | 4 |"));
+    }
+}
