@@ -11,7 +11,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 BASELINE=0; TESTS=1
 for a in "$@"; do case $a in --baseline) BASELINE=1;; --no-tests) TESTS=0;; esac; done
 # At most 8 files come back from $OUT: tests.log (GPU info, tests, model creation), sanitizer.log,
-# bench.log, ringserve_bench.json, accuracy.json, hf_baseline.json.
+# bench.log (cuda_bench + ringserve bench engine), ringserve_bench.json, accuracy.json, hf_baseline.json.
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,driver_version --format=csv | tee "$OUT/tests.log"
 MODEL=/tmp/llama8b
 ( python3 scripts/make_random_llama8b.py $MODEL > /tmp/make_model.log 2>&1 ) &
@@ -28,6 +28,9 @@ fi
 wait $MAKE; tail -1 /tmp/make_model.log | tee -a "$OUT/tests.log"
 cat $MODEL/*.safetensors > /dev/null  # page cache, as the start-up goal assumes
 ./cuda_bench $MODEL "$OUT/ringserve_bench.json" /tmp/ours_logits.bin /tmp/prompts.json 2>&1 | tee "$OUT/bench.log"
+# The whole engine (scheduler, paged KV, device sampling) on the 8B-shaped model.
+./ringserve bench engine --model $MODEL --device cuda --batch-sizes 1,8,32,128 --prompt-lens 128,512 \
+  --output-len 64 2>&1 | tee -a "$OUT/bench.log"
 python3 scripts/accuracy_vs_hf.py $MODEL /tmp/prompts.json /tmp/ours_logits.bin "$OUT/accuracy.json" 2>&1 | tail -25
 if [ $BASELINE = 1 ]; then
   python3 scripts/hf_baseline.py 2>&1
