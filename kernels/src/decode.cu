@@ -50,6 +50,34 @@ __device__ __forceinline__ void un8(const Raw8<float>& r, float* o) {
 }
 __device__ __forceinline__ void un8(const Raw8<bf16>& r, float* o) { unpack16(r.w[0], o, bf16()); }
 
+// Sums v[h] (one partial per head) over the TPK aligned lanes that share a key, as a
+// reduce-scatter: each halving step exchanges half of the heads still held, so G heads cost
+// G - 1 + log2(TPK / G) shuffles instead of G log2(TPK). Returns the full sum of head `head`;
+// every lane ends with one head (lanes whose low log2(TPK / G) bits differ hold the same head).
+template <int G, int TPK>
+__device__ __forceinline__ float reduce_scatter(const float (&v)[G], int lane, int& head) {
+    float w[G];
+#pragma unroll
+    for (int i = 0; i < G; i++) w[i] = v[i];
+    int base = 0;
+#pragma unroll
+    for (int c = G, o = TPK / 2; c > 1; c >>= 1, o >>= 1) {
+        const bool up = (lane & o) != 0;
+#pragma unroll
+        for (int i = 0; i < c / 2; i++) {
+            const float keep = up ? w[i + c / 2] : w[i];
+            const float send = up ? w[i] : w[i + c / 2];
+            w[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+        }
+        if (up) base += c / 2;
+    }
+    float s = w[0];
+#pragma unroll
+    for (int o = TPK / (2 * G); o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    head = base;
+    return s;
+}
+
 template <typename T, int D, int G>
 __device__ void decode_impl(const AttnParamsD& p) {
     constexpr int TPK = D / 8;             // threads per key (q·k)
@@ -106,15 +134,16 @@ __device__ void decode_impl(const AttnParamsD& p) {
             const int jl = pass * KPP + tid / TPK;
             float kf[8];
             un8(kraw[pass], kf);
+            float part[G];
 #pragma unroll
             for (int h = 0; h < G; h++) {
-                float s = 0.f;
+                part[h] = 0.f;
 #pragma unroll
-                for (int e = 0; e < 8; e++) s += q[h][e] * kf[e];
-#pragma unroll
-                for (int o = TPK / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-                if (tid % TPK == 0) sc[h][jl] = k0 + jl < kv_hi ? s * p.scale_log2 : -INFINITY;
+                for (int e = 0; e < 8; e++) part[h] += q[h][e] * kf[e];
             }
+            int h;
+            const float s = reduce_scatter<G, TPK>(part, tid, h);
+            if ((tid & (TPK / G - 1)) == 0) sc[h][jl] = k0 + jl < kv_hi ? s * p.scale_log2 : -INFINITY;
         }
         __syncthreads();
         // 2. online softmax, one warp per head

@@ -399,6 +399,25 @@ fn attention_matches_cpu() {
             split_size: 32,
             num_splits: 3,
         },
+        // decode kernel with groups of 8 (d 64) and 2 (d 128), split
+        AttnCase {
+            hq: 16,
+            hkv: 2,
+            d: 64,
+            bs: 16,
+            seqs: vec![(1, 300), (1, 5), (1, 129)],
+            split_size: 128,
+            num_splits: 3,
+        },
+        AttnCase {
+            hq: 4,
+            hkv: 2,
+            d: 128,
+            bs: 16,
+            seqs: vec![(1, 64), (1, 200), (1, 1)],
+            split_size: 64,
+            num_splits: 4,
+        },
         // MHA (group 1), d 64
         AttnCase {
             hq: 8,
