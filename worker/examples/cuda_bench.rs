@@ -4,6 +4,7 @@
 //! HuggingFace (`scripts/accuracy_vs_hf.py`), and greedy batch invariance (alone vs 64).
 //!
 //! usage: cuda_bench MODEL_DIR OUT_JSON LOGITS_DUMP PROMPTS_JSON
+//!        cuda_bench attention CASE   (one attention case alone, for profiling)
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -136,16 +137,19 @@ fn time_ms(g: &Gpu, reps: usize, mut f: impl FnMut() -> Res<()>) -> Res<f64> {
     Ok(t.elapsed().as_secs_f64() * 1e3 / reps as f64)
 }
 
-/// The attention kernel alone: causal prefill 8×32 heads×2048×128 and decodes at 2048.
-fn attention_alone(g: &Gpu) -> Res<Value> {
+/// The attention cases timed: (batch, query tokens per sequence, context).
+const ATTN_CASES: [(usize, usize, usize); 4] =
+    [(8, 2048, 2048), (1, 1, 2048), (128, 1, 2048), (128, 1, 512)];
+
+/// The attention kernel alone: causal prefill 8×32 heads×2048×128 and decodes at 2048 and 512
+/// (`only`: just that case of [`ATTN_CASES`], e.g. under a profiler).
+fn attention_alone(g: &Gpu, only: Option<usize>) -> Res<Value> {
     let (hq, hkv, d, bs) = (32usize, 8usize, 128usize, 16usize);
     let mut out = serde_json::Map::new();
-    for (batch, qlen, ctx) in [
-        (8usize, 2048usize, 2048usize),
-        (1, 1, 2048),
-        (128, 1, 2048),
-        (128, 1, 512),
-    ] {
+    for (i, &(batch, qlen, ctx)) in ATTN_CASES.iter().enumerate() {
+        if only.is_some_and(|o| o != i) {
+            continue;
+        }
         let n = batch * qlen;
         let stride = ctx.div_ceil(bs);
         let blocks = 1 + batch * stride;
@@ -344,6 +348,12 @@ fn batch_invariance(backend: CudaBackend, model: &worker::config::ModelConfig) -
 
 fn main() -> Res<()> {
     let args: Vec<String> = std::env::args().collect();
+    if args.len() == 3 && args[1] == "attention" {
+        // `cuda_bench attention CASE`: one attention case alone, for ncu.
+        let gpu = Gpu::new(0)?;
+        attention_alone(&gpu, Some(args[2].parse()?))?;
+        return Ok(());
+    }
     if args.len() != 5 {
         return Err("usage: cuda_bench MODEL_DIR OUT_JSON LOGITS_DUMP PROMPTS_JSON".into());
     }
@@ -411,7 +421,7 @@ fn main() -> Res<()> {
         );
     }
     res.insert("prefill".into(), Value::Object(prefill));
-    res.insert("attention".into(), attention_alone(b.gpu())?);
+    res.insert("attention".into(), attention_alone(b.gpu(), None)?);
     res.insert("linear".into(), linear_alone(b.gpu())?);
     res.insert("batch_invariance".into(), batch_invariance(b, &model)?);
     // Again in batch-invariant mode (fixed-shape GEMM blocks), with its decode cost.
