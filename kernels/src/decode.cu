@@ -1,7 +1,9 @@
 // Paged attention for single-token queries (decodes), tuned for bandwidth: the counterpart of
 // attention.cu's general kernel for head sizes 64 and 128 and 1, 2, 4 or 8 query heads per KV head.
 //
-// A block of 128 threads takes one (decode item, KV head, context split) and streams 64-key tiles:
+// A block of 128 threads takes one (decode item, KV head, context split) and streams 32-key tiles
+// (small tiles keep registers at 128 a thread, so 4 blocks fit on an SM: ncu showed the 64-key
+// version at 168 registers and 3 blocks, latency-bound at 41% of DRAM bandwidth):
 //  1. q·k: each key is handled by D/8 threads, each holding 8 of its dimensions (one 16-byte bf16
 //     load) and the matching slice of every query head of the group; a few shuffles finish the dots.
 //     The same threads' V rows for step 3 are loaded here too, so K and V stream together;
@@ -12,8 +14,9 @@
 // (attn_combine_*) is shared.
 #include "common.cuh"
 
-#define DEC_TK 64
+#define DEC_TK 32
 #define DEC_THREADS 128
+static_assert(DEC_TK == 32, "the softmax step maps one score of the tile to each lane");
 
 struct AttnParamsD {
     const void* q;
@@ -149,13 +152,12 @@ __device__ void decode_impl(const AttnParamsD& p) {
         // 2. online softmax, one warp per head
         const int lane = tid & 31, warp = tid >> 5;
         for (int h = warp; h < G; h += DEC_THREADS / 32) {
-            const float a = sc[h][lane], b = sc[h][lane + 32];
+            const float a = sc[h][lane];
             const float m_old = m_s[h];
-            const float m_new = fmaxf(m_old, warp_max(fmaxf(a, b)));
-            const float pa = exp2f(a - m_new), pb = exp2f(b - m_new);
+            const float m_new = fmaxf(m_old, warp_max(a));
+            const float pa = exp2f(a - m_new);
             sc[h][lane] = pa;
-            sc[h][lane + 32] = pb;
-            const float sum = warp_sum(pa + pb);
+            const float sum = warp_sum(pa);
             if (lane == 0) {
                 const float c = exp2f(m_old - m_new);
                 corr_s[h] = c;
@@ -216,7 +218,7 @@ __device__ void decode_impl(const AttnParamsD& p) {
 }
 
 #define DECODE(T, S, D, G)                                                                         \
-    extern "C" __global__ void __launch_bounds__(DEC_THREADS, 3)                                   \
+    extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4)                                   \
         attn_decode_##S##_d##D##_g##G(AttnParamsD p) {                                             \
         if (blockIdx.x < p.num_items) decode_impl<T, D, G>(p);                                     \
     }
