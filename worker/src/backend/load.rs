@@ -91,6 +91,7 @@ pub const CPU_DEFAULT_KV_BYTES: usize = 1 << 30;
 
 /// Tokens per step the CUDA backend's workspace is first sized for (the engine's default
 /// `max_num_batched_tokens`); it grows if a step needs more.
+#[cfg(feature = "cuda")]
 pub const CUDA_WORKSPACE_TOKENS: usize = 8192;
 
 /// Builds the backend `options.device` names, with the checkpoint's weights.
