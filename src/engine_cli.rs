@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use worker::backend::{BackendOptions, Device};
+use worker::backend::{BackendOptions, ComputeDtype, Device};
 use worker::engine::EngineConfig;
 use worker::generate::{self, OnError};
 use worker::open::open_model;
@@ -45,6 +45,19 @@ pub struct EngineFlags {
     /// Seed for requests that bring none (default: from the clock).
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Compute type of the CUDA backend (default bfloat16; the CPU backend is always float32).
+    #[arg(long, value_enum)]
+    pub dtype: Option<DtypeFlag>,
+    /// CUDA: run every step eagerly (no CUDA graphs for decode steps).
+    #[arg(long)]
+    pub enforce_eager: bool,
+}
+
+/// `--dtype` values.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DtypeFlag {
+    Float32,
+    Bfloat16,
 }
 
 impl EngineFlags {
@@ -54,7 +67,11 @@ impl EngineFlags {
             block_size: self.block_size,
             num_kv_blocks: self.num_kv_blocks,
             gpu_memory_utilization: self.gpu_memory_utilization,
-            ..BackendOptions::default()
+            dtype: match (self.dtype, self.device) {
+                (Some(DtypeFlag::Float32), _) | (None, Device::Cpu) => ComputeDtype::Float32,
+                (Some(DtypeFlag::Bfloat16), _) | (None, Device::Cuda(_)) => ComputeDtype::BFloat16,
+            },
+            enforce_eager: self.enforce_eager,
         }
     }
 

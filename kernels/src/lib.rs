@@ -1,2 +1,455 @@
 //! The CUDA kernel sources (`*.cu`, `*.cuh`) and their compilation with NVRTC at worker start-up,
 //! cached on disk by source hash, architecture and NVRTC version.
+//!
+//! Every kernel is `extern "C"` and named `<op>_<dtype>` (`f32`, `bf16`); [`KERNELS`] lists them
+//! all. All sources form one translation unit, compiled straight to a CUBIN for the device's
+//! architecture, so loading it needs no JIT. NVRTC is loaded at run time (cudarc's dynamic
+//! loading): a machine without CUDA builds and runs everything else, and [`compile`] answers
+//! [`KernelError::NvrtcMissing`] there.
+//!
+//! ```no_run
+//! let opts = kernels::CompileOptions::for_arch("sm_90");
+//! let compiled = kernels::compile(&opts)?;
+//! println!("{} bytes of CUBIN (from cache: {})", compiled.cubin.len(), compiled.from_cache);
+//! # Ok::<(), kernels::KernelError>(())
+//! ```
+
+use std::ffi::{CString, c_char, c_int};
+use std::path::{Path, PathBuf};
+
+use cudarc::nvrtc::{result as nvrtc, sys};
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+
+/// The sources, as `(file name, text)`. `all.cu` includes the others.
+pub const SOURCES: &[(&str, &str)] = &[
+    ("common.cuh", include_str!("common.cuh")),
+    ("elementwise.cu", include_str!("elementwise.cu")),
+    ("rope.cu", include_str!("rope.cu")),
+    ("attention.cu", include_str!("attention.cu")),
+    ("decode.cu", include_str!("decode.cu")),
+    ("prefill_mma.cu", include_str!("prefill_mma.cu")),
+    ("gemv.cu", include_str!("gemv.cu")),
+    ("sampling.cu", include_str!("sampling.cu")),
+];
+
+/// Every kernel the sources define.
+pub const KERNELS: &[&str] = &[
+    "embedding_f32",
+    "embedding_bf16",
+    "add_rmsnorm_f32",
+    "add_rmsnorm_bf16",
+    "silu_mul_f32",
+    "silu_mul_bf16",
+    "cast_f32_bf16",
+    "cast_bf16_f32",
+    "rope_kv_write_f32",
+    "rope_kv_write_bf16",
+    "attention_f32",
+    "attention_bf16",
+    "attn_combine_f32",
+    "attn_combine_bf16",
+    "attn_decode_f32_d64_g1",
+    "attn_decode_f32_d64_g2",
+    "attn_decode_f32_d64_g4",
+    "attn_decode_f32_d64_g8",
+    "attn_decode_f32_d128_g1",
+    "attn_decode_f32_d128_g2",
+    "attn_decode_f32_d128_g4",
+    "attn_decode_f32_d128_g8",
+    "attn_decode_bf16_d64_g1",
+    "attn_decode_bf16_d64_g2",
+    "attn_decode_bf16_d64_g4",
+    "attn_decode_bf16_d64_g8",
+    "attn_decode_bf16_d128_g1",
+    "attn_decode_bf16_d128_g2",
+    "attn_decode_bf16_d128_g4",
+    "attn_decode_bf16_d128_g8",
+    "attn_prefill_bf16_d128",
+    "gemv_f32",
+    "gemv_bf16",
+    "gemv_bf16_f32out",
+    "sample_f32",
+];
+
+/// Query rows one attention block handles (`ROWS` in `attention.cu`).
+pub const ATTN_ROWS: usize = 16;
+/// Keys per shared-memory tile in attention (`KTILE`).
+pub const ATTN_KEY_TILE: usize = 32;
+/// Largest head dimension the attention kernel supports (`MAX_D`).
+pub const ATTN_MAX_HEAD_DIM: usize = 256;
+/// Threads per attention block.
+pub const ATTN_THREADS: u32 = 128;
+/// Head dimensions the decode attention kernel is built for (`attn_decode_<dtype>_d<D>_g<G>`).
+pub const DECODE_HEAD_DIMS: &[usize] = &[64, 128];
+/// Query-heads-per-KV-head group sizes the decode attention kernel is built for.
+pub const DECODE_GROUPS: &[usize] = &[1, 2, 4, 8];
+/// Threads per decode attention block.
+pub const DECODE_THREADS: u32 = 128;
+
+/// Query tokens per block of the tensor-core prefill kernel (`attn_prefill_bf16_d128`, `PF_BM`).
+pub const PREFILL_MMA_TOKENS: usize = 64;
+
+/// Largest batch the GEMV kernel takes (`MAX_B`).
+pub const GEMV_MAX_BATCH: usize = 8;
+/// Threads per sampling block (`SAMPLE_THREADS`).
+pub const SAMPLE_THREADS: u32 = 1024;
+
+/// Shared memory (bytes) one attention block needs for head dimension `d`.
+pub fn attention_smem_bytes(d: usize) -> usize {
+    4 * (ATTN_ROWS * d + ATTN_KEY_TILE * (d + 1) + ATTN_KEY_TILE * d)
+}
+
+/// A compilation failure.
+#[derive(Debug, Error)]
+pub enum KernelError {
+    /// libnvrtc could not be loaded.
+    #[error(
+        "NVRTC (libnvrtc.so) was not found on the library path; install CUDA or the \
+         `nvidia-cuda-nvrtc` wheel and add its lib directory to LD_LIBRARY_PATH"
+    )]
+    NvrtcMissing,
+    /// NVRTC rejected the sources; `log` is its program log.
+    #[error("NVRTC failed to compile the kernels for {arch}: {status}\n{log}")]
+    Compile {
+        arch: String,
+        status: String,
+        log: String,
+    },
+    /// `cuda_bf16.h` was not found in any include directory.
+    #[error(
+        "cuda_bf16.h not found (looked in {0}); set RINGSERVE_CUDA_INCLUDE to a CUDA include directory"
+    )]
+    HeadersMissing(String),
+    /// Another NVRTC call failed.
+    #[error("NVRTC: {0}")]
+    Nvrtc(String),
+}
+
+/// How to compile.
+#[derive(Debug, Clone)]
+pub struct CompileOptions {
+    /// The GPU architecture, e.g. `sm_90`.
+    pub arch: String,
+    /// Directories searched for `cuda_bf16.h` and the headers it includes.
+    pub include_dirs: Vec<PathBuf>,
+    /// Where compiled CUBINs are kept; `None` disables the cache.
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl CompileOptions {
+    /// Options for `arch` with the default include directories and cache.
+    pub fn for_arch(arch: &str) -> Self {
+        Self {
+            arch: arch.to_string(),
+            include_dirs: default_include_dirs(),
+            cache_dir: default_cache_dir(),
+        }
+    }
+}
+
+/// The CUDA include directories to try: `$RINGSERVE_CUDA_INCLUDE`, `$CUDA_HOME/include`,
+/// `$CUDA_PATH/include`, `/usr/local/cuda/include`.
+pub fn default_include_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Some(p) = std::env::var_os("RINGSERVE_CUDA_INCLUDE") {
+        dirs.push(PathBuf::from(p));
+    }
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(p) = std::env::var_os(var) {
+            dirs.push(Path::new(&p).join("include"));
+        }
+    }
+    dirs.push(PathBuf::from("/usr/local/cuda/include"));
+    dirs
+}
+
+/// `$RINGSERVE_KERNEL_CACHE`, else `<user cache dir>/ringserve/kernels`.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("RINGSERVE_KERNEL_CACHE") {
+        return Some(PathBuf::from(p));
+    }
+    dirs::cache_dir().map(|d| d.join("ringserve").join("kernels"))
+}
+
+/// A compiled module.
+#[derive(Debug, Clone)]
+pub struct Compiled {
+    /// The CUBIN image.
+    pub cubin: Vec<u8>,
+    /// Whether it came from the disk cache.
+    pub from_cache: bool,
+    /// NVRTC's version, `(major, minor)`.
+    pub nvrtc_version: (i32, i32),
+    /// NVRTC's log of a fresh compile (ptxas register and spill counts); empty from the cache.
+    pub log: String,
+}
+
+/// Whether libnvrtc can be loaded.
+pub fn nvrtc_available() -> bool {
+    // SAFETY: only tries to dlopen the library's candidate names; no symbol is called.
+    unsafe { sys::is_culib_present() }
+}
+
+/// NVRTC's version.
+pub fn nvrtc_version() -> Result<(i32, i32), KernelError> {
+    if !nvrtc_available() {
+        return Err(KernelError::NvrtcMissing);
+    }
+    let (mut major, mut minor) = (0 as c_int, 0 as c_int);
+    // SAFETY: the library is present (checked above); both pointers are to live locals.
+    unsafe { sys::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .map_err(|e| KernelError::Nvrtc(format!("{e:?}")))?;
+    Ok((major, minor))
+}
+
+/// Hex SHA-256 over the sources, the architecture and the NVRTC version.
+fn cache_key(arch: &str, version: (i32, i32)) -> String {
+    let mut h = Sha256::new();
+    for (name, text) in SOURCES {
+        h.update(name.as_bytes());
+        h.update([0]);
+        h.update(text.as_bytes());
+        h.update([0]);
+    }
+    h.update(arch.as_bytes());
+    h.update(format!("nvrtc-{}.{}", version.0, version.1).as_bytes());
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Compiles every kernel for `opts.arch`, or loads the cached CUBIN.
+pub fn compile(opts: &CompileOptions) -> Result<Compiled, KernelError> {
+    let version = nvrtc_version()?;
+    let key = cache_key(&opts.arch, version);
+    let cache_file = opts
+        .cache_dir
+        .as_ref()
+        .map(|d| d.join(format!("{}-{key}.cubin", opts.arch)));
+    if let Some(path) = &cache_file
+        && let Ok(cubin) = std::fs::read(path)
+        && !cubin.is_empty()
+    {
+        return Ok(Compiled {
+            cubin,
+            from_cache: true,
+            nvrtc_version: version,
+            log: String::new(),
+        });
+    }
+    let include = opts
+        .include_dirs
+        .iter()
+        .find(|d| d.join("cuda_bf16.h").is_file())
+        .ok_or_else(|| {
+            let tried: Vec<String> = opts
+                .include_dirs
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect();
+            KernelError::HeadersMissing(tried.join(", "))
+        })?;
+    let (cubin, log) = compile_uncached(&opts.arch, include, &main_source())?;
+    if let Some(path) = &cache_file {
+        // A cache that cannot be written only costs the next start a compile: ignore failures,
+        // and write through a temporary name so a concurrent reader never sees half a file.
+        if let Some(dir) = path.parent()
+            && std::fs::create_dir_all(dir).is_ok()
+        {
+            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+            if std::fs::write(&tmp, &cubin).is_ok() {
+                let _ = std::fs::rename(&tmp, path);
+            }
+        }
+    }
+    Ok(Compiled {
+        cubin,
+        from_cache: false,
+        nvrtc_version: version,
+        log,
+    })
+}
+
+/// An NVRTC program that is destroyed on drop.
+struct Program(sys::nvrtcProgram);
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        // SAFETY: the program was created by nvrtcCreateProgram and is destroyed only here.
+        let _ = unsafe { nvrtc::destroy_program(self.0) };
+    }
+}
+
+fn c_string(s: &str) -> Result<CString, KernelError> {
+    CString::new(s).map_err(|_| KernelError::Nvrtc(format!("string with a NUL byte: {s:?}")))
+}
+
+/// The translation unit: includes every `.cu` file.
+fn main_source() -> String {
+    SOURCES
+        .iter()
+        .filter(|(name, _)| name.ends_with(".cu"))
+        .map(|(name, _)| format!("#include \"{name}\"\n"))
+        .collect()
+}
+
+/// Returns the CUBIN and NVRTC's log.
+fn compile_uncached(
+    arch: &str,
+    include: &Path,
+    main: &str,
+) -> Result<(Vec<u8>, String), KernelError> {
+    let nvrtc_err = |e: nvrtc::NvrtcError| KernelError::Nvrtc(format!("{e:?}"));
+    let main = c_string(main)?;
+    let name = c_string("ringserve_all.cu")?;
+    let header_texts = SOURCES
+        .iter()
+        .map(|(_, t)| c_string(t))
+        .collect::<Result<Vec<_>, _>>()?;
+    let header_names = SOURCES
+        .iter()
+        .map(|(n, _)| c_string(n))
+        .collect::<Result<Vec<_>, _>>()?;
+    let text_ptrs: Vec<*const c_char> = header_texts.iter().map(|s| s.as_ptr()).collect();
+    let name_ptrs: Vec<*const c_char> = header_names.iter().map(|s| s.as_ptr()).collect();
+    let mut raw = std::mem::MaybeUninit::<sys::nvrtcProgram>::uninit();
+    // SAFETY: every pointer is to a NUL-terminated string alive for this call; the two arrays have
+    // SOURCES.len() entries each, as the count says; NVRTC copies the sources.
+    unsafe {
+        sys::nvrtcCreateProgram(
+            raw.as_mut_ptr(),
+            main.as_ptr(),
+            name.as_ptr(),
+            SOURCES.len() as c_int,
+            text_ptrs.as_ptr(),
+            name_ptrs.as_ptr(),
+        )
+    }
+    .result()
+    .map_err(nvrtc_err)?;
+    // SAFETY: nvrtcCreateProgram succeeded, so it wrote the handle.
+    let prog = Program(unsafe { raw.assume_init() });
+    let options = [
+        format!("--gpu-architecture={arch}"),
+        format!("--include-path={}", include.display()),
+        "--std=c++17".to_string(),
+        "-default-device".to_string(),
+        "--ptxas-options=-v".to_string(),
+    ];
+    // SAFETY: prog is a live program (destroyed only by Program's drop).
+    let status = unsafe { nvrtc::compile_program(prog.0, &options) };
+    if let Err(e) = status {
+        // SAFETY: as above.
+        let log = unsafe { nvrtc::get_program_log(prog.0) }.map_err(nvrtc_err)?;
+        return Err(KernelError::Compile {
+            arch: arch.to_string(),
+            status: format!("{e:?}"),
+            log: c_chars_to_string(&log),
+        });
+    }
+    let mut size = 0usize;
+    // SAFETY: prog compiled successfully; `size` is a live local.
+    unsafe { sys::nvrtcGetCUBINSize(prog.0, &mut size) }
+        .result()
+        .map_err(nvrtc_err)?;
+    let mut cubin = vec![0u8; size];
+    // SAFETY: the buffer holds exactly the `size` bytes NVRTC reported.
+    unsafe { sys::nvrtcGetCUBIN(prog.0, cubin.as_mut_ptr().cast()) }
+        .result()
+        .map_err(nvrtc_err)?;
+    if cubin.is_empty() {
+        return Err(KernelError::Nvrtc(format!(
+            "NVRTC produced no CUBIN for {arch} (a virtual architecture like compute_90 gives PTX only)"
+        )));
+    }
+    // SAFETY: prog is live.
+    let log = unsafe { nvrtc::get_program_log(prog.0) }.map_err(nvrtc_err)?;
+    Ok((cubin, c_chars_to_string(&log)))
+}
+
+fn c_chars_to_string(chars: &[c_char]) -> String {
+    let bytes: Vec<u8> = chars
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kernel_is_defined_in_the_sources() {
+        let all: String = SOURCES.iter().map(|(_, t)| *t).collect();
+        for k in KERNELS {
+            let (op, dtype) = k.rsplit_once('_').expect("named <op>_<dtype>");
+            let direct = all.contains(&format!(" {k}(")) || all.contains(&format!("\n{k}("));
+            let by_macro =
+                all.contains(&format!(" {op}_##S(")) && all.contains(&format!(", {dtype})"));
+            let decode = k.strip_prefix("attn_decode_").is_some_and(|rest| {
+                let (s, dg) = rest
+                    .split_once("_d")
+                    .expect("attn_decode_<dtype>_d<D>_g<G>");
+                let (d, g) = dg.split_once("_g").expect("attn_decode_<dtype>_d<D>_g<G>");
+                all.contains(&format!(", {s}, {d})")) && all.contains(&format!(", D, {g})"))
+            });
+            assert!(direct || by_macro || decode, "{k} not found");
+        }
+    }
+
+    #[test]
+    fn cache_key_depends_on_arch_and_version() {
+        assert_ne!(cache_key("sm_90", (13, 0)), cache_key("sm_80", (13, 0)));
+        assert_ne!(cache_key("sm_90", (13, 0)), cache_key("sm_90", (13, 1)));
+        assert_eq!(cache_key("sm_90", (13, 0)), cache_key("sm_90", (13, 0)));
+    }
+
+    /// Compiles every kernel with NVRTC. `.ci/run` sets `RINGSERVE_REQUIRE_NVRTC=1` after
+    /// installing NVRTC and the CUDA headers from PyPI, so there a missing NVRTC fails this test;
+    /// elsewhere (a laptop without CUDA) it only prints that it could not run.
+    #[test]
+    fn nvrtc_compiles_every_kernel() {
+        let required = std::env::var("RINGSERVE_REQUIRE_NVRTC").is_ok_and(|v| v == "1");
+        if !nvrtc_available() {
+            assert!(
+                !required,
+                "RINGSERVE_REQUIRE_NVRTC=1 but libnvrtc was not found"
+            );
+            eprintln!("NVRTC not found; set RINGSERVE_REQUIRE_NVRTC=1 to make this a failure");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("ringserve-kcache-{}", std::process::id()));
+        let mut opts = CompileOptions::for_arch("sm_90");
+        opts.cache_dir = Some(dir.clone());
+        let first = compile(&opts).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!first.from_cache);
+        eprintln!("{}", first.log);
+        assert!(first.cubin.starts_with(b"\x7fELF"), "CUBIN is an ELF image");
+        let second = compile(&opts).unwrap_or_else(|e| panic!("{e}"));
+        assert!(second.from_cache);
+        assert_eq!(first.cubin, second.cubin);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn compile_errors_carry_nvrtc_log() {
+        let required = std::env::var("RINGSERVE_REQUIRE_NVRTC").is_ok_and(|v| v == "1");
+        if !nvrtc_available() {
+            assert!(
+                !required,
+                "RINGSERVE_REQUIRE_NVRTC=1 but libnvrtc was not found"
+            );
+            return;
+        }
+        let dir = std::env::temp_dir();
+        let broken = "extern \"C\" __global__ void f() { undeclared_name(); }\n";
+        match compile_uncached("sm_90", &dir, broken) {
+            Err(KernelError::Compile { log, .. }) => {
+                assert!(log.contains("undeclared_name"), "{log}")
+            }
+            other => panic!("expected a compile error, got {other:?}"),
+        }
+    }
+}

@@ -89,6 +89,11 @@ impl Default for BackendOptions {
 /// KV memory the CPU backend takes when `num_kv_blocks` is not given.
 pub const CPU_DEFAULT_KV_BYTES: usize = 1 << 30;
 
+/// Tokens per step the CUDA backend's workspace is first sized for (the engine's default
+/// `max_num_batched_tokens`); it grows if a step needs more.
+#[cfg(feature = "cuda")]
+pub const CUDA_WORKSPACE_TOKENS: usize = 8192;
+
 /// Builds the backend `options.device` names, with the checkpoint's weights.
 pub fn load_backend(
     config: &ModelConfig,
@@ -115,6 +120,25 @@ pub fn load_backend(
             };
             Ok(Box::new(CpuBackend::new(config, checkpoint, cpu)?))
         }
+        #[cfg(feature = "cuda")]
+        Device::Cuda(ordinal) => {
+            use crate::backend::cuda::{CudaBackend, CudaOptions, DType};
+            let opts = CudaOptions {
+                ordinal,
+                dtype: match options.dtype {
+                    ComputeDtype::Float32 => DType::F32,
+                    ComputeDtype::BFloat16 => DType::Bf16,
+                },
+                block_size: options.block_size,
+                num_kv_blocks: options.num_kv_blocks,
+                gpu_memory_utilization: options.gpu_memory_utilization,
+                enforce_eager: options.enforce_eager,
+                max_batch_tokens: CUDA_WORKSPACE_TOKENS,
+                batch_invariant: false,
+            };
+            Ok(Box::new(CudaBackend::new(config, checkpoint, &opts)?))
+        }
+        #[cfg(not(feature = "cuda"))]
         Device::Cuda(_) => Err(BackendError::NotCompiled("cuda")),
     }
 }

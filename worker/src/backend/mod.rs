@@ -133,3 +133,6 @@ pub trait Backend: Send {
         Ok(None)
     }
 }
+
+#[cfg(feature = "cuda")]
+pub mod cuda;

@@ -1,0 +1,190 @@
+// Paged attention over the KV cache, for prefill chunks and decodes alike (causal, GQA).
+//
+// Every new token's K and V are already in the cache (rope_kv_write), so one kernel serves a
+// prefill from scratch, a chunk after earlier chunks, a prefix-cache hit and a decode: queries
+// attend to cache positions 0..=their own position. A block of 4 warps takes one work item
+// (a tile of up to ROWS / group consecutive query tokens of one sequence) for one KV head and all
+// the query heads sharing it, streams 32-key tiles of K and V through shared memory and keeps an
+// online softmax per row (FlashAttention-2 style). With num_splits > 1 the context is split
+// across blocks (flash-decoding) and attn_combine merges the partial results; split launches take
+// only single-token items (decodes), so partial results are indexed by item.
+//
+// A sequence's result depends only on its own context and split size, never on the rest of the
+// batch: the direct path divides by the softmax sum exactly as the combine does for one split.
+#include "common.cuh"
+
+#define ROWS 16
+#define ROWS_PER_WARP 4
+#define KTILE 32
+#define MAX_D 256
+
+struct AttnParams {
+    const void* q;           // T[n, hq, d]
+    const void* k_cache;     // T[blocks, hkv, block_size, d]
+    const void* v_cache;
+    void* out;               // T[n, hq, d] (num_splits == 1)
+    float* part_o;           // f32[items, hq, num_splits, d], unnormalised (num_splits > 1)
+    float* part_ml;          // f32[items, hq, num_splits, 2]: running max (log2 domain) and sum
+    const int* seqs;         // int4 per sequence: query_start, query_len, context_len, unused
+    const int* items;        // int2 per work item: sequence index, first query index in the sequence
+    const u32* block_tables; // [num_seqs, table_stride]
+    int num_items, table_stride, hq, hkv, d, block_size, split_size, num_splits;
+    float scale_log2;        // softmax scale * log2(e)
+};
+
+template <typename T>
+__device__ void attention_impl(const AttnParams& p) {
+    extern __shared__ float smem[];
+    const int d = p.d, group = p.hq / p.hkv;
+    const int tile_tokens = ROWS / group > 0 ? ROWS / group : 1;
+    const int item = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+    if (item >= p.num_items) return;
+    const int seq = p.items[2 * item], q0 = p.items[2 * item + 1];
+    const int q_start = p.seqs[4 * seq], q_len = p.seqs[4 * seq + 1], ctx = p.seqs[4 * seq + 2];
+    const int n_tok = min(tile_tokens, q_len - q0);
+    const int rows = n_tok * group;
+    const int first_pos = ctx - q_len + q0; // absolute position of the tile's first query
+    const int last_pos = first_pos + n_tok - 1;
+    const int kv_lo = split * p.split_size;
+    const int kv_hi = min(last_pos + 1, kv_lo + p.split_size);
+
+    float* q_s = smem;                 // [ROWS][d]
+    float* k_s = q_s + ROWS * d;       // [KTILE][d + 1]
+    float* v_s = k_s + KTILE * (d + 1); // [KTILE][d]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+    for (int i = threadIdx.x; i < rows * d; i += blockDim.x) {
+        const int r = i / d, c = i % d;
+        const int tok = q_start + q0 + r / group, h = kvh * group + r % group;
+        q_s[i] = to_f(((const T*)p.q)[((size_t)tok * p.hq + h) * d + c]);
+    }
+
+    float m[ROWS_PER_WARP], l[ROWS_PER_WARP], acc[ROWS_PER_WARP][MAX_D / 32];
+#pragma unroll
+    for (int i = 0; i < ROWS_PER_WARP; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0.f;
+#pragma unroll
+        for (int c = 0; c < MAX_D / 32; c++) acc[i][c] = 0.f;
+    }
+
+    const u32* table = p.block_tables + (size_t)seq * p.table_stride;
+    for (int k0 = kv_lo; k0 < kv_hi; k0 += KTILE) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < KTILE * d; i += blockDim.x) {
+            const int j = i / d, c = i % d, pos = k0 + j;
+            float kv = 0.f, vv = 0.f;
+            if (pos < kv_hi) {
+                const size_t base =
+                    (((size_t)table[pos / p.block_size] * p.hkv + kvh) * p.block_size + pos % p.block_size) * d + c;
+                kv = to_f(((const T*)p.k_cache)[base]);
+                vv = to_f(((const T*)p.v_cache)[base]);
+            }
+            k_s[j * (d + 1) + c] = kv;
+            v_s[j * d + c] = vv;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < ROWS_PER_WARP; i++) {
+            const int r = warp + 4 * i;
+            if (r >= rows) break;
+            const int qpos = first_pos + r / group;
+            const int key = k0 + lane;
+            float s = -INFINITY;
+            if (key < kv_hi && key <= qpos) {
+                float dot = 0.f;
+                const float* qr = q_s + r * d;
+                const float* kr = k_s + lane * (d + 1);
+                for (int c = 0; c < d; c++) dot += qr[c] * kr[c];
+                s = dot * p.scale_log2;
+            }
+            const float m_new = fmaxf(m[i], warp_max(s));
+            if (m_new == -INFINITY) continue; // nothing visible yet for this row
+            const float pr = exp2f(s - m_new);
+            const float corr = exp2f(m[i] - m_new);
+            l[i] = l[i] * corr + warp_sum(pr);
+            m[i] = m_new;
+#pragma unroll
+            for (int c = 0; c < MAX_D / 32; c++) acc[i][c] *= corr;
+            for (int j = 0; j < KTILE; j++) {
+                const float pj = __shfl_sync(0xffffffffu, pr, j);
+#pragma unroll
+                for (int c = 0; c < MAX_D / 32; c++) {
+                    const int col = lane + 32 * c;
+                    if (col < d) acc[i][c] += pj * v_s[j * d + col];
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int i = 0; i < ROWS_PER_WARP; i++) {
+        const int r = warp + 4 * i;
+        if (r >= rows) break;
+        const int tok = q_start + q0 + r / group, h = kvh * group + r % group;
+        if (p.num_splits == 1) {
+#pragma unroll
+            for (int c = 0; c < MAX_D / 32; c++) {
+                const int col = lane + 32 * c;
+                if (col < d)
+                    ((T*)p.out)[((size_t)tok * p.hq + h) * d + col] = from_f<T>(l[i] > 0.f ? acc[i][c] / l[i] : 0.f);
+            }
+        } else {
+            const size_t slot = ((size_t)item * p.hq + h) * p.num_splits + split;
+#pragma unroll
+            for (int c = 0; c < MAX_D / 32; c++) {
+                const int col = lane + 32 * c;
+                if (col < d) p.part_o[slot * d + col] = acc[i][c];
+            }
+            if (lane == 0) {
+                p.part_ml[2 * slot] = m[i];
+                p.part_ml[2 * slot + 1] = l[i];
+            }
+        }
+    }
+}
+
+// Merges the splits of each (item, head). Grid: (num_items, hq); block: d threads (rounded up to 32).
+template <typename T>
+__device__ void combine_impl(const AttnParams& p) {
+    const int item = blockIdx.x, h = blockIdx.y, c = threadIdx.x;
+    const int tok = p.seqs[4 * p.items[2 * item]] + p.items[2 * item + 1];
+    const size_t base = ((size_t)item * p.hq + h) * p.num_splits;
+    float gm = -INFINITY;
+    for (int s = 0; s < p.num_splits; s++) gm = fmaxf(gm, p.part_ml[2 * (base + s)]);
+    float num = 0.f, den = 0.f;
+    for (int s = 0; s < p.num_splits; s++) {
+        const float ms = p.part_ml[2 * (base + s)];
+        if (ms == -INFINITY) continue;
+        const float w = exp2f(ms - gm);
+        den += w * p.part_ml[2 * (base + s) + 1];
+        if (c < p.d) num += w * p.part_o[(base + s) * p.d + c];
+    }
+    if (c < p.d) ((T*)p.out)[((size_t)tok * p.hq + h) * p.d + c] = from_f<T>(den > 0.f ? num / den : 0.f);
+}
+
+// Splits without work still write an empty partial, so attn_combine never reads stale data.
+#define ATTENTION(T, S)                                                                            \
+    extern "C" __global__ void __launch_bounds__(128) attention_##S(AttnParams p) {                \
+        const int group = p.hq / p.hkv, tile = ROWS / group > 0 ? ROWS / group : 1;                \
+        if (p.num_splits > 1 && blockIdx.x < p.num_items) {                                        \
+            const int seq = p.items[2 * blockIdx.x], q0 = p.items[2 * blockIdx.x + 1];             \
+            const int q_len = p.seqs[4 * seq + 1], ctx = p.seqs[4 * seq + 2];                      \
+            const int n_tok = min(tile, q_len - q0);                                               \
+            const int last = ctx - q_len + q0 + n_tok - 1;                                         \
+            if ((int)blockIdx.z * p.split_size > last) {                                           \
+                const int w = threadIdx.x;                                                         \
+                if (w < n_tok * group) {                                                           \
+                    const int h = blockIdx.y * group + w % group;                                  \
+                    const size_t slot = ((size_t)blockIdx.x * p.hq + h) * p.num_splits + blockIdx.z; \
+                    p.part_ml[2 * slot] = -INFINITY;                                               \
+                    p.part_ml[2 * slot + 1] = 0.f;                                                 \
+                }                                                                                  \
+                return;                                                                            \
+            }                                                                                      \
+        }                                                                                          \
+        attention_impl<T>(p);                                                                      \
+    }                                                                                              \
+    extern "C" __global__ void attn_combine_##S(AttnParams p) { combine_impl<T>(p); }
+ATTENTION(float, f32)
+ATTENTION(bf16, bf16)

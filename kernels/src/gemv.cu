@@ -1,0 +1,53 @@
+// Bandwidth-bound matrix-vector products for small batches: y[b, n] = sum_k x[b, k] * w[n, k].
+//
+// One warp per output row; every lane streams its share of the weight row with 16-byte loads and
+// multiplies it against up to MAX_B activation rows (read through L1/L2, they are small), then the
+// warp reduces. The weight matrix is read exactly once per call, which is what bounds small-batch
+// decoding. The per-row summation order does not depend on the batch size.
+#include "common.cuh"
+
+#define MAX_B 8
+
+struct GemvParams {
+    const void* x; // T[b, k]
+    const void* w; // T[n, k], row-major (HF Linear layout)
+    void* y;       // To[b, n]
+    int b, n, k;   // k is a multiple of 16 / sizeof(T); x and w are 16-byte aligned
+};
+
+template <typename T, typename To>
+__device__ void gemv_impl(const GemvParams& p) {
+    constexpr int VEC = 16 / sizeof(T);
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= p.n) return;
+    const T* w = (const T*)p.w + (size_t)row * p.k;
+    const T* x = (const T*)p.x;
+    float acc[MAX_B];
+#pragma unroll
+    for (int b = 0; b < MAX_B; b++) acc[b] = 0.f;
+    for (int k = lane * VEC; k < p.k; k += 32 * VEC) {
+        float wf[VEC], xf[VEC];
+        unpack16(__ldg((const uint4*)(w + k)), wf, T());
+#pragma unroll
+        for (int b = 0; b < MAX_B; b++) {
+            if (b < p.b) {
+                unpack16(__ldg((const uint4*)(x + (size_t)b * p.k + k)), xf, T());
+#pragma unroll
+                for (int v = 0; v < VEC; v++) acc[b] += wf[v] * xf[v];
+            }
+        }
+    }
+#pragma unroll
+    for (int b = 0; b < MAX_B; b++) {
+        if (b < p.b) {
+            const float s = warp_sum(acc[b]);
+            if (lane == 0) ((To*)p.y)[(size_t)b * p.n + row] = from_f<To>(s);
+        }
+    }
+}
+
+extern "C" __global__ void gemv_f32(GemvParams p) { gemv_impl<float, float>(p); }
+extern "C" __global__ void gemv_bf16(GemvParams p) { gemv_impl<bf16, bf16>(p); }
+// For logits: bf16 weights, f32 output.
+extern "C" __global__ void gemv_bf16_f32out(GemvParams p) { gemv_impl<bf16, float>(p); }

@@ -1,0 +1,134 @@
+// Sampling on the device: one block per row of f32 logits; only token ids go back to the host.
+//
+// Greedy is an argmax (lowest index on ties). Otherwise the kept set is every token whose logit
+// is at least a threshold: min-p gives it in closed form, top-k and top-p by bisection on the
+// logit value (count of tokens above, or their probability mass). A uniform draw from a counter-
+// based generator keyed by (seed, step) then walks the kept tokens' CDF in vocabulary order.
+#include "common.cuh"
+
+#define SAMPLE_THREADS 1024
+
+struct SampleRow {
+    float temperature; // 0: greedy
+    u32 top_k;         // 0: off
+    float top_p;       // 1: off
+    float min_p;       // 0: off
+    u64 seed;
+    u64 step;
+};
+
+__device__ __forceinline__ u64 splitmix64(u64 x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+// Count (or probability mass) of tokens with logit >= thr.
+__device__ float mass_above(const float* lg, int vocab, float thr, float mx, float inv_t, bool count,
+                            float* red) {
+    float s = 0.f;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x)
+        if (lg[i] >= thr) s += count ? 1.f : expf((lg[i] - mx) * inv_t);
+    return block_sum(s, red);
+}
+
+// Largest threshold t in [lo, hi] with f(t) >= goal (f decreasing in t), by bisection.
+__device__ float bisect(const float* lg, int vocab, float lo, float hi, float goal, float mx, float inv_t,
+                        bool count, float* red) {
+    for (int it = 0; it < 40 && lo < hi; it++) {
+        const float mid = 0.5f * (lo + hi);
+        if (mid <= lo || mid >= hi) break;
+        if (mass_above(lg, vocab, mid, mx, inv_t, count, red) >= goal) lo = mid; else hi = mid;
+    }
+    return lo;
+}
+
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
+sample_f32(const float* logits, const SampleRow* params, u32* out, int vocab) {
+    __shared__ float red[32];
+    __shared__ float sv[SAMPLE_THREADS / 32];
+    __shared__ int si[SAMPLE_THREADS / 32];
+    __shared__ float scan[SAMPLE_THREADS];
+    const float* lg = logits + (size_t)blockIdx.x * vocab;
+    const SampleRow sp = params[blockIdx.x];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+    // argmax, lowest index on ties
+    float bv = -INFINITY, mn = INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        const float v = lg[i];
+        if (v > bv) { bv = v; bi = i; }
+        mn = fminf(mn, v);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+    }
+    if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
+    __syncthreads();
+    if (warp == 0) {
+        bv = lane < (int)(blockDim.x >> 5) ? sv[lane] : -INFINITY;
+        bi = lane < (int)(blockDim.x >> 5) ? si[lane] : 0x7fffffff;
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        }
+        if (lane == 0) { sv[0] = bv; si[0] = bi; }
+    }
+    __syncthreads();
+    const float mx = sv[0];
+    const int amax = si[0];
+    mn = -block_max(-mn, red);
+    if (sp.temperature <= 0.f || sp.top_k == 1) {
+        if (threadIdx.x == 0) out[blockIdx.x] = (u32)amax;
+        return;
+    }
+    const float inv_t = 1.f / sp.temperature;
+
+    float thr = -INFINITY;
+    if (sp.min_p > 0.f) thr = fmaxf(thr, mx + sp.temperature * logf(sp.min_p));
+    if (sp.top_k > 0 && (int)sp.top_k < vocab)
+        thr = fmaxf(thr, bisect(lg, vocab, mn, mx, (float)sp.top_k, mx, inv_t, true, red));
+    if (sp.top_p < 1.f) {
+        const float z = mass_above(lg, vocab, thr, mx, inv_t, false, red);
+        thr = fmaxf(thr, bisect(lg, vocab, fmaxf(thr, mn), mx, sp.top_p * z, mx, inv_t, false, red));
+    }
+
+    // Inverse CDF over the kept tokens: each thread owns a contiguous chunk.
+    const int chunk = (vocab + blockDim.x - 1) / blockDim.x;
+    const int lo = threadIdx.x * chunk, hi = min(vocab, lo + chunk);
+    float own = 0.f;
+    for (int i = lo; i < hi; i++)
+        if (lg[i] >= thr) own += expf((lg[i] - mx) * inv_t);
+    scan[threadIdx.x] = own;
+    __syncthreads();
+    for (int off = 1; off < (int)blockDim.x; off <<= 1) { // inclusive Hillis-Steele scan
+        const float add = threadIdx.x >= (unsigned)off ? scan[threadIdx.x - off] : 0.f;
+        __syncthreads();
+        scan[threadIdx.x] += add;
+        __syncthreads();
+    }
+    const float total = scan[blockDim.x - 1];
+    const u64 bits = splitmix64(sp.seed ^ splitmix64(sp.step + 0x632be59bd9b4e019ull));
+    const float target = (float)((bits >> 40) * (1.0 / 16777216.0)) * total;
+    const float before = scan[threadIdx.x] - own;
+    if (threadIdx.x == 0) si[0] = amax; // fallback if rounding leaves the target past the end
+    __syncthreads();
+    if (own > 0.f && target >= before && target < before + own) {
+        float run = before;
+        int pick = -1;
+        for (int i = lo; i < hi; i++) {
+            if (lg[i] < thr) continue;
+            pick = i;
+            run += expf((lg[i] - mx) * inv_t);
+            if (target < run) break;
+        }
+        si[0] = pick;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) out[blockIdx.x] = (u32)si[0];
+}

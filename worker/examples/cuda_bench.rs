@@ -1,0 +1,443 @@
+//! CUDA backend benchmarks and checks on a real-size model (run on the GPU machine; see
+//! `scripts/gpu_bench.sh`): start-up, decode ms/step per batch and context, prefill tokens/s,
+//! attention and GEMV kernels alone, a logits dump for the accuracy comparison with
+//! HuggingFace (`scripts/accuracy_vs_hf.py`), and greedy batch invariance (alone vs 64).
+//!
+//! usage: cuda_bench MODEL_DIR OUT_JSON LOGITS_DUMP PROMPTS_JSON
+//!        cuda_bench attention CASE   (one attention case alone, for profiling)
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Instant;
+
+use serde_json::{Value, json};
+use worker::backend::cuda::ops::{self, Attention, Linear};
+use worker::backend::cuda::{CudaBackend, CudaOptions, DType, Gpu};
+use worker::backend::{Backend, DeviceSampling, ForwardBatch, SeqInput};
+use worker::checkpoint::Checkpoint;
+use worker::engine::{Engine, EngineConfig};
+use worker::kv::SeqId;
+use worker::request::Request;
+use worker::sampler::SamplingParams;
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+const GREEDY: DeviceSampling = DeviceSampling {
+    temperature: 0.0,
+    top_k: 0,
+    top_p: 1.0,
+    min_p: 0.0,
+    seed: 0,
+    step: 0,
+};
+
+/// Deterministic prompt tokens in [10, 120000).
+fn prompt(len: usize, salt: u64) -> Vec<u32> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ salt.wrapping_mul(0x1234_5677);
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            10 + (x % 119_990) as u32
+        })
+        .collect()
+}
+
+/// Runs decode steps for `batch` sequences whose contexts grow from `ctx`; returns ms/step.
+fn time_decode(b: &mut CudaBackend, batch: usize, ctx: usize, steps: usize) -> Res<f64> {
+    let bs = b.block_size();
+    let per_seq = (ctx + steps + 8).div_ceil(bs);
+    let tables: Vec<Vec<u32>> = (0..batch)
+        .map(|s| (0..per_seq).map(|j| (1 + s * per_seq + j) as u32).collect())
+        .collect();
+    let ids: Vec<u32> = (0..batch as u32).map(|i| 1000 + i).collect();
+    let sampling = vec![GREEDY; batch];
+    let run = |b: &mut CudaBackend, step: usize| -> Res<()> {
+        let pos: Vec<u32> = vec![(ctx + step - 1) as u32; batch];
+        let seqs: Vec<SeqInput<'_>> = (0..batch)
+            .map(|s| SeqInput {
+                query_start: s,
+                query_len: 1,
+                context_len: ctx + step,
+                block_table: &tables[s],
+                sample: true,
+            })
+            .collect();
+        b.forward_sampled(
+            &ForwardBatch {
+                token_ids: &ids,
+                positions: &pos,
+                seqs: &seqs,
+            },
+            &sampling,
+        )?;
+        Ok(())
+    };
+    for s in 0..3 {
+        run(b, s)?;
+    }
+    b.gpu().sync()?;
+    let t = Instant::now();
+    for s in 3..3 + steps {
+        run(b, s)?;
+    }
+    b.gpu().sync()?;
+    Ok(t.elapsed().as_secs_f64() * 1e3 / steps as f64)
+}
+
+/// One prefill step of `batch` prompts of `len` tokens; returns seconds.
+fn time_prefill(b: &mut CudaBackend, batch: usize, len: usize) -> Res<f64> {
+    let bs = b.block_size();
+    let per_seq = len.div_ceil(bs);
+    let tables: Vec<Vec<u32>> = (0..batch)
+        .map(|s| (0..per_seq).map(|j| (1 + s * per_seq + j) as u32).collect())
+        .collect();
+    let mut ids = Vec::new();
+    let mut pos = Vec::new();
+    for s in 0..batch {
+        ids.extend(prompt(len, s as u64));
+        pos.extend(0..len as u32);
+    }
+    let seqs: Vec<SeqInput<'_>> = (0..batch)
+        .map(|s| SeqInput {
+            query_start: s * len,
+            query_len: len,
+            context_len: len,
+            block_table: &tables[s],
+            sample: true,
+        })
+        .collect();
+    let sampling = vec![GREEDY; batch];
+    let batch_in = ForwardBatch {
+        token_ids: &ids,
+        positions: &pos,
+        seqs: &seqs,
+    };
+    b.forward_sampled(&batch_in, &sampling)?;
+    b.gpu().sync()?;
+    let reps = 3;
+    let t = Instant::now();
+    for _ in 0..reps {
+        b.forward_sampled(&batch_in, &sampling)?;
+    }
+    b.gpu().sync()?;
+    Ok(t.elapsed().as_secs_f64() / reps as f64)
+}
+
+/// Times `f` (already warmed) over `reps` runs, in ms.
+fn time_ms(g: &Gpu, reps: usize, mut f: impl FnMut() -> Res<()>) -> Res<f64> {
+    f()?;
+    g.sync()?;
+    let t = Instant::now();
+    for _ in 0..reps {
+        f()?;
+    }
+    g.sync()?;
+    Ok(t.elapsed().as_secs_f64() * 1e3 / reps as f64)
+}
+
+/// The attention cases timed: (batch, query tokens per sequence, context).
+const ATTN_CASES: [(usize, usize, usize); 4] =
+    [(8, 2048, 2048), (1, 1, 2048), (128, 1, 2048), (128, 1, 512)];
+
+/// The attention kernel alone: causal prefill 8×32 heads×2048×128 and decodes at 2048 and 512
+/// (`only`: just that case of [`ATTN_CASES`], e.g. under a profiler).
+fn attention_alone(g: &Gpu, only: Option<usize>) -> Res<Value> {
+    let (hq, hkv, d, bs) = (32usize, 8usize, 128usize, 16usize);
+    let mut out = serde_json::Map::new();
+    for (i, &(batch, qlen, ctx)) in ATTN_CASES.iter().enumerate() {
+        if only.is_some_and(|o| o != i) {
+            continue;
+        }
+        let n = batch * qlen;
+        let stride = ctx.div_ceil(bs);
+        let blocks = 1 + batch * stride;
+        let cache_len = blocks * hkv * bs * d;
+        // Zeroed caches: the kernel's time does not depend on the values.
+        let kc = g.alloc(DType::Bf16, cache_len)?;
+        let vc = g.alloc(DType::Bf16, cache_len)?;
+        let qv: Vec<f32> = (0..n * hq * d)
+            .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+            .collect();
+        let q = g.upload_f32(&qv, DType::Bf16)?;
+        let o = g.alloc(DType::Bf16, n * hq * d)?;
+        let tables: Vec<u32> = (1..blocks as u32).collect();
+        let mut seqs = Vec::new();
+        for s in 0..batch {
+            seqs.extend([(s * qlen) as i32, qlen as i32, ctx as i32, 0]);
+        }
+        let tile = if qlen == 1 {
+            1
+        } else {
+            ops::attention_tile_tokens(DType::Bf16, d, hq / hkv)
+        };
+        let items = ops::attention_items(&vec![qlen; batch], tile);
+        let num_items = items.len() / 2;
+        let splits = if qlen == 1 {
+            ctx.div_ceil(worker::backend::cuda::step::DECODE_SPLIT)
+        } else {
+            1
+        };
+        let po = g.alloc(DType::F32, num_items * hq * splits * d)?;
+        let pml = g.alloc(DType::F32, num_items * hq * splits * 2)?;
+        let (sb, ib, tb) = (
+            g.upload_i32(&seqs)?,
+            g.upload_i32(&items)?,
+            g.upload_u32(&tables)?,
+        );
+        let a = Attention {
+            q: &q,
+            k_cache: &kc,
+            v_cache: &vc,
+            out: &o,
+            part_o: &po,
+            part_ml: &pml,
+            seqs: &sb,
+            items: &ib,
+            block_tables: &tb,
+            num_seqs: batch,
+            num_items,
+            table_stride: stride,
+            n,
+            hq,
+            hkv,
+            d,
+            block_size: bs,
+            split_size: if qlen == 1 {
+                worker::backend::cuda::step::DECODE_SPLIT
+            } else {
+                1 << 30
+            },
+            num_splits: splits,
+            scale: 1.0 / (d as f32).sqrt(),
+            decode: qlen == 1,
+        };
+        // SAFETY: seqs/items/tables built consistently above; every table entry < blocks.
+        let ms = time_ms(g, 10, || Ok(unsafe { ops::attention(g, &a) }?))?;
+        let flops = if qlen > 1 {
+            4.0 * (batch * hq) as f64 * (qlen * ctx) as f64 * d as f64 / 2.0
+        } else {
+            4.0 * (batch * hq * ctx * d) as f64
+        };
+        let kv_bytes = (batch * ctx * hkv * d * 2 * 2) as f64;
+        let key = format!("b{batch}_q{qlen}_ctx{ctx}");
+        println!(
+            "attention {key}: {ms:.3} ms, {:.1} TFLOP/s, KV read {:.0} GB/s",
+            flops / ms / 1e9,
+            kv_bytes / ms / 1e6
+        );
+        out.insert(
+            key,
+            json!({"ms": ms, "tflops": flops / ms / 1e9, "kv_gb_s": kv_bytes / ms / 1e6}),
+        );
+    }
+    Ok(Value::Object(out))
+}
+
+/// GEMV vs cuBLAS at the 8B shapes, batch 1 and 8.
+fn linear_alone(g: &Gpu) -> Res<Value> {
+    let mut out = serde_json::Map::new();
+    for (name, n, k) in [
+        ("qkv", 6144usize, 4096usize),
+        ("o", 4096, 4096),
+        ("gate_up", 28672, 4096),
+        ("down", 4096, 14336),
+        ("lm_head", 128_256, 4096),
+    ] {
+        let w = g.alloc(DType::Bf16, n * k)?;
+        for m in [1usize, 8] {
+            let x = g.upload_f32(&vec![0.01; m * k], DType::Bf16)?;
+            let y = g.alloc(DType::Bf16, m * n)?;
+            let l = Linear {
+                x: &x,
+                w: &w,
+                y: &y,
+                m,
+                n,
+                k,
+            };
+            let gemv = time_ms(g, 20, || Ok(ops::gemv(g, &l)?))?;
+            let gemm = time_ms(g, 20, || Ok(ops::gemm(g, &l)?))?;
+            let gb = (n * k * 2) as f64 / 1e6;
+            println!(
+                "linear {name} m{m}: gemv {gemv:.4} ms ({:.0} GB/s), cublas {gemm:.4} ms ({:.0} GB/s)",
+                gb / gemv,
+                gb / gemm
+            );
+            out.insert(format!("{name}_m{m}"), json!({"gemv_ms": gemv, "cublas_ms": gemm, "gemv_gb_s": gb / gemv, "cublas_gb_s": gb / gemm}));
+        }
+    }
+    Ok(Value::Object(out))
+}
+
+/// Logits at every position of 4 prompts of 64 tokens, decoded one token at a time in one batch.
+fn dump_logits(b: &mut CudaBackend, dump: &Path, prompts_json: &Path) -> Res<()> {
+    let prompts: Vec<Vec<u32>> = (0..4).map(|i| prompt(64, 100 + i)).collect();
+    std::fs::write(prompts_json, serde_json::to_string(&prompts)?)?;
+    let bs = b.block_size();
+    let tables: Vec<Vec<u32>> = (0..4)
+        .map(|s| (0..4).map(|j| (1 + s * 4 + j) as u32).collect())
+        .collect();
+    let _ = bs;
+    let mut rows: Vec<Vec<f32>> = vec![Vec::new(); 4];
+    for p in 0..64 {
+        let ids: Vec<u32> = prompts.iter().map(|pr| pr[p]).collect();
+        let pos = vec![p as u32; 4];
+        let seqs: Vec<SeqInput<'_>> = (0..4)
+            .map(|s| SeqInput {
+                query_start: s,
+                query_len: 1,
+                context_len: p + 1,
+                block_table: &tables[s],
+                sample: true,
+            })
+            .collect();
+        let l = b.forward(&ForwardBatch {
+            token_ids: &ids,
+            positions: &pos,
+            seqs: &seqs,
+        })?;
+        for (s, row) in rows.iter_mut().enumerate() {
+            row.extend_from_slice(l.row(s));
+        }
+    }
+    let bytes: Vec<u8> = rows
+        .iter()
+        .flatten()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    std::fs::write(dump, bytes)?;
+    Ok(())
+}
+
+/// Greedy tokens of request 0 alone and inside a batch of 64.
+fn batch_invariance(backend: CudaBackend, model: &worker::config::ModelConfig) -> Res<Value> {
+    let mut engine = Engine::new(Box::new(backend), model, EngineConfig::default())?;
+    let req = |id: u64| {
+        let mut r = Request::new(SeqId(id), prompt(64 + (id as usize % 7) * 9, 7 + id), 32);
+        r.params = SamplingParams::greedy();
+        r.ignore_eos = true;
+        r
+    };
+    let mut run = |reqs: Vec<Request>| -> Res<HashMap<u64, Vec<u32>>> {
+        for r in reqs {
+            engine.add_request(r)?;
+        }
+        let mut out: HashMap<u64, Vec<u32>> = HashMap::new();
+        while engine.has_unfinished() {
+            for ev in engine.step()? {
+                out.entry(ev.id.0).or_default().push(ev.token);
+            }
+        }
+        Ok(out)
+    };
+    let alone = run(vec![req(0)])?[&0].clone();
+    let together = run((0..64).map(req).collect())?;
+    let same = alone == together[&0];
+    let agree = alone
+        .iter()
+        .zip(&together[&0])
+        .take_while(|(a, b)| a == b)
+        .count();
+    println!("batch invariance: alone == in batch of 64: {same} (first {agree}/32 tokens agree)");
+    Ok(
+        json!({"identical": same, "agreeing_prefix": agree, "alone": alone, "in_batch": together[&0]}),
+    )
+}
+
+fn main() -> Res<()> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() == 3 && args[1] == "attention" {
+        // `cuda_bench attention CASE`: one attention case alone, for ncu.
+        let gpu = Gpu::new(0)?;
+        attention_alone(&gpu, Some(args[2].parse()?))?;
+        return Ok(());
+    }
+    if args.len() != 5 {
+        return Err("usage: cuda_bench MODEL_DIR OUT_JSON LOGITS_DUMP PROMPTS_JSON".into());
+    }
+    let (model_dir, out_json) = (Path::new(&args[1]), Path::new(&args[2]));
+    let mut res = serde_json::Map::new();
+    let t0 = Instant::now();
+    let (model, ckpt) = Checkpoint::load(model_dir)?;
+    let opts = CudaOptions {
+        ordinal: 0,
+        dtype: DType::Bf16,
+        block_size: 16,
+        num_kv_blocks: None,
+        gpu_memory_utilization: 0.9,
+        enforce_eager: false,
+        max_batch_tokens: 8192,
+        batch_invariant: false,
+    };
+    let t1 = Instant::now();
+    let mut b = CudaBackend::new(&model, &ckpt, &opts)?;
+    let startup = t0.elapsed().as_secs_f64();
+    let upload = t1.elapsed().as_secs_f64();
+    let wb = b.weight_bytes() as f64;
+    println!(
+        "start-up {startup:.2} s (backend {upload:.2} s; kernels {:.2} s from cache: {}); weights {:.2} GB; {} KV blocks",
+        b.gpu().kernel_load_s,
+        b.gpu().kernels_from_cache,
+        wb / 1e9,
+        b.num_kv_blocks()
+    );
+    res.insert("startup".into(), json!({"total_s": startup, "backend_s": upload, "kernels_s": b.gpu().kernel_load_s,
+        "kernels_from_cache": b.gpu().kernels_from_cache, "weights_gb": wb / 1e9, "upload_gb_s": wb / 1e9 / upload,
+        "kv_blocks": b.num_kv_blocks()}));
+
+    dump_logits(&mut b, Path::new(&args[3]), Path::new(&args[4]))?;
+    println!("logits dumped");
+
+    let mut decode = serde_json::Map::new();
+    for ctx in [512usize, 2048] {
+        for batch in [1usize, 8, 32, 128, 256] {
+            let ms = time_decode(&mut b, batch, ctx, 20)?;
+            println!(
+                "decode batch {batch} ctx {ctx}: {ms:.3} ms/step, {:.0} tok/s",
+                batch as f64 * 1e3 / ms
+            );
+            decode.insert(
+                format!("b{batch}_ctx{ctx}"),
+                json!({"ms_per_step": ms, "tok_s": batch as f64 * 1e3 / ms}),
+            );
+        }
+    }
+    res.insert("decode".into(), Value::Object(decode));
+    println!("graphs captured: {}", b.num_graphs());
+
+    let mut prefill = serde_json::Map::new();
+    for batch in [1usize, 8] {
+        let s = time_prefill(&mut b, batch, 2048)?;
+        println!(
+            "prefill {batch}x2048: {:.1} ms, {:.0} tok/s",
+            s * 1e3,
+            (batch * 2048) as f64 / s
+        );
+        prefill.insert(
+            format!("{batch}x2048"),
+            json!({"s": s, "tok_s": (batch * 2048) as f64 / s}),
+        );
+    }
+    res.insert("prefill".into(), Value::Object(prefill));
+    res.insert("attention".into(), attention_alone(b.gpu(), None)?);
+    res.insert("linear".into(), linear_alone(b.gpu())?);
+    res.insert("batch_invariance".into(), batch_invariance(b, &model)?);
+    // Again in batch-invariant mode (fixed-shape GEMM blocks), with its decode cost.
+    let inv_opts = CudaOptions {
+        batch_invariant: true,
+        ..opts
+    };
+    let mut b = CudaBackend::new(&model, &ckpt, &inv_opts)?;
+    let mut inv = serde_json::Map::new();
+    for (batch, ctx) in [(1usize, 512usize), (128, 512)] {
+        let ms = time_decode(&mut b, batch, ctx, 20)?;
+        println!("batch-invariant mode: decode batch {batch} ctx {ctx}: {ms:.3} ms/step");
+        inv.insert(format!("decode_b{batch}_ctx{ctx}_ms"), json!(ms));
+    }
+    inv.insert("check".into(), batch_invariance(b, &model)?);
+    res.insert("batch_invariant_mode".into(), Value::Object(inv));
+    std::fs::write(out_json, serde_json::to_string_pretty(&Value::Object(res))?)?;
+    Ok(())
+}

@@ -1,0 +1,660 @@
+//! [`CudaBackend`]: the model's forward pass on one GPU.
+//!
+//! Per layer: fused residual add + RMSNorm, one q/k/v GEMM, RoPE fused with the paged KV write,
+//! paged attention (prefill items direct, decode items split over the context and combined), the
+//! o projection, add + RMSNorm, one gate/up GEMM, SiLU·mul, the down projection. GEMMs take the
+//! GEMV kernel for up to 8 rows and cuBLAS above. Logits are computed only for sampling rows.
+//! Decode steps (every sequence one token, all sampling) replay a CUDA graph captured per
+//! (batch bucket, block-table width), with inputs copied into fixed device buffers first.
+
+use std::collections::HashMap;
+
+use cudarc::driver::CudaGraph;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+
+use super::device::{Buf, DType, Gpu, dev_err};
+use super::ops::{self, AddRmsNorm, Attention, Linear, RopeKv, SampleRow};
+use super::step::{self, DECODE_SPLIT, HostStep, Limits};
+use super::weights::{self, Weights};
+use crate::backend::{Backend, BackendError, DeviceSampling, ForwardBatch, Logits};
+use crate::checkpoint::Checkpoint;
+use crate::config::ModelConfig;
+
+/// How to build a [`CudaBackend`].
+#[derive(Debug, Clone)]
+pub struct CudaOptions {
+    pub ordinal: usize,
+    /// `F32` or `Bf16`.
+    pub dtype: DType,
+    pub block_size: usize,
+    /// `None`: as many as `gpu_memory_utilization` leaves room for.
+    pub num_kv_blocks: Option<usize>,
+    pub gpu_memory_utilization: f32,
+    /// No CUDA graphs.
+    pub enforce_eager: bool,
+    /// Tokens per step the workspace is first sized for (it grows when a step needs more).
+    pub max_batch_tokens: usize,
+    /// Run every GEMM in blocks of [`INVARIANT_CHUNK`] rows so that a sequence's results do not
+    /// depend on its batch (costs up to ~1.5 ms per decode step at batch 1 on the 8B shape).
+    pub batch_invariant: bool,
+}
+
+/// Rows per GEMM in batch-invariant mode.
+pub const INVARIANT_CHUNK: usize = 256;
+
+/// Largest decode batch replayed from a CUDA graph.
+pub const MAX_GRAPH_BATCH: usize = 256;
+
+/// Workspace sizes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Caps {
+    tokens: usize,
+    seqs: usize,
+    stride: usize,
+    splits: usize,
+}
+
+/// Activations and step inputs, at fixed addresses until they must grow.
+struct Workspace {
+    caps: Caps,
+    x: Buf,
+    normed: Buf,
+    qkv: Buf,
+    q: Buf,
+    attn: Buf,
+    proj: Buf,
+    gate_up: Buf,
+    act: Buf,
+    last: Buf,
+    logits: Buf,
+    sampled: Buf,
+    sample_params: Buf,
+    ids: Buf,
+    positions: Buf,
+    slots: Buf,
+    seqs: Buf,
+    items_prefill: Buf,
+    items_decode: Buf,
+    tables: Buf,
+    sample_idx: Buf,
+    part_o: Buf,
+    part_ml: Buf,
+}
+
+impl Workspace {
+    fn new(gpu: &Gpu, cfg: &ModelConfig, dt: DType, caps: Caps) -> Result<Self, BackendError> {
+        // Whole GEMM blocks of rows, for batch-invariant mode's padding rows.
+        let t = caps.tokens.next_multiple_of(INVARIANT_CHUNK);
+        let s = caps.seqs.next_multiple_of(INVARIANT_CHUNK);
+        let h = cfg.hidden_size;
+        let (qd, kvd, inter) = (cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size);
+        let tile = ops::attention_tile_tokens(
+            dt,
+            cfg.head_dim,
+            cfg.num_attention_heads / cfg.num_key_value_heads,
+        );
+        Ok(Self {
+            caps,
+            x: gpu.alloc(dt, t * h)?,
+            normed: gpu.alloc(dt, t * h)?,
+            qkv: gpu.alloc(dt, t * (qd + 2 * kvd))?,
+            q: gpu.alloc(dt, t * qd)?,
+            attn: gpu.alloc(dt, t * qd)?,
+            proj: gpu.alloc(dt, t * h)?,
+            gate_up: gpu.alloc(dt, t * 2 * inter)?,
+            act: gpu.alloc(dt, t * inter)?,
+            last: gpu.alloc(dt, s * h)?,
+            logits: gpu.alloc(DType::F32, s * cfg.vocab_size)?,
+            sampled: gpu.alloc(DType::U32, s)?,
+            sample_params: gpu.alloc(DType::U32, 8 * s)?,
+            ids: gpu.alloc(DType::U32, t)?,
+            positions: gpu.alloc(DType::U32, t)?,
+            slots: gpu.alloc(DType::I64, t)?,
+            seqs: gpu.alloc(DType::I32, 4 * s)?,
+            items_prefill: gpu.alloc(DType::I32, 2 * (t.div_ceil(tile) + s))?,
+            items_decode: gpu.alloc(DType::I32, 2 * s)?,
+            tables: gpu.alloc(DType::U32, s * caps.stride)?,
+            sample_idx: gpu.alloc(DType::U32, s)?,
+            part_o: gpu.alloc(
+                DType::F32,
+                s * cfg.num_attention_heads * caps.splits * cfg.head_dim,
+            )?,
+            part_ml: gpu.alloc(DType::F32, s * cfg.num_attention_heads * caps.splits * 2)?,
+        })
+    }
+}
+
+/// A captured decode step.
+struct Graph(CudaGraph);
+// SAFETY: a CudaGraph is only unsafe to use from two threads at once; it lives inside the backend
+// and is launched only through `&mut CudaBackend`, so uses are serialised, and its stream's context
+// is bound to the calling thread before every launch (CudaGraph::launch does so).
+unsafe impl Send for Graph {}
+
+/// The CUDA backend.
+pub struct CudaBackend {
+    gpu: Gpu,
+    cfg: ModelConfig,
+    dtype: DType,
+    weights: Weights,
+    inv_freq: Buf,
+    k_cache: Vec<Buf>,
+    v_cache: Vec<Buf>,
+    block_size: usize,
+    num_blocks: usize,
+    ws: Workspace,
+    graphs: HashMap<(usize, usize), Graph>,
+    enforce_eager: bool,
+    batch_invariant: bool,
+    _blas_workspace: Buf,
+}
+
+/// Sizes of one launch sequence.
+#[derive(Debug, Clone, Copy)]
+struct Dims {
+    n: usize,
+    seqs: usize,
+    items_prefill: usize,
+    items_decode: usize,
+    stride: usize,
+    splits: usize,
+    rows: usize,
+    sample: bool,
+}
+
+impl CudaBackend {
+    /// Opens the GPU, uploads the weights and sizes the KV cache.
+    pub fn new(
+        cfg: &ModelConfig,
+        ckpt: &Checkpoint,
+        opts: &CudaOptions,
+    ) -> Result<Self, BackendError> {
+        if !matches!(opts.dtype, DType::F32 | DType::Bf16) {
+            return Err(BackendError::InvalidOptions(format!(
+                "dtype {:?}",
+                opts.dtype
+            )));
+        }
+        if opts.block_size == 0 || !(0.05..=1.0).contains(&opts.gpu_memory_utilization) {
+            return Err(BackendError::InvalidOptions(
+                "block_size must be positive and gpu_memory_utilization in [0.05, 1]".into(),
+            ));
+        }
+        if !cfg.head_dim.is_multiple_of(2) || cfg.head_dim > kernels::ATTN_MAX_HEAD_DIM {
+            return Err(BackendError::InvalidOptions(format!(
+                "head_dim {} is not supported (even, at most {})",
+                cfg.head_dim,
+                kernels::ATTN_MAX_HEAD_DIM
+            )));
+        }
+        let group = cfg.num_attention_heads / cfg.num_key_value_heads;
+        if group > kernels::ATTN_ROWS {
+            return Err(BackendError::InvalidOptions(format!(
+                "{group} query heads per KV head (at most {})",
+                kernels::ATTN_ROWS
+            )));
+        }
+        let gpu = Gpu::new(opts.ordinal)?;
+        let weights = weights::upload(&gpu, cfg, ckpt, opts.dtype)?;
+        let inv_freq = gpu.upload_f32(&cfg.rope.inv_freq(cfg.head_dim), DType::F32)?;
+        let caps = Caps {
+            tokens: opts.max_batch_tokens.max(MAX_GRAPH_BATCH),
+            seqs: MAX_GRAPH_BATCH,
+            stride: 64,
+            splits: 32,
+        };
+        let ws = Workspace::new(&gpu, cfg, opts.dtype, caps)?;
+        let blas_ws = gpu.alloc(DType::U32, 8 << 20)?;
+        // SAFETY: the handle is live; the 32 MiB workspace outlives it (both owned by the backend,
+        // the buffer dropped after the handle's uses end). A fixed workspace keeps cuBLAS from
+        // allocating during CUDA-graph capture.
+        unsafe {
+            cudarc::cublas::sys::cublasSetWorkspace_v2(
+                *gpu.blas.handle(),
+                blas_ws.ptr() as *mut _,
+                blas_ws.bytes(),
+            )
+        }
+        .result()
+        .map_err(dev_err)?;
+
+        let per_block =
+            2 * cfg.num_hidden_layers * opts.block_size * cfg.kv_dim() * opts.dtype.size();
+        let num_blocks = match opts.num_kv_blocks {
+            Some(n) => n,
+            None => {
+                let (free, total) = gpu.mem_info()?;
+                let reserve = (total as f64 * (1.0 - opts.gpu_memory_utilization as f64)) as usize;
+                // Keep 1 GiB for workspace growth, cuBLAS and graphs.
+                free.saturating_sub(reserve).saturating_sub(1 << 30) / per_block
+            }
+        };
+        if num_blocks < 2 {
+            return Err(BackendError::InvalidOptions(format!(
+                "only {num_blocks} KV blocks fit (at least 2 needed); raise gpu_memory_utilization"
+            )));
+        }
+        let cache_len = num_blocks * cfg.kv_dim() * opts.block_size;
+        let mut k_cache = Vec::new();
+        let mut v_cache = Vec::new();
+        for _ in 0..cfg.num_hidden_layers {
+            k_cache.push(gpu.alloc(opts.dtype, cache_len)?);
+            v_cache.push(gpu.alloc(opts.dtype, cache_len)?);
+        }
+        gpu.sync()?;
+        Ok(Self {
+            gpu,
+            cfg: cfg.clone(),
+            dtype: opts.dtype,
+            weights,
+            inv_freq,
+            k_cache,
+            v_cache,
+            block_size: opts.block_size,
+            num_blocks,
+            ws,
+            graphs: HashMap::new(),
+            enforce_eager: opts.enforce_eager,
+            batch_invariant: opts.batch_invariant,
+            _blas_workspace: blas_ws,
+        })
+    }
+
+    /// The device.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// Bytes of weights on the device.
+    pub fn weight_bytes(&self) -> usize {
+        self.weights.bytes
+    }
+
+    /// Number of CUDA graphs captured so far.
+    pub fn num_graphs(&self) -> usize {
+        self.graphs.len()
+    }
+
+    fn limits(&self) -> Limits {
+        Limits {
+            vocab: self.cfg.vocab_size,
+            block_size: self.block_size,
+            num_blocks: self.num_blocks,
+            tile_tokens: ops::attention_tile_tokens(
+                self.dtype,
+                self.cfg.head_dim,
+                self.cfg.num_attention_heads / self.cfg.num_key_value_heads,
+            ),
+        }
+    }
+
+    /// Grows the workspace (dropping every graph, whose addresses it invalidates) if needed.
+    fn ensure(&mut self, need: Caps) -> Result<(), BackendError> {
+        let c = self.ws.caps;
+        if need.tokens <= c.tokens
+            && need.seqs <= c.seqs
+            && need.stride <= c.stride
+            && need.splits <= c.splits
+        {
+            return Ok(());
+        }
+        let caps = Caps {
+            tokens: c.tokens.max(need.tokens),
+            seqs: c.seqs.max(need.seqs),
+            stride: c.stride.max(need.stride.next_power_of_two()),
+            splits: c.splits.max(need.splits.next_power_of_two()),
+        };
+        self.graphs.clear();
+        self.gpu.sync()?;
+        self.ws = Workspace::new(&self.gpu, &self.cfg, self.dtype, caps)?;
+        Ok(())
+    }
+
+    fn upload_step(
+        &mut self,
+        st: &HostStep,
+        sampling: Option<&[DeviceSampling]>,
+    ) -> Result<(), BackendError> {
+        fn le<T: Copy, const N: usize>(v: &[T], f: impl Fn(T) -> [u8; N]) -> Vec<u8> {
+            v.iter().flat_map(|&x| f(x)).collect()
+        }
+        let g = &self.gpu;
+        let ws = &mut self.ws;
+        g.write_bytes(&mut ws.ids, &le(&st.ids, u32::to_le_bytes))?;
+        g.write_bytes(&mut ws.positions, &le(&st.positions, u32::to_le_bytes))?;
+        g.write_bytes(&mut ws.slots, &le(&st.slots, i64::to_le_bytes))?;
+        g.write_bytes(&mut ws.seqs, &le(&st.seqs, i32::to_le_bytes))?;
+        g.write_bytes(
+            &mut ws.items_prefill,
+            &le(&st.items_prefill, i32::to_le_bytes),
+        )?;
+        g.write_bytes(
+            &mut ws.items_decode,
+            &le(&st.items_decode, i32::to_le_bytes),
+        )?;
+        g.write_bytes(&mut ws.tables, &le(&st.tables, u32::to_le_bytes))?;
+        g.write_bytes(&mut ws.sample_idx, &le(&st.sample_idx, u32::to_le_bytes))?;
+        let rows = st.sample_idx.len();
+        let mut params = Vec::with_capacity(rows * 32);
+        for i in 0..rows {
+            // Padding rows (and forward() without sampling) are greedy.
+            let s = sampling.and_then(|s| s.get(i));
+            let row = s.map_or(
+                SampleRow {
+                    temperature: 0.0,
+                    top_k: 0,
+                    top_p: 1.0,
+                    min_p: 0.0,
+                    seed: 0,
+                    step: 0,
+                },
+                |s| SampleRow {
+                    temperature: s.temperature,
+                    top_k: s.top_k,
+                    top_p: s.top_p,
+                    min_p: s.min_p,
+                    seed: s.seed,
+                    step: s.step,
+                },
+            );
+            params.extend_from_slice(&row.to_bytes());
+        }
+        g.write_bytes(&mut ws.sample_params, &params)
+    }
+
+    fn linear(&self, l: &Linear<'_>) -> Result<(), BackendError> {
+        if self.batch_invariant {
+            ops::linear_chunked(&self.gpu, l, INVARIANT_CHUNK)
+        } else {
+            ops::linear(&self.gpu, l)
+        }
+    }
+
+    /// Queues the whole forward pass for a step already uploaded.
+    fn launch_model(&self, d: Dims) -> Result<(), BackendError> {
+        let (g, ws, cfg) = (&self.gpu, &self.ws, &self.cfg);
+        let (h, n) = (cfg.hidden_size, d.n);
+        let (hq, hkv, hd) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
+        let (qd, kvd, inter) = (cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size);
+        let width = qd + 2 * kvd;
+        let eps = cfg.rms_norm_eps;
+        // SAFETY: step::build checked every id < vocab.
+        unsafe { ops::embedding(g, &ws.x, &self.weights.embed, &ws.ids, (n, h)) }?;
+        for (l, w) in self.weights.layers.iter().enumerate() {
+            ops::add_rmsnorm(
+                g,
+                &AddRmsNorm {
+                    residual: &ws.x,
+                    delta: (l > 0).then_some(&ws.proj),
+                    weight: &w.input_norm,
+                    out: &ws.normed,
+                    rows: n,
+                    hidden: h,
+                    eps,
+                },
+            )?;
+            self.linear(&Linear {
+                x: &ws.normed,
+                w: &w.qkv,
+                y: &ws.qkv,
+                m: n,
+                n: width,
+                k: h,
+            })?;
+            let rope = RopeKv {
+                qkv: &ws.qkv,
+                bias: w.qkv_bias.as_ref(),
+                positions: &ws.positions,
+                inv_freq: &self.inv_freq,
+                slots: &ws.slots,
+                q_out: &ws.q,
+                k_cache: &self.k_cache[l],
+                v_cache: &self.v_cache[l],
+                n,
+                hq,
+                hkv,
+                d: hd,
+                block_size: self.block_size,
+            };
+            // SAFETY: step::build derived every slot from a checked block id < num_blocks
+            // (padding uses block 0), so slots index inside the cache.
+            unsafe { ops::rope_kv_write(g, &rope) }?;
+            let mut attn = Attention {
+                q: &ws.q,
+                k_cache: &self.k_cache[l],
+                v_cache: &self.v_cache[l],
+                out: &ws.attn,
+                part_o: &ws.part_o,
+                part_ml: &ws.part_ml,
+                seqs: &ws.seqs,
+                items: &ws.items_prefill,
+                block_tables: &ws.tables,
+                num_seqs: d.seqs,
+                num_items: d.items_prefill,
+                table_stride: d.stride,
+                n,
+                hq,
+                hkv,
+                d: hd,
+                block_size: self.block_size,
+                split_size: 1 << 30,
+                num_splits: 1,
+                scale: 1.0 / (hd as f32).sqrt(),
+                decode: false,
+            };
+            // SAFETY: step::build made seqs/items/tables consistent and checked every block id;
+            // decode items are single-token sequences, as the split launch requires.
+            unsafe {
+                ops::attention(g, &attn)?;
+                attn.items = &ws.items_decode;
+                attn.num_items = d.items_decode;
+                attn.split_size = DECODE_SPLIT;
+                attn.num_splits = d.splits;
+                attn.decode = true;
+                ops::attention(g, &attn)?;
+            }
+            self.linear(&Linear {
+                x: &ws.attn,
+                w: &w.o,
+                y: &ws.proj,
+                m: n,
+                n: h,
+                k: qd,
+            })?;
+            ops::add_rmsnorm(
+                g,
+                &AddRmsNorm {
+                    residual: &ws.x,
+                    delta: Some(&ws.proj),
+                    weight: &w.post_norm,
+                    out: &ws.normed,
+                    rows: n,
+                    hidden: h,
+                    eps,
+                },
+            )?;
+            self.linear(&Linear {
+                x: &ws.normed,
+                w: &w.gate_up,
+                y: &ws.gate_up,
+                m: n,
+                n: 2 * inter,
+                k: h,
+            })?;
+            ops::silu_mul(g, &ws.gate_up, &ws.act, (n, inter))?;
+            self.linear(&Linear {
+                x: &ws.act,
+                w: &w.down,
+                y: &ws.proj,
+                m: n,
+                n: h,
+                k: inter,
+            })?;
+        }
+        ops::add_rmsnorm(
+            g,
+            &AddRmsNorm {
+                residual: &ws.x,
+                delta: Some(&ws.proj),
+                weight: &self.weights.final_norm,
+                out: &ws.normed,
+                rows: n,
+                hidden: h,
+                eps,
+            },
+        )?;
+        if d.rows == 0 {
+            return Ok(());
+        }
+        // SAFETY: sample_idx entries are token indices < n (step::build).
+        unsafe { ops::embedding(g, &ws.last, &ws.normed, &ws.sample_idx, (d.rows, h)) }?;
+        let lm = Linear {
+            x: &ws.last,
+            w: self.weights.lm_head(),
+            y: &ws.logits,
+            m: d.rows,
+            n: cfg.vocab_size,
+            k: h,
+        };
+        self.linear(&lm)?;
+        if d.sample {
+            ops::sample(
+                g,
+                &ws.logits,
+                &ws.sample_params,
+                &ws.sampled,
+                (d.rows, cfg.vocab_size),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Runs a step: through a CUDA graph when it is a sampling decode of at most
+    /// [`MAX_GRAPH_BATCH`] sequences and graphs are on, else eagerly. Returns the number of rows.
+    fn run(
+        &mut self,
+        batch: &ForwardBatch<'_>,
+        sampling: Option<&[DeviceSampling]>,
+    ) -> Result<usize, BackendError> {
+        self.gpu.ctx.bind_to_thread().map_err(dev_err)?;
+        let lim = self.limits();
+        let st = step::build(batch, lim, 0)?;
+        let rows = st.sample_idx.len();
+        if let Some(s) = sampling
+            && s.len() != rows
+        {
+            return Err(BackendError::InvalidBatch(format!(
+                "{} sampling settings for {rows} sampling rows",
+                s.len()
+            )));
+        }
+        let n = st.n();
+        let graphable = !self.enforce_eager
+            && n > 0
+            && n <= MAX_GRAPH_BATCH
+            && st.items_prefill.is_empty()
+            && rows == n;
+        if graphable {
+            let bucket = n.next_power_of_two();
+            let stride = st.stride.next_power_of_two().max(1);
+            let st = step::build(batch, lim, stride)?;
+            if let Some(padded) = step::pad_decode(&st, bucket) {
+                let splits = (stride * self.block_size).div_ceil(DECODE_SPLIT).max(1);
+                self.ensure(Caps {
+                    tokens: bucket,
+                    seqs: bucket,
+                    stride,
+                    splits,
+                })?;
+                self.upload_step(&padded, sampling)?;
+                let dims = Dims {
+                    n: bucket,
+                    seqs: bucket,
+                    items_prefill: 0,
+                    items_decode: bucket,
+                    stride,
+                    splits,
+                    rows: bucket,
+                    sample: true,
+                };
+                let key = (bucket, stride);
+                if !self.graphs.contains_key(&key) {
+                    let graph = self.capture(dims)?;
+                    self.graphs.insert(key, Graph(graph));
+                }
+                self.graphs[&key].0.launch().map_err(dev_err)?;
+                return Ok(rows);
+            }
+        }
+        let splits = st.decode_splits();
+        self.ensure(Caps {
+            tokens: n,
+            seqs: st.num_seqs().max(rows),
+            stride: st.stride,
+            splits,
+        })?;
+        self.upload_step(&st, sampling)?;
+        self.launch_model(Dims {
+            n,
+            seqs: st.num_seqs(),
+            items_prefill: st.items_prefill.len() / 2,
+            items_decode: st.items_decode.len() / 2,
+            stride: st.stride,
+            splits,
+            rows,
+            sample: sampling.is_some(),
+        })?;
+        Ok(rows)
+    }
+
+    fn capture(&self, dims: Dims) -> Result<CudaGraph, BackendError> {
+        let s = &self.gpu.stream;
+        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(dev_err)?;
+        let launched = self.launch_model(dims);
+        // End the capture whatever happened, so the stream is usable again.
+        let graph =
+            s.end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY);
+        launched?;
+        graph
+            .map_err(dev_err)?
+            .ok_or_else(|| BackendError::Device("CUDA graph capture produced no graph".into()))
+    }
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn num_kv_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    fn forward(&mut self, batch: &ForwardBatch<'_>) -> Result<Logits, BackendError> {
+        let rows = self.run(batch, None)?;
+        let vocab = self.cfg.vocab_size;
+        let mut data = self
+            .gpu
+            .download_f32_prefix(&self.ws.logits, rows * vocab)?;
+        data.truncate(rows * vocab);
+        Ok(Logits { vocab, data })
+    }
+
+    fn forward_sampled(
+        &mut self,
+        batch: &ForwardBatch<'_>,
+        sampling: &[DeviceSampling],
+    ) -> Result<Option<Vec<u32>>, BackendError> {
+        let rows = self.run(batch, Some(sampling))?;
+        Ok(Some(self.gpu.download_u32(&self.ws.sampled, rows)?))
+    }
+}

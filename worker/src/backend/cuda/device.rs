@@ -1,0 +1,351 @@
+//! The device: a CUDA context with one stream, the NVRTC-compiled kernel module, cuBLAS, and
+//! untyped device buffers tagged with their element type.
+//!
+//! Everything runs on one stream, so cudarc's per-allocation event tracking is switched off (it
+//! also breaks CUDA-graph capture with `CUDA_ERROR_STREAM_CAPTURE_ISOLATION`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr};
+use cudarc::nvrtc::Ptx;
+use half::bf16;
+
+use crate::backend::BackendError;
+
+/// Element type of a device buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DType {
+    F32,
+    Bf16,
+    U32,
+    I32,
+    I64,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::Bf16 => 2,
+            DType::F32 | DType::U32 | DType::I32 => 4,
+            DType::I64 => 8,
+        }
+    }
+
+    /// The kernel-name suffix of a float type.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::Bf16 => "bf16",
+            DType::U32 => "u32",
+            DType::I32 => "i32",
+            DType::I64 => "i64",
+        }
+    }
+}
+
+/// A device allocation of `len` elements of `dtype`.
+#[derive(Debug)]
+pub struct Buf {
+    mem: CudaSlice<u8>,
+    ptr: u64,
+    len: usize,
+    dtype: DType,
+}
+
+impl Buf {
+    /// The device address.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// The device address, by reference (for kernel argument lists).
+    pub fn dptr(&self) -> &u64 {
+        &self.ptr
+    }
+
+    /// The device address of element `i` (which must be `<= len`).
+    pub fn ptr_at(&self, i: usize) -> u64 {
+        debug_assert!(i <= self.len);
+        self.ptr + (i * self.dtype.size()) as u64
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.mem.len()
+    }
+
+    /// Fails unless this buffer has `dtype` and at least `len` elements.
+    pub fn check(&self, what: &str, dtype: DType, len: usize) -> Result<(), BackendError> {
+        if self.dtype != dtype || self.len < len {
+            return Err(BackendError::InvalidBatch(format!(
+                "{what}: need {len} x {dtype:?}, buffer holds {} x {:?}",
+                self.len, self.dtype
+            )));
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn dev_err(e: impl std::fmt::Debug) -> BackendError {
+    BackendError::Device(format!("{e:?}"))
+}
+
+/// The context, stream, kernels and cuBLAS handle of one GPU.
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub blas: CudaBlas,
+    funcs: HashMap<&'static str, CudaFunction>,
+    /// `sm_XY`.
+    pub arch: String,
+    /// Seconds spent compiling (or loading from cache) and loading the kernels.
+    pub kernel_load_s: f64,
+    /// Whether the kernels came from the disk cache.
+    pub kernels_from_cache: bool,
+}
+
+impl Gpu {
+    /// Opens GPU `ordinal`, compiles (or loads) the kernels for its architecture.
+    pub fn new(ordinal: usize) -> Result<Self, BackendError> {
+        // SAFETY: only tries to dlopen the driver library's candidate names.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(BackendError::Device(
+                "libcuda.so (the NVIDIA driver) was not found".into(),
+            ));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(dev_err)?;
+        // SAFETY: this backend uses a single stream for all work, so the cross-stream
+        // synchronisation that event tracking provides is never needed.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(dev_err)?;
+        let (major, minor) = ctx.compute_capability().map_err(dev_err)?;
+        let arch = format!("sm_{major}{minor}");
+        let t = Instant::now();
+        let compiled = kernels::compile(&kernels::CompileOptions::for_arch(&arch))
+            .map_err(|e| BackendError::Device(e.to_string()))?;
+        let module = ctx
+            .load_module(Ptx::from_binary(compiled.cubin))
+            .map_err(dev_err)?;
+        let mut funcs = HashMap::new();
+        for &name in kernels::KERNELS {
+            funcs.insert(name, module.load_function(name).map_err(dev_err)?);
+        }
+        for dt in ["f32", "bf16"] {
+            let f = &funcs[format!("attention_{dt}").as_str()];
+            f.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                kernels::attention_smem_bytes(kernels::ATTN_MAX_HEAD_DIM) as i32,
+            )
+            .map_err(dev_err)?;
+        }
+        let blas = CudaBlas::new(stream.clone()).map_err(dev_err)?;
+        Ok(Self {
+            ctx,
+            stream,
+            blas,
+            funcs,
+            arch,
+            kernel_load_s: t.elapsed().as_secs_f64(),
+            kernels_from_cache: compiled.from_cache,
+        })
+    }
+
+    /// The kernel named `name` (one of [`kernels::KERNELS`]).
+    pub fn func(&self, name: &str) -> Result<&CudaFunction, BackendError> {
+        self.funcs
+            .get(name)
+            .ok_or_else(|| BackendError::Device(format!("no kernel named {name}")))
+    }
+
+    /// A zeroed buffer.
+    pub fn alloc(&self, dtype: DType, len: usize) -> Result<Buf, BackendError> {
+        let mem = self
+            .stream
+            .alloc_zeros::<u8>((len * dtype.size()).max(1))
+            .map_err(dev_err)?;
+        Ok(self.wrap(mem, len, dtype))
+    }
+
+    fn wrap(&self, mem: CudaSlice<u8>, len: usize, dtype: DType) -> Buf {
+        let ptr = {
+            let (ptr, _guard) = mem.device_ptr(&self.stream);
+            ptr
+        };
+        Buf {
+            ptr,
+            mem,
+            len,
+            dtype,
+        }
+    }
+
+    /// Uploads raw bytes holding `len` elements of `dtype`.
+    pub fn upload_bytes(&self, bytes: &[u8], dtype: DType) -> Result<Buf, BackendError> {
+        let len = bytes.len() / dtype.size();
+        let mem = if bytes.is_empty() {
+            self.stream.alloc_zeros::<u8>(1).map_err(dev_err)?
+        } else {
+            self.stream.clone_htod(bytes).map_err(dev_err)?
+        };
+        Ok(self.wrap(mem, len, dtype))
+    }
+
+    /// Uploads floats as `dtype` (F32 or Bf16, rounding to nearest even).
+    pub fn upload_f32(&self, data: &[f32], dtype: DType) -> Result<Buf, BackendError> {
+        match dtype {
+            DType::F32 => self.upload_bytes(&f32_bytes(data), dtype),
+            DType::Bf16 => {
+                let bytes: Vec<u8> = data
+                    .iter()
+                    .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
+                    .collect();
+                self.upload_bytes(&bytes, dtype)
+            }
+            other => Err(BackendError::Device(format!("upload_f32 into {other:?}"))),
+        }
+    }
+
+    /// Uploads u32s.
+    pub fn upload_u32(&self, data: &[u32]) -> Result<Buf, BackendError> {
+        let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.upload_bytes(&bytes, DType::U32)
+    }
+
+    /// Uploads i32s.
+    pub fn upload_i32(&self, data: &[i32]) -> Result<Buf, BackendError> {
+        let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.upload_bytes(&bytes, DType::I32)
+    }
+
+    /// Uploads i64s.
+    pub fn upload_i64(&self, data: &[i64]) -> Result<Buf, BackendError> {
+        let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.upload_bytes(&bytes, DType::I64)
+    }
+
+    /// Copies `bytes` into the start of `dst` (asynchronously on the stream; `bytes` is copied
+    /// before this returns).
+    pub fn write_bytes(&self, dst: &mut Buf, bytes: &[u8]) -> Result<(), BackendError> {
+        if bytes.len() > dst.mem.len() {
+            return Err(BackendError::InvalidBatch(format!(
+                "write of {} bytes into a {}-byte buffer",
+                bytes.len(),
+                dst.mem.len()
+            )));
+        }
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let mut view = dst.mem.slice_mut(0..bytes.len());
+        self.stream.memcpy_htod(bytes, &mut view).map_err(dev_err)
+    }
+
+    /// Copies `bytes` into `dst` starting at byte `offset`.
+    pub fn write_bytes_at(
+        &self,
+        dst: &mut Buf,
+        offset: usize,
+        bytes: &[u8],
+    ) -> Result<(), BackendError> {
+        let end = offset
+            .checked_add(bytes.len())
+            .filter(|&e| e <= dst.mem.len());
+        let Some(end) = end else {
+            return Err(BackendError::InvalidBatch(format!(
+                "write of {} bytes at {offset} into a {}-byte buffer",
+                bytes.len(),
+                dst.mem.len()
+            )));
+        };
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let mut view = dst.mem.slice_mut(offset..end);
+        self.stream.memcpy_htod(bytes, &mut view).map_err(dev_err)
+    }
+
+    /// Downloads the first `len` elements as raw bytes.
+    pub fn download_bytes(&self, buf: &Buf, len: usize) -> Result<Vec<u8>, BackendError> {
+        let n = (len * buf.dtype.size()).min(buf.mem.len());
+        let mut out = vec![0u8; n];
+        if n > 0 {
+            self.stream
+                .memcpy_dtoh(&buf.mem.slice(0..n), &mut out)
+                .map_err(dev_err)?;
+        }
+        self.stream.synchronize().map_err(dev_err)?;
+        Ok(out)
+    }
+
+    /// Downloads a float buffer as f32.
+    pub fn download_f32(&self, buf: &Buf) -> Result<Vec<f32>, BackendError> {
+        let bytes = self.download_bytes(buf, buf.len)?;
+        Ok(match buf.dtype {
+            DType::Bf16 => bytes
+                .chunks_exact(2)
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            _ => bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+        })
+    }
+
+    /// Downloads the first `len` elements of an f32 buffer.
+    pub fn download_f32_prefix(&self, buf: &Buf, len: usize) -> Result<Vec<f32>, BackendError> {
+        if buf.dtype != DType::F32 {
+            return Err(BackendError::Device(
+                "download_f32_prefix of a non-f32 buffer".into(),
+            ));
+        }
+        let bytes = self.download_bytes(buf, len)?;
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+
+    /// Downloads a u32 buffer.
+    pub fn download_u32(&self, buf: &Buf, len: usize) -> Result<Vec<u32>, BackendError> {
+        let bytes = self.download_bytes(buf, len)?;
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+
+    /// Waits for all queued work.
+    pub fn sync(&self) -> Result<(), BackendError> {
+        self.stream.synchronize().map_err(dev_err)
+    }
+
+    /// Free and total device memory in bytes.
+    pub fn mem_info(&self) -> Result<(usize, usize), BackendError> {
+        cudarc::driver::result::mem_get_info().map_err(dev_err)
+    }
+}
+
+/// Little-endian bytes of floats.
+pub fn f32_bytes(data: &[f32]) -> Vec<u8> {
+    data.iter().flat_map(|v| v.to_le_bytes()).collect()
+}

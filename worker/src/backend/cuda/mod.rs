@@ -1,0 +1,11 @@
+//! The CUDA backend: NVRTC-compiled kernels from the `kernels` crate, cuBLAS GEMMs, a paged KV
+//! cache on the device. Built with the `cuda` feature; CUDA itself is loaded at run time.
+
+mod backend;
+pub mod device;
+pub mod ops;
+pub mod step;
+mod weights;
+
+pub use backend::{CudaBackend, CudaOptions, INVARIANT_CHUNK, MAX_GRAPH_BATCH};
+pub use device::{Buf, DType, Gpu};

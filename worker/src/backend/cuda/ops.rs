@@ -1,0 +1,670 @@
+//! One safe-as-possible wrapper per kernel: each checks buffer types and lengths, then launches once.
+//!
+//! Kernels that index memory through device-side data (token ids, KV slots, block tables) are
+//! `unsafe fn`s: those indices cannot be checked here without a copy back to the host, so the
+//! caller promises them (the backend validates every batch on the host before uploading it).
+
+use cudarc::cublas::sys as blas_sys;
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+
+use super::device::{Buf, DType, Gpu, dev_err};
+use crate::backend::BackendError;
+
+fn float_type(b: &Buf, what: &str) -> Result<DType, BackendError> {
+    match b.dtype() {
+        DType::F32 | DType::Bf16 => Ok(b.dtype()),
+        other => Err(BackendError::InvalidBatch(format!(
+            "{what}: float buffer expected, got {other:?}"
+        ))),
+    }
+}
+
+fn cfg(grid: (u32, u32, u32), block: u32, smem: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: grid,
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: smem as u32,
+    }
+}
+
+fn dim(x: usize, what: &str) -> Result<u32, BackendError> {
+    u32::try_from(x).map_err(|_| BackendError::InvalidBatch(format!("{what} too large: {x}")))
+}
+
+fn int(x: usize, what: &str) -> Result<i32, BackendError> {
+    i32::try_from(x).map_err(|_| BackendError::InvalidBatch(format!("{what} too large: {x}")))
+}
+
+/// `out[i] = table[ids[i]]` for `n` rows of `hidden`.
+///
+/// # Safety
+/// The first `n` entries of `ids` are `< table.len() / hidden`.
+pub unsafe fn embedding(
+    gpu: &Gpu,
+    out: &Buf,
+    table: &Buf,
+    ids: &Buf,
+    (n, hidden): (usize, usize),
+) -> Result<(), BackendError> {
+    let dt = float_type(table, "embedding table")?;
+    out.check("embedding out", dt, n * hidden)?;
+    ids.check("embedding ids", DType::U32, n)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let f = gpu.func(&format!("embedding_{}", dt.suffix()))?;
+    let hidden_i = int(hidden, "hidden")?;
+    let mut b = gpu.stream.launch_builder(f);
+    b.arg(out.dptr())
+        .arg(table.dptr())
+        .arg(ids.dptr())
+        .arg(&hidden_i);
+    // SAFETY: out holds n*hidden elements (checked); ids holds n entries (checked), each a valid
+    // row of table (the caller's promise); the argument list matches embedding_<dt>'s signature.
+    unsafe { b.launch(cfg((dim(n, "rows")?, 1, 1), 256, 0)) }
+        .map(|_| ())
+        .map_err(dev_err)
+}
+
+/// Arguments of [`add_rmsnorm`].
+pub struct AddRmsNorm<'a> {
+    /// `[rows, hidden]`, updated in place with `delta` added.
+    pub residual: &'a Buf,
+    /// `[rows, hidden]`, or `None` to only normalise.
+    pub delta: Option<&'a Buf>,
+    /// `[hidden]`.
+    pub weight: &'a Buf,
+    /// `[rows, hidden]`, must not alias `residual`.
+    pub out: &'a Buf,
+    pub rows: usize,
+    pub hidden: usize,
+    pub eps: f32,
+}
+
+/// `residual += delta; out = rmsnorm(residual) * weight`, row by row.
+pub fn add_rmsnorm(gpu: &Gpu, a: &AddRmsNorm<'_>) -> Result<(), BackendError> {
+    let dt = float_type(a.residual, "residual")?;
+    let n = a.rows * a.hidden;
+    a.residual.check("residual", dt, n)?;
+    if let Some(d) = a.delta {
+        d.check("delta", dt, n)?;
+    }
+    a.weight.check("norm weight", dt, a.hidden)?;
+    a.out.check("norm out", dt, n)?;
+    if a.out.ptr() == a.residual.ptr() {
+        return Err(BackendError::InvalidBatch(
+            "add_rmsnorm: out aliases residual".into(),
+        ));
+    }
+    if a.rows == 0 {
+        return Ok(());
+    }
+    let f = gpu.func(&format!("add_rmsnorm_{}", dt.suffix()))?;
+    let delta = a.delta.map_or(0u64, |d| d.ptr());
+    let hidden = int(a.hidden, "hidden")?;
+    let threads = (a.hidden.div_ceil(4).div_ceil(32) * 32).clamp(32, 1024) as u32;
+    let mut b = gpu.stream.launch_builder(f);
+    b.arg(a.residual.dptr())
+        .arg(&delta)
+        .arg(a.weight.dptr())
+        .arg(a.out.dptr())
+        .arg(&hidden)
+        .arg(&a.eps);
+    // SAFETY: every buffer holds rows*hidden (weight: hidden) elements of dt (checked above);
+    // delta is null or rows*hidden long; the arguments match add_rmsnorm_<dt>.
+    unsafe { b.launch(cfg((dim(a.rows, "rows")?, 1, 1), threads, 0)) }
+        .map(|_| ())
+        .map_err(dev_err)
+}
+
+/// `out[r] = silu(gate_up[r][..inter]) * gate_up[r][inter..]`.
+pub fn silu_mul(
+    gpu: &Gpu,
+    gate_up: &Buf,
+    out: &Buf,
+    (rows, inter): (usize, usize),
+) -> Result<(), BackendError> {
+    let dt = float_type(gate_up, "gate_up")?;
+    gate_up.check("gate_up", dt, rows * 2 * inter)?;
+    out.check("silu out", dt, rows * inter)?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let f = gpu.func(&format!("silu_mul_{}", dt.suffix()))?;
+    let inter_i = int(inter, "intermediate")?;
+    let mut b = gpu.stream.launch_builder(f);
+    b.arg(gate_up.dptr()).arg(out.dptr()).arg(&inter_i);
+    let grid = (dim(rows, "rows")?, dim(inter.div_ceil(256), "inter")?, 1);
+    // SAFETY: sizes checked above; the kernel bounds-checks the column index against inter.
+    unsafe { b.launch(cfg(grid, 256, 0)) }
+        .map(|_| ())
+        .map_err(dev_err)
+}
+
+/// Converts `n` elements between f32 and bf16.
+pub fn cast(gpu: &Gpu, src: &Buf, dst: &Buf, n: usize) -> Result<(), BackendError> {
+    let name = match (src.dtype(), dst.dtype()) {
+        (DType::F32, DType::Bf16) => "cast_f32_bf16",
+        (DType::Bf16, DType::F32) => "cast_bf16_f32",
+        (a, b) => return Err(BackendError::InvalidBatch(format!("cast {a:?} -> {b:?}"))),
+    };
+    src.check("cast src", src.dtype(), n)?;
+    dst.check("cast dst", dst.dtype(), n)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let n64 = n as u64;
+    let mut b = gpu.stream.launch_builder(gpu.func(name)?);
+    b.arg(src.dptr()).arg(dst.dptr()).arg(&n64);
+    let blocks = n.div_ceil(256).min(65_535) as u32;
+    // SAFETY: both buffers hold n elements of their types (checked); grid-stride loop bounded by n.
+    unsafe { b.launch(cfg((blocks, 1, 1), 256, 0)) }
+        .map(|_| ())
+        .map_err(dev_err)
+}
+
+/// The kernel's `RopeParams` (rope.cu), field for field.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct RopeParamsC {
+    qkv: u64,
+    bias: u64,
+    positions: u64,
+    inv_freq: u64,
+    slots: u64,
+    q_out: u64,
+    k_cache: u64,
+    v_cache: u64,
+    hq: i32,
+    hkv: i32,
+    d: i32,
+    block_size: i32,
+}
+// SAFETY: plain-old-data, #[repr(C)] with the same field order and types as RopeParams in rope.cu.
+unsafe impl DeviceRepr for RopeParamsC {}
+
+/// Arguments of [`rope_kv_write`].
+pub struct RopeKv<'a> {
+    /// `[n, (hq + 2 hkv) d]`.
+    pub qkv: &'a Buf,
+    /// `[(hq + 2 hkv) d]` or `None`.
+    pub bias: Option<&'a Buf>,
+    /// `[n]` u32.
+    pub positions: &'a Buf,
+    /// `[d / 2]` f32.
+    pub inv_freq: &'a Buf,
+    /// `[n]` i64: `block * block_size + offset`.
+    pub slots: &'a Buf,
+    /// `[n, hq, d]`.
+    pub q_out: &'a Buf,
+    /// `[blocks, hkv, block_size, d]`.
+    pub k_cache: &'a Buf,
+    pub v_cache: &'a Buf,
+    pub n: usize,
+    pub hq: usize,
+    pub hkv: usize,
+    pub d: usize,
+    pub block_size: usize,
+}
+
+/// Rotates q and k and writes k and v into the paged cache.
+///
+/// # Safety
+/// Every one of the first `n` slots is `< k_cache.len() / (hkv * d)` (or negative: skipped).
+pub unsafe fn rope_kv_write(gpu: &Gpu, a: &RopeKv<'_>) -> Result<(), BackendError> {
+    let dt = float_type(a.qkv, "qkv")?;
+    let width = (a.hq + 2 * a.hkv) * a.d;
+    if !a.d.is_multiple_of(2) {
+        return Err(BackendError::InvalidBatch(format!("odd head_dim {}", a.d)));
+    }
+    a.qkv.check("qkv", dt, a.n * width)?;
+    if let Some(b) = a.bias {
+        b.check("qkv bias", dt, width)?;
+    }
+    a.positions.check("positions", DType::U32, a.n)?;
+    a.inv_freq.check("inv_freq", DType::F32, a.d / 2)?;
+    a.slots.check("slots", DType::I64, a.n)?;
+    a.q_out.check("q_out", dt, a.n * a.hq * a.d)?;
+    a.k_cache.check("k_cache", dt, 0)?;
+    a.v_cache.check("v_cache", dt, a.k_cache.len())?;
+    if a.n == 0 {
+        return Ok(());
+    }
+    let p = RopeParamsC {
+        qkv: a.qkv.ptr(),
+        bias: a.bias.map_or(0, |b| b.ptr()),
+        positions: a.positions.ptr(),
+        inv_freq: a.inv_freq.ptr(),
+        slots: a.slots.ptr(),
+        q_out: a.q_out.ptr(),
+        k_cache: a.k_cache.ptr(),
+        v_cache: a.v_cache.ptr(),
+        hq: int(a.hq, "hq")?,
+        hkv: int(a.hkv, "hkv")?,
+        d: int(a.d, "d")?,
+        block_size: int(a.block_size, "block_size")?,
+    };
+    let f = gpu.func(&format!("rope_kv_write_{}", dt.suffix()))?;
+    let mut b = gpu.stream.launch_builder(f);
+    b.arg(&p);
+    // SAFETY: sizes of qkv, bias, positions, inv_freq, q_out checked; cache slots are the
+    // caller's promise.
+    unsafe { b.launch(cfg((dim(a.n, "tokens")?, 1, 1), 256, 0)) }
+        .map(|_| ())
+        .map_err(dev_err)
+}
+
+/// The kernel's `AttnParams` (attention.cu), field for field.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct AttnParamsC {
+    q: u64,
+    k_cache: u64,
+    v_cache: u64,
+    out: u64,
+    part_o: u64,
+    part_ml: u64,
+    seqs: u64,
+    items: u64,
+    block_tables: u64,
+    num_items: i32,
+    table_stride: i32,
+    hq: i32,
+    hkv: i32,
+    d: i32,
+    block_size: i32,
+    split_size: i32,
+    num_splits: i32,
+    scale_log2: f32,
+}
+// SAFETY: plain-old-data, #[repr(C)] with the same field order and types as AttnParams.
+unsafe impl DeviceRepr for AttnParamsC {}
+
+/// Arguments of [`attention`].
+pub struct Attention<'a> {
+    /// `[n, hq, d]` rotated queries.
+    pub q: &'a Buf,
+    pub k_cache: &'a Buf,
+    pub v_cache: &'a Buf,
+    /// `[n, hq, d]`.
+    pub out: &'a Buf,
+    /// f32 `[num_items, hq, num_splits, d]` and `[num_items, hq, num_splits, 2]`; unused when
+    /// `num_splits == 1`.
+    pub part_o: &'a Buf,
+    pub part_ml: &'a Buf,
+    /// i32 `[num_seqs, 4]`: query_start, query_len, context_len, 0.
+    pub seqs: &'a Buf,
+    /// i32 `[num_items, 2]`: sequence, first query of the tile (see [`attention_items`]).
+    pub items: &'a Buf,
+    /// u32 `[num_seqs, table_stride]`.
+    pub block_tables: &'a Buf,
+    pub num_seqs: usize,
+    pub num_items: usize,
+    pub table_stride: usize,
+    pub n: usize,
+    pub hq: usize,
+    pub hkv: usize,
+    pub d: usize,
+    pub block_size: usize,
+    /// Keys per split (a multiple of 32); the grid has `num_splits` splits.
+    pub split_size: usize,
+    pub num_splits: usize,
+    pub scale: f32,
+    /// Every sequence the items reach has `query_len == 1`: use the decode kernel when the
+    /// head size and group allow it.
+    pub decode: bool,
+}
+
+/// Whether prefill attention runs on the tensor-core kernel (bf16, head size 128).
+fn prefill_on_tensor_cores(dt: DType, d: usize) -> bool {
+    dt == DType::Bf16 && d == 128
+}
+
+/// Query tokens per prefill attention work item for this type, head size and GQA group size.
+pub fn attention_tile_tokens(dt: DType, d: usize, group: usize) -> usize {
+    if prefill_on_tensor_cores(dt, d) {
+        kernels::PREFILL_MMA_TOKENS
+    } else {
+        (kernels::ATTN_ROWS / group.max(1)).max(1)
+    }
+}
+
+/// The work items for sequences with `query_lens`: `(sequence, first query)` per `tile` tokens
+/// ([`attention_tile_tokens`] for prefill launches; decode launches take one token per item).
+pub fn attention_items(query_lens: &[usize], tile: usize) -> Vec<i32> {
+    let mut items = Vec::new();
+    for (s, &len) in query_lens.iter().enumerate() {
+        let mut q0 = 0;
+        while q0 < len {
+            items.push(s as i32);
+            items.push(q0 as i32);
+            q0 += tile;
+        }
+    }
+    items
+}
+
+/// Paged causal attention (and the split combine when `num_splits > 1`).
+///
+/// # Safety
+/// `seqs`, `items` and `block_tables` describe the batch consistently: every item's sequence is
+/// `< num_seqs`, its first query `< query_len`; `query_start + query_len <= n`; `query_len <=
+/// context_len <= table_stride * block_size`; every table entry a context position reaches is a
+/// block of the cache. With `num_splits > 1` every sequence has `query_len == 1`.
+pub unsafe fn attention(gpu: &Gpu, a: &Attention<'_>) -> Result<(), BackendError> {
+    let dt = float_type(a.q, "q")?;
+    if a.hkv == 0 || !a.hq.is_multiple_of(a.hkv) || a.hq / a.hkv > kernels::ATTN_ROWS {
+        return Err(BackendError::InvalidBatch(format!(
+            "attention: {} query heads over {} kv heads is not supported",
+            a.hq, a.hkv
+        )));
+    }
+    if a.d > kernels::ATTN_MAX_HEAD_DIM || a.d == 0 {
+        return Err(BackendError::InvalidBatch(format!(
+            "head_dim {} not supported",
+            a.d
+        )));
+    }
+    if !a.decode && a.num_splits != 1 {
+        return Err(BackendError::InvalidBatch(
+            "attention: only decodes are split".into(),
+        ));
+    }
+    if a.num_splits == 0
+        || !a.split_size.is_multiple_of(kernels::ATTN_KEY_TILE)
+        || a.split_size == 0
+    {
+        return Err(BackendError::InvalidBatch("attention: bad split".into()));
+    }
+    a.q.check("q", dt, a.n * a.hq * a.d)?;
+    a.out.check("attn out", dt, a.n * a.hq * a.d)?;
+    a.k_cache.check("k_cache", dt, 0)?;
+    a.v_cache.check("v_cache", dt, a.k_cache.len())?;
+    a.seqs.check("seqs", DType::I32, 4 * a.num_seqs)?;
+    a.items.check("items", DType::I32, 2 * a.num_items)?;
+    a.block_tables
+        .check("block_tables", DType::U32, a.num_seqs * a.table_stride)?;
+    if a.num_splits > 1 {
+        a.part_o.check(
+            "part_o",
+            DType::F32,
+            a.num_items * a.hq * a.num_splits * a.d,
+        )?;
+        a.part_ml
+            .check("part_ml", DType::F32, a.num_items * a.hq * a.num_splits * 2)?;
+    }
+    if a.num_items == 0 {
+        return Ok(());
+    }
+    let p = AttnParamsC {
+        q: a.q.ptr(),
+        k_cache: a.k_cache.ptr(),
+        v_cache: a.v_cache.ptr(),
+        out: a.out.ptr(),
+        part_o: a.part_o.ptr(),
+        part_ml: a.part_ml.ptr(),
+        seqs: a.seqs.ptr(),
+        items: a.items.ptr(),
+        block_tables: a.block_tables.ptr(),
+        num_items: int(a.num_items, "items")?,
+        table_stride: int(a.table_stride, "table stride")?,
+        hq: int(a.hq, "hq")?,
+        hkv: int(a.hkv, "hkv")?,
+        d: int(a.d, "d")?,
+        block_size: int(a.block_size, "block_size")?,
+        split_size: int(a.split_size, "split")?,
+        num_splits: int(a.num_splits, "splits")?,
+        scale_log2: a.scale * std::f32::consts::LOG2_E,
+    };
+    let grid = (
+        dim(a.num_items, "items")?,
+        dim(a.hkv, "hkv")?,
+        dim(a.num_splits, "splits")?,
+    );
+    let use_decode = a.decode
+        && kernels::DECODE_HEAD_DIMS.contains(&a.d)
+        && kernels::DECODE_GROUPS.contains(&(a.hq / a.hkv));
+    if use_decode {
+        let name = format!("attn_decode_{}_d{}_g{}", dt.suffix(), a.d, a.hq / a.hkv);
+        let f = gpu.func(&name)?;
+        let mut b = gpu.stream.launch_builder(f);
+        b.arg(&p);
+        // SAFETY: as for the general kernel below; the decode kernel's parameter struct has the
+        // same layout, and the caller promises single-token sequences.
+        unsafe { b.launch(cfg(grid, kernels::DECODE_THREADS, 0)) }.map_err(dev_err)?;
+    } else if prefill_on_tensor_cores(dt, a.d) {
+        let f = gpu.func("attn_prefill_bf16_d128")?;
+        let mut b = gpu.stream.launch_builder(f);
+        b.arg(&p);
+        let grid = (dim(a.num_items, "items")?, dim(a.hq, "hq")?, 1);
+        // SAFETY: as for the general kernel; items were built with attention_tile_tokens (64
+        // tokens each) for this type and head size, which the kernel assumes.
+        unsafe { b.launch(cfg(grid, 128, 0)) }.map_err(dev_err)?;
+    } else {
+        let f = gpu.func(&format!("attention_{}", dt.suffix()))?;
+        let mut b = gpu.stream.launch_builder(f);
+        b.arg(&p);
+        let smem = kernels::attention_smem_bytes(a.d);
+        // SAFETY: q/out/partials sized (checked); the index data is the caller's promise.
+        unsafe { b.launch(cfg(grid, kernels::ATTN_THREADS, smem)) }.map_err(dev_err)?;
+    }
+    if a.num_splits > 1 {
+        let f = gpu.func(&format!("attn_combine_{}", dt.suffix()))?;
+        let mut b = gpu.stream.launch_builder(f);
+        b.arg(&p);
+        let threads = (a.d.div_ceil(32) * 32) as u32;
+        let grid = (dim(a.num_items, "items")?, dim(a.hq, "hq")?, 1);
+        // SAFETY: the combine reads the items*hq*num_splits partials written above and writes out.
+        unsafe { b.launch(cfg(grid, threads, 0)) }.map_err(dev_err)?;
+    }
+    Ok(())
+}
+
+/// The kernel's `GemvParams`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct GemvParamsC {
+    x: u64,
+    w: u64,
+    y: u64,
+    b: i32,
+    n: i32,
+    k: i32,
+}
+// SAFETY: plain-old-data, #[repr(C)] matching GemvParams in gemv.cu.
+unsafe impl DeviceRepr for GemvParamsC {}
+
+/// A linear layer `y[m, n] = x[m, k] · w[n, k]ᵀ` (HF `Linear` weight layout).
+pub struct Linear<'a> {
+    pub x: &'a Buf,
+    pub w: &'a Buf,
+    /// Output; same type as `w`, or f32 for logits.
+    pub y: &'a Buf,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+}
+
+impl Linear<'_> {
+    fn check(&self) -> Result<DType, BackendError> {
+        let dt = float_type(self.w, "weight")?;
+        self.w.check("weight", dt, self.n * self.k)?;
+        self.x.check("linear x", dt, self.m * self.k)?;
+        let yt = float_type(self.y, "linear y")?;
+        if yt != dt && yt != DType::F32 {
+            return Err(BackendError::InvalidBatch("linear: bad output type".into()));
+        }
+        self.y.check("linear y", yt, self.m * self.n)?;
+        Ok(dt)
+    }
+
+    /// Whether the GEMV kernel can run this product.
+    pub fn gemv_ok(&self) -> bool {
+        let vec = 16 / self.w.dtype().size();
+        let aligned = |p: u64| p.is_multiple_of(16);
+        self.m <= kernels::GEMV_MAX_BATCH
+            && self.k.is_multiple_of(vec)
+            && aligned(self.x.ptr())
+            && aligned(self.w.ptr())
+            && (self.y.dtype() == self.w.dtype()
+                || (self.w.dtype() == DType::Bf16 && self.y.dtype() == DType::F32))
+    }
+}
+
+/// Runs the product with the GEMV kernel (`m <= 8`, `k` a multiple of 16 bytes' worth).
+pub fn gemv(gpu: &Gpu, l: &Linear<'_>) -> Result<(), BackendError> {
+    let dt = l.check()?;
+    if !l.gemv_ok() {
+        return Err(BackendError::InvalidBatch(
+            "gemv: shape or alignment unsupported".into(),
+        ));
+    }
+    if l.m == 0 {
+        return Ok(());
+    }
+    let name = match (dt, l.y.dtype()) {
+        (DType::Bf16, DType::F32) => "gemv_bf16_f32out",
+        (DType::Bf16, _) => "gemv_bf16",
+        _ => "gemv_f32",
+    };
+    let p = GemvParamsC {
+        x: l.x.ptr(),
+        w: l.w.ptr(),
+        y: l.y.ptr(),
+        b: int(l.m, "m")?,
+        n: int(l.n, "n")?,
+        k: int(l.k, "k")?,
+    };
+    let mut b = gpu.stream.launch_builder(gpu.func(name)?);
+    b.arg(&p);
+    let rows_per_block = 8;
+    // SAFETY: sizes and 16-byte alignment checked (gemv_ok); one warp per row, bounded by n.
+    unsafe { b.launch(cfg((dim(l.n.div_ceil(rows_per_block), "n")?, 1, 1), 256, 0)) }
+        .map(|_| ())
+        .map_err(dev_err)
+}
+
+/// Runs the product with cuBLAS (f32 accumulation; bf16 or f32 inputs).
+pub fn gemm(gpu: &Gpu, l: &Linear<'_>) -> Result<(), BackendError> {
+    l.check()?;
+    gemm_rows(gpu, l, 0, l.m)
+}
+
+/// cuBLAS over rows `row0 .. row0 + rows` of `x` and `y` (which may lie past `l.m`, up to the
+/// buffers' lengths).
+fn gemm_rows(gpu: &Gpu, l: &Linear<'_>, row0: usize, rows: usize) -> Result<(), BackendError> {
+    let dt = float_type(l.w, "weight")?;
+    let end = row0 + rows;
+    l.x.check("linear x", dt, end * l.k)?;
+    l.y.check("linear y", l.y.dtype(), end * l.n)?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let ty = |d: DType| match d {
+        DType::Bf16 => blas_sys::cudaDataType::CUDA_R_16BF,
+        _ => blas_sys::cudaDataType::CUDA_R_32F,
+    };
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    // Row-major y[m,n] = x[m,k] w[n,k]^T is column-major y^T[n,m] = w^T... : A = w (k x n
+    // column-major, transposed), B = x (k x m column-major).
+    // SAFETY: w holds n*k, x (row0+rows)*k and y (row0+rows)*n elements (checked); the handle is
+    // bound to our stream; alpha/beta are f32 as CUBLAS_COMPUTE_32F requires.
+    unsafe {
+        cudarc::cublas::result::gemm_ex(
+            *gpu.blas.handle(),
+            blas_sys::cublasOperation_t::CUBLAS_OP_T,
+            blas_sys::cublasOperation_t::CUBLAS_OP_N,
+            int(l.n, "n")?,
+            int(rows, "m")?,
+            int(l.k, "k")?,
+            (&alpha as *const f32).cast(),
+            l.w.ptr() as *const _,
+            ty(dt),
+            int(l.k, "k")?,
+            l.x.ptr_at(row0 * l.k) as *const _,
+            ty(dt),
+            int(l.k, "k")?,
+            (&beta as *const f32).cast(),
+            l.y.ptr_at(row0 * l.n) as *mut _,
+            ty(l.y.dtype()),
+            int(l.n, "n")?,
+            blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
+    }
+    .map_err(dev_err)
+}
+
+/// The product the backend uses: cuBLAS. (The GEMV kernel reached 1.1–2.4 TB/s on the H200 where
+/// cuBLAS reached 1.9–4.4 TB/s at the 8B shapes for 1 and 8 rows — docs/benchmarks.md — so it is
+/// not on the model's path.)
+pub fn linear(gpu: &Gpu, l: &Linear<'_>) -> Result<(), BackendError> {
+    gemm(gpu, l)
+}
+
+/// [`linear`] in blocks of exactly `chunk` rows (the last one running over padding rows of `x`
+/// and `y`, which must hold `m` rounded up to `chunk` rows). cuBLAS then always sees the same
+/// shape, so a row's result never depends on how many rows are in the batch (batch invariance).
+pub fn linear_chunked(gpu: &Gpu, l: &Linear<'_>, chunk: usize) -> Result<(), BackendError> {
+    float_type(l.w, "weight")?;
+    l.w.check("weight", l.w.dtype(), l.n * l.k)?;
+    let mut row0 = 0;
+    while row0 < l.m {
+        gemm_rows(gpu, l, row0, chunk)?;
+        row0 += chunk;
+    }
+    Ok(())
+}
+
+/// One row's sampling settings, as the kernel's `SampleRow`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SampleRow {
+    pub temperature: f32,
+    pub top_k: u32,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub seed: u64,
+    pub step: u64,
+}
+
+impl SampleRow {
+    /// The row as bytes for upload.
+    pub fn to_bytes(&self) -> [u8; 32] {
+        let mut b = [0u8; 32];
+        b[0..4].copy_from_slice(&self.temperature.to_le_bytes());
+        b[4..8].copy_from_slice(&self.top_k.to_le_bytes());
+        b[8..12].copy_from_slice(&self.top_p.to_le_bytes());
+        b[12..16].copy_from_slice(&self.min_p.to_le_bytes());
+        b[16..24].copy_from_slice(&self.seed.to_le_bytes());
+        b[24..32].copy_from_slice(&self.step.to_le_bytes());
+        b
+    }
+}
+
+/// Samples one token per row of f32 `logits[rows, vocab]` into u32 `out[rows]`; `params` holds
+/// `rows` [`SampleRow`]s as bytes (a U32 buffer of `8 * rows` words).
+pub fn sample(
+    gpu: &Gpu,
+    logits: &Buf,
+    params: &Buf,
+    out: &Buf,
+    (rows, vocab): (usize, usize),
+) -> Result<(), BackendError> {
+    logits.check("logits", DType::F32, rows * vocab)?;
+    params.check("sample params", DType::U32, rows * 8)?;
+    out.check("sampled", DType::U32, rows)?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let vocab_i = int(vocab, "vocab")?;
+    let mut b = gpu.stream.launch_builder(gpu.func("sample_f32")?);
+    b.arg(logits.dptr())
+        .arg(params.dptr())
+        .arg(out.dptr())
+        .arg(&vocab_i);
+    // SAFETY: sizes checked above; one block per row, loops bounded by vocab.
+    unsafe { b.launch(cfg((dim(rows, "rows")?, 1, 1), kernels::SAMPLE_THREADS, 0)) }
+        .map(|_| ())
+        .map_err(dev_err)
+}

@@ -1,0 +1,301 @@
+//! Turning a [`ForwardBatch`] into the flat arrays the kernels read, after checking it on the host
+//! (every index a kernel will follow is validated here, so the kernels never read out of bounds).
+
+use crate::backend::{BackendError, ForwardBatch};
+
+/// Keys per attention split for decodes. Fixed, so a sequence's attention is computed the same way
+/// whatever else is in the batch (batch invariance).
+pub const DECODE_SPLIT: usize = 128;
+
+/// Host-side arrays of one step, ready to upload.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct HostStep {
+    pub ids: Vec<u32>,
+    pub positions: Vec<u32>,
+    /// `block * block_size + offset` per token.
+    pub slots: Vec<i64>,
+    /// Per sequence: query_start, query_len, context_len, 0.
+    pub seqs: Vec<i32>,
+    /// Prefill work items (sequences with more than one query token): (sequence, first query).
+    pub items_prefill: Vec<i32>,
+    /// Decode work items (one query token): (sequence, 0).
+    pub items_decode: Vec<i32>,
+    /// `[seqs, stride]` block tables, zero-padded.
+    pub tables: Vec<u32>,
+    pub stride: usize,
+    /// Token index of each sampling row.
+    pub sample_idx: Vec<u32>,
+    /// Largest context among decode sequences.
+    pub max_decode_ctx: usize,
+}
+
+impl HostStep {
+    /// Number of tokens.
+    pub fn n(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Number of sequences.
+    pub fn num_seqs(&self) -> usize {
+        self.seqs.len() / 4
+    }
+
+    /// Attention splits the decode items need.
+    pub fn decode_splits(&self) -> usize {
+        self.max_decode_ctx.div_ceil(DECODE_SPLIT).max(1)
+    }
+}
+
+/// The model and cache facts a batch is checked against.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub vocab: usize,
+    pub block_size: usize,
+    pub num_blocks: usize,
+    /// Query tokens per prefill attention item.
+    pub tile_tokens: usize,
+}
+
+fn bad<T>(msg: String) -> Result<T, BackendError> {
+    Err(BackendError::InvalidBatch(msg))
+}
+
+/// Validates `batch` and lays it out; `min_stride` pads the block tables (CUDA graphs need a
+/// fixed stride).
+pub fn build(
+    batch: &ForwardBatch<'_>,
+    lim: Limits,
+    min_stride: usize,
+) -> Result<HostStep, BackendError> {
+    let n = batch.token_ids.len();
+    if batch.positions.len() != n {
+        return bad(format!(
+            "{n} token ids but {} positions",
+            batch.positions.len()
+        ));
+    }
+    if let Some(&t) = batch.token_ids.iter().find(|&&t| t as usize >= lim.vocab) {
+        return bad(format!(
+            "token id {t} is outside the vocabulary ({})",
+            lim.vocab
+        ));
+    }
+    if n > i32::MAX as usize / 2 {
+        return bad(format!("{n} tokens in one step"));
+    }
+    let mut stride = min_stride;
+    for s in batch.seqs {
+        stride = stride.max(s.context_len.div_ceil(lim.block_size));
+    }
+    let mut st = HostStep {
+        ids: batch.token_ids.to_vec(),
+        positions: batch.positions.to_vec(),
+        slots: Vec::with_capacity(n),
+        stride,
+        ..Default::default()
+    };
+    let mut next = 0usize;
+    for (i, seq) in batch.seqs.iter().enumerate() {
+        if seq.query_start != next {
+            return bad(format!(
+                "sequence {i} starts at token {} but the previous one ends at {next}",
+                seq.query_start
+            ));
+        }
+        if seq.query_len == 0 || seq.query_len > seq.context_len {
+            return bad(format!(
+                "sequence {i}: query_len {} with context_len {}",
+                seq.query_len, seq.context_len
+            ));
+        }
+        let end = seq.query_start + seq.query_len;
+        if end > n {
+            return bad(format!("sequence {i} runs past the {n} tokens of the step"));
+        }
+        if seq.context_len > i32::MAX as usize / 2 {
+            return bad(format!("sequence {i}: context_len {}", seq.context_len));
+        }
+        let needed = seq.context_len.div_ceil(lim.block_size);
+        if seq.block_table.len() < needed {
+            return bad(format!(
+                "sequence {i}: context of {} tokens needs {needed} blocks, the table has {}",
+                seq.context_len,
+                seq.block_table.len()
+            ));
+        }
+        let table = &seq.block_table[..needed];
+        if let Some(&b) = table
+            .iter()
+            .find(|&&b| b == 0 || b as usize >= lim.num_blocks)
+        {
+            return bad(format!(
+                "sequence {i}: block {b} is the null block or beyond the {} allocated",
+                lim.num_blocks
+            ));
+        }
+        let first = seq.context_len - seq.query_len;
+        for (j, &p) in batch.positions[seq.query_start..end].iter().enumerate() {
+            if p as usize != first + j {
+                return bad(format!(
+                    "sequence {i}: token {j} has position {p}, expected {}",
+                    first + j
+                ));
+            }
+            let p = p as usize;
+            st.slots.push(
+                (table[p / lim.block_size] as usize * lim.block_size + p % lim.block_size) as i64,
+            );
+        }
+        st.seqs.extend([
+            seq.query_start as i32,
+            seq.query_len as i32,
+            seq.context_len as i32,
+            0,
+        ]);
+        if seq.query_len == 1 {
+            st.items_decode.extend([i as i32, 0]);
+            st.max_decode_ctx = st.max_decode_ctx.max(seq.context_len);
+        } else {
+            let mut q0 = 0;
+            while q0 < seq.query_len {
+                st.items_prefill.extend([i as i32, q0 as i32]);
+                q0 += lim.tile_tokens;
+            }
+        }
+        st.tables.extend_from_slice(table);
+        st.tables.resize((i + 1) * stride, 0);
+        if seq.sample {
+            st.sample_idx.push((end - 1) as u32);
+        }
+        next = end;
+    }
+    if next != n {
+        return bad(format!("the sequences cover {next} of the {n} tokens"));
+    }
+    Ok(st)
+}
+
+/// Pads a decode step to `bucket` sequences: each extra sequence is one token at position 0 whose
+/// K/V go to slot 0 of the null block 0 (never read by a real sequence), with no sampling row
+/// beyond the bucket's. Returns `None` unless every sequence is a sampling decode.
+pub fn pad_decode(st: &HostStep, bucket: usize) -> Option<HostStep> {
+    let n = st.n();
+    if n > bucket || st.num_seqs() != n || !st.items_prefill.is_empty() || st.sample_idx.len() != n
+    {
+        return None;
+    }
+    let mut p = st.clone();
+    for i in n..bucket {
+        p.ids.push(0);
+        p.positions.push(0);
+        p.slots.push(0);
+        p.seqs.extend([i as i32, 1, 1, 0]);
+        p.items_decode.extend([i as i32, 0]);
+        p.tables.resize((i + 1) * p.stride, 0);
+        p.sample_idx.push(i as u32);
+    }
+    Some(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::SeqInput;
+
+    const LIM: Limits = Limits {
+        vocab: 100,
+        block_size: 4,
+        num_blocks: 10,
+        tile_tokens: 2,
+    };
+
+    #[test]
+    fn lays_out_prefill_and_decode() {
+        let t1 = [3u32, 5];
+        let t2 = [7u32];
+        let seqs = [
+            SeqInput {
+                query_start: 0,
+                query_len: 3,
+                context_len: 5,
+                block_table: &t1,
+                sample: true,
+            },
+            SeqInput {
+                query_start: 3,
+                query_len: 1,
+                context_len: 2,
+                block_table: &t2,
+                sample: true,
+            },
+        ];
+        let b = ForwardBatch {
+            token_ids: &[1, 2, 3, 4],
+            positions: &[2, 3, 4, 1],
+            seqs: &seqs,
+        };
+        let st = build(&b, LIM, 0).unwrap();
+        assert_eq!(st.slots, vec![14, 15, 20, 29]);
+        assert_eq!(st.items_prefill, vec![0, 0, 0, 2]);
+        assert_eq!(st.items_decode, vec![1, 0]);
+        assert_eq!(st.stride, 2);
+        assert_eq!(st.tables, vec![3, 5, 7, 0]);
+        assert_eq!(st.sample_idx, vec![2, 3]);
+        assert_eq!(st.max_decode_ctx, 2);
+        assert!(pad_decode(&st, 4).is_none(), "prefill steps are not padded");
+    }
+
+    #[test]
+    fn rejects_bad_batches() {
+        let t = [3u32];
+        let mk = |ids: &'static [u32], pos: &'static [u32], table: &'static [u32], ctx| {
+            let seqs = vec![SeqInput {
+                query_start: 0,
+                query_len: 1,
+                context_len: ctx,
+                block_table: table,
+                sample: true,
+            }];
+            build(
+                &ForwardBatch {
+                    token_ids: ids,
+                    positions: pos,
+                    seqs: &seqs,
+                },
+                LIM,
+                0,
+            )
+        };
+        assert!(mk(&[100], &[0], &[3], 1).is_err(), "token beyond vocab");
+        assert!(mk(&[1], &[1], &[3], 1).is_err(), "wrong position");
+        assert!(mk(&[1], &[0], &[0], 1).is_err(), "null block");
+        assert!(mk(&[1], &[0], &[10], 1).is_err(), "block beyond the pool");
+        assert!(mk(&[1], &[4], &[3], 5).is_err(), "table too short");
+        let _ = t;
+    }
+
+    #[test]
+    fn pads_decodes_to_the_bucket() {
+        let t = [3u32, 4];
+        let seqs = [SeqInput {
+            query_start: 0,
+            query_len: 1,
+            context_len: 6,
+            block_table: &t,
+            sample: true,
+        }];
+        let b = ForwardBatch {
+            token_ids: &[9],
+            positions: &[5],
+            seqs: &seqs,
+        };
+        let st = build(&b, LIM, 4).unwrap();
+        let p = pad_decode(&st, 4).unwrap();
+        assert_eq!(p.n(), 4);
+        assert_eq!(p.num_seqs(), 4);
+        assert_eq!(p.tables.len(), 16);
+        assert_eq!(&p.slots[1..], &[0, 0, 0]);
+        assert_eq!(p.items_decode, vec![0, 0, 1, 0, 2, 0, 3, 0]);
+        assert_eq!(p.sample_idx, vec![0, 1, 2, 3]);
+    }
+}

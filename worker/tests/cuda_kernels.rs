@@ -1,0 +1,791 @@
+//! Every CUDA kernel against a plain CPU reference, on random non-zero inputs, at several shapes
+//! (including sizes that are not multiples of the tiles), in f32 and bf16.
+//!
+//! Run on a GPU machine with `cargo test --release --features cuda -- --include-ignored`; without a
+//! device these tests fail (Gpu::new errors), they never skip.
+#![cfg(feature = "cuda")]
+
+use half::bf16;
+use worker::backend::cuda::ops::{self, AddRmsNorm, Attention, Linear, RopeKv, SampleRow};
+use worker::backend::cuda::{DType, Gpu};
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// Uniform in [-1, 1), never exactly zero.
+    fn f(&mut self) -> f32 {
+        let v = (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+        if v == 0.0 { 0.5 } else { v }
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f()).collect()
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+fn gpu() -> Gpu {
+    Gpu::new(0).unwrap_or_else(|e| panic!("a CUDA device is required: {e}"))
+}
+
+/// Rounds through the storage type, so the CPU reference sees exactly what the GPU holds.
+fn q(v: &[f32], dt: DType) -> Vec<f32> {
+    match dt {
+        DType::Bf16 => v.iter().map(|&x| bf16::from_f32(x).to_f32()).collect(),
+        _ => v.to_vec(),
+    }
+}
+
+fn assert_close(what: &str, got: &[f32], want: &[f32], abs: f32, rel: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let mut worst = (0.0f32, 0usize);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let err = (g - w).abs();
+        assert!(
+            err <= abs + rel * w.abs(),
+            "{what}[{i}]: got {g}, want {w} (tolerance {abs} + {rel}·|want|)"
+        );
+        if err > worst.0 {
+            worst = (err, i);
+        }
+    }
+    eprintln!("{what}: max abs err {:.3e} at {}", worst.0, worst.1);
+}
+
+const DTYPES: [DType; 2] = [DType::F32, DType::Bf16];
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn embedding_gathers_rows() {
+    let g = gpu();
+    let mut r = Rng(1);
+    for dt in DTYPES {
+        for (vocab, hidden, n) in [(50, 64, 7), (1000, 333, 130)] {
+            let table = q(&r.vec(vocab * hidden), dt);
+            let ids: Vec<u32> = (0..n).map(|_| r.below(vocab) as u32).collect();
+            let tb = g.upload_f32(&table, dt).unwrap();
+            let ib = g.upload_u32(&ids).unwrap();
+            let out = g.alloc(dt, n * hidden).unwrap();
+            // SAFETY: every id is < vocab.
+            unsafe { ops::embedding(&g, &out, &tb, &ib, (n, hidden)) }.unwrap();
+            let want: Vec<f32> = ids
+                .iter()
+                .flat_map(|&i| table[i as usize * hidden..(i as usize + 1) * hidden].to_vec())
+                .collect();
+            // A copy: exact.
+            assert_close("embedding", &g.download_f32(&out).unwrap(), &want, 0.0, 0.0);
+        }
+    }
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn add_rmsnorm_matches_cpu() {
+    let g = gpu();
+    let mut r = Rng(2);
+    for dt in DTYPES {
+        for (rows, hidden, with_delta) in [(3, 64, false), (5, 4096, true), (2, 1000, true)] {
+            let res = q(&r.vec(rows * hidden), dt);
+            let delta = q(&r.vec(rows * hidden), dt);
+            let w = q(&r.vec(hidden), dt);
+            let (rb, db, wb) = (
+                g.upload_f32(&res, dt).unwrap(),
+                g.upload_f32(&delta, dt).unwrap(),
+                g.upload_f32(&w, dt).unwrap(),
+            );
+            let out = g.alloc(dt, rows * hidden).unwrap();
+            ops::add_rmsnorm(
+                &g,
+                &AddRmsNorm {
+                    residual: &rb,
+                    delta: with_delta.then_some(&db),
+                    weight: &wb,
+                    out: &out,
+                    rows,
+                    hidden,
+                    eps: 1e-5,
+                },
+            )
+            .unwrap();
+            let new_res: Vec<f32> = if with_delta {
+                q(
+                    &res.iter()
+                        .zip(&delta)
+                        .map(|(a, b)| a + b)
+                        .collect::<Vec<_>>(),
+                    dt,
+                )
+            } else {
+                res.clone()
+            };
+            let mut want = vec![0.0; rows * hidden];
+            for i in 0..rows {
+                let row = &new_res[i * hidden..(i + 1) * hidden];
+                let ms = row.iter().map(|v| (v * v) as f64).sum::<f64>() / hidden as f64;
+                let s = 1.0 / (ms + 1e-5).sqrt();
+                for j in 0..hidden {
+                    want[i * hidden + j] = (row[j] as f64 * s * w[j] as f64) as f32;
+                }
+            }
+            // The residual sum is rounded once to the storage type on both sides: exact.
+            assert_close(
+                "residual",
+                &g.download_f32(&rb).unwrap(),
+                &new_res,
+                0.0,
+                0.0,
+            );
+            // f32: summation order only (~1e-6 relative). bf16: one final rounding (2^-8 relative).
+            let (abs, rel) = if dt == DType::F32 {
+                (1e-5, 1e-5)
+            } else {
+                (1e-3, 8e-3)
+            };
+            assert_close("rmsnorm", &g.download_f32(&out).unwrap(), &want, abs, rel);
+        }
+    }
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn silu_mul_matches_cpu() {
+    let g = gpu();
+    let mut r = Rng(3);
+    for dt in DTYPES {
+        for (rows, inter) in [(1, 176), (9, 1000), (4, 14336)] {
+            let gu: Vec<f32> = q(
+                &r.vec(rows * 2 * inter)
+                    .iter()
+                    .map(|v| v * 4.0)
+                    .collect::<Vec<_>>(),
+                dt,
+            );
+            let gb = g.upload_f32(&gu, dt).unwrap();
+            let out = g.alloc(dt, rows * inter).unwrap();
+            ops::silu_mul(&g, &gb, &out, (rows, inter)).unwrap();
+            let mut want = Vec::new();
+            for i in 0..rows {
+                for j in 0..inter {
+                    let (a, b) = (
+                        gu[i * 2 * inter + j] as f64,
+                        gu[i * 2 * inter + inter + j] as f64,
+                    );
+                    want.push((a / (1.0 + (-a).exp()) * b) as f32);
+                }
+            }
+            // f32: expf is within 2 ulp; bf16: one final rounding.
+            let (abs, rel) = if dt == DType::F32 {
+                (1e-6, 1e-5)
+            } else {
+                (1e-3, 8e-3)
+            };
+            assert_close("silu_mul", &g.download_f32(&out).unwrap(), &want, abs, rel);
+        }
+    }
+}
+
+/// The CPU reference of rope_kv_write: returns (q_out, k_cache, v_cache).
+struct RopeCase {
+    n: usize,
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    bs: usize,
+    blocks: usize,
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn rope_kv_write_matches_cpu() {
+    let g = gpu();
+    let mut r = Rng(4);
+    for dt in DTYPES {
+        for c in [
+            RopeCase {
+                n: 5,
+                hq: 4,
+                hkv: 2,
+                d: 16,
+                bs: 16,
+                blocks: 4,
+            },
+            RopeCase {
+                n: 37,
+                hq: 32,
+                hkv: 8,
+                d: 128,
+                bs: 16,
+                blocks: 9,
+            },
+        ] {
+            let width = (c.hq + 2 * c.hkv) * c.d;
+            let qkv = q(&r.vec(c.n * width), dt);
+            let bias = q(&r.vec(width), dt);
+            let positions: Vec<u32> = (0..c.n).map(|_| r.below(8000) as u32).collect();
+            let inv_freq: Vec<f32> = (0..c.d / 2)
+                .map(|i| 500000f32.powf(-(2.0 * i as f32) / c.d as f32))
+                .collect();
+            // Distinct slots, in shuffled blocks; one token skipped (slot -1).
+            let mut slots: Vec<i64> = (0..c.n as i64)
+                .map(|i| (i * 7) % (c.blocks * c.bs) as i64)
+                .collect();
+            slots[c.n / 2] = -1;
+            let cache_len = c.blocks * c.hkv * c.bs * c.d;
+            let kc0 = q(&r.vec(cache_len), dt);
+            let vc0 = q(&r.vec(cache_len), dt);
+            for use_bias in [false, true] {
+                let qb = g.upload_f32(&qkv, dt).unwrap();
+                let bb = g.upload_f32(&bias, dt).unwrap();
+                let pb = g.upload_u32(&positions).unwrap();
+                let fb = g.upload_f32(&inv_freq, DType::F32).unwrap();
+                let sb = g.upload_i64(&slots).unwrap();
+                let qo = g.alloc(dt, c.n * c.hq * c.d).unwrap();
+                let kc = g.upload_f32(&kc0, dt).unwrap();
+                let vc = g.upload_f32(&vc0, dt).unwrap();
+                let args = RopeKv {
+                    qkv: &qb,
+                    bias: use_bias.then_some(&bb),
+                    positions: &pb,
+                    inv_freq: &fb,
+                    slots: &sb,
+                    q_out: &qo,
+                    k_cache: &kc,
+                    v_cache: &vc,
+                    n: c.n,
+                    hq: c.hq,
+                    hkv: c.hkv,
+                    d: c.d,
+                    block_size: c.bs,
+                };
+                // SAFETY: every slot is < blocks * bs or negative.
+                unsafe { ops::rope_kv_write(&g, &args) }.unwrap();
+                let (mut wq, mut wk, mut wv) =
+                    (vec![0f32; c.n * c.hq * c.d], kc0.clone(), vc0.clone());
+                let half = c.d / 2;
+                for t in 0..c.n {
+                    let row: Vec<f32> = (0..width)
+                        .map(|i| {
+                            let x = qkv[t * width + i];
+                            if use_bias {
+                                q(&[x + bias[i]], dt)[0]
+                            } else {
+                                x
+                            }
+                        })
+                        .collect();
+                    let cache_at = |h: usize| {
+                        let s = slots[t] as usize;
+                        (((s / c.bs) * c.hkv + h) * c.bs + s % c.bs) * c.d
+                    };
+                    for h in 0..c.hq + c.hkv {
+                        for j in 0..half {
+                            let ang = positions[t] as f32 * inv_freq[j];
+                            let (s, co) = ((ang as f64).sin(), (ang as f64).cos());
+                            let (x1, x2) =
+                                (row[h * c.d + j] as f64, row[h * c.d + j + half] as f64);
+                            let (y1, y2) = ((x1 * co - x2 * s) as f32, (x2 * co + x1 * s) as f32);
+                            if h < c.hq {
+                                wq[(t * c.hq + h) * c.d + j] = y1;
+                                wq[(t * c.hq + h) * c.d + j + half] = y2;
+                            } else if slots[t] >= 0 {
+                                let at = cache_at(h - c.hq);
+                                wk[at + j] = y1;
+                                wk[at + j + half] = y2;
+                            }
+                        }
+                    }
+                    if slots[t] >= 0 {
+                        for h in 0..c.hkv {
+                            let at = cache_at(h);
+                            for j in 0..c.d {
+                                wv[at + j] = row[(c.hq + c.hkv + h) * c.d + j];
+                            }
+                        }
+                    }
+                }
+                // f32: sincosf of the same f32 angle is within ~2 ulp of the f64 value.
+                // bf16: the single final rounding (2^-8 relative) plus the bias rounding.
+                let (abs, rel) = if dt == DType::F32 {
+                    (2e-6, 1e-5)
+                } else {
+                    (2e-2, 8e-3)
+                };
+                assert_close(
+                    "rope q",
+                    &g.download_f32(&qo).unwrap(),
+                    &q(&wq, dt),
+                    abs,
+                    rel,
+                );
+                assert_close(
+                    "rope k cache",
+                    &g.download_f32(&kc).unwrap(),
+                    &q(&wk, dt),
+                    abs,
+                    rel,
+                );
+                assert_close(
+                    "v cache",
+                    &g.download_f32(&vc).unwrap(),
+                    &q(&wv, dt),
+                    abs,
+                    rel,
+                );
+            }
+        }
+    }
+}
+
+/// One sequence of an attention test: (query_len, context_len).
+struct AttnCase {
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    bs: usize,
+    seqs: Vec<(usize, usize)>,
+    split_size: usize,
+    num_splits: usize,
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn attention_matches_cpu() {
+    let g = gpu();
+    let mut r = Rng(5);
+    let cases = [
+        // tiny-llama shape: prefill from scratch, chunk after a prefix, decode
+        AttnCase {
+            hq: 4,
+            hkv: 2,
+            d: 16,
+            bs: 16,
+            seqs: vec![(5, 5), (7, 40), (1, 33)],
+            split_size: 1 << 20,
+            num_splits: 1,
+        },
+        // 8B shape, prefill with prior context, non-multiples of 16/32
+        AttnCase {
+            hq: 32,
+            hkv: 8,
+            d: 128,
+            bs: 16,
+            seqs: vec![(37, 37), (50, 333), (1, 1), (130, 200)],
+            split_size: 1 << 20,
+            num_splits: 1,
+        },
+        // decodes with a split context (flash-decoding), some splits empty
+        AttnCase {
+            hq: 32,
+            hkv: 8,
+            d: 128,
+            bs: 16,
+            seqs: vec![(1, 700), (1, 31), (1, 257), (1, 100)],
+            split_size: 64,
+            num_splits: 12,
+        },
+        // tiny-llama shape, split decodes (general kernel: no decode kernel for d 16)
+        AttnCase {
+            hq: 4,
+            hkv: 2,
+            d: 16,
+            bs: 16,
+            seqs: vec![(1, 40), (1, 3), (1, 77)],
+            split_size: 32,
+            num_splits: 3,
+        },
+        // decode kernel with groups of 8 (d 64) and 2 (d 128), split
+        AttnCase {
+            hq: 16,
+            hkv: 2,
+            d: 64,
+            bs: 16,
+            seqs: vec![(1, 300), (1, 5), (1, 129)],
+            split_size: 128,
+            num_splits: 3,
+        },
+        AttnCase {
+            hq: 4,
+            hkv: 2,
+            d: 128,
+            bs: 16,
+            seqs: vec![(1, 64), (1, 200), (1, 1)],
+            split_size: 64,
+            num_splits: 4,
+        },
+        // MHA (group 1), d 64
+        AttnCase {
+            hq: 8,
+            hkv: 8,
+            d: 64,
+            bs: 16,
+            seqs: vec![(20, 45), (1, 96)],
+            split_size: 1 << 20,
+            num_splits: 1,
+        },
+        // MHA decodes, split
+        AttnCase {
+            hq: 8,
+            hkv: 8,
+            d: 64,
+            bs: 16,
+            seqs: vec![(1, 45), (1, 96), (1, 1)],
+            split_size: 32,
+            num_splits: 3,
+        },
+    ];
+    for dt in DTYPES {
+        for c in &cases {
+            let max_ctx = c.seqs.iter().map(|s| s.1).max().unwrap();
+            let stride = max_ctx.div_ceil(c.bs) + 1;
+            let nseq = c.seqs.len();
+            let blocks = 1 + nseq * stride;
+            // Block tables: a shuffled permutation of 1..blocks.
+            let mut perm: Vec<u32> = (1..blocks as u32).collect();
+            for i in (1..perm.len()).rev() {
+                perm.swap(i, r.below(i + 1));
+            }
+            let tables: Vec<u32> = perm[..nseq * stride].to_vec();
+            let n: usize = c.seqs.iter().map(|s| s.0).sum();
+            let qv = q(&r.vec(n * c.hq * c.d), dt);
+            let cache_len = blocks * c.hkv * c.bs * c.d;
+            let kc = q(&r.vec(cache_len), dt);
+            let vc = q(&r.vec(cache_len), dt);
+            let mut seqs = Vec::new();
+            let mut start = 0;
+            for &(ql, ctx) in &c.seqs {
+                seqs.extend([start as i32, ql as i32, ctx as i32, 0]);
+                start += ql;
+            }
+            let group = c.hq / c.hkv;
+            let all_decode = c.seqs.iter().all(|s| s.0 == 1);
+            // Split launches take one token per item; prefill tiles depend on the kernel.
+            let tile = if c.num_splits > 1 {
+                1
+            } else {
+                ops::attention_tile_tokens(dt, c.d, group)
+            };
+            let items = ops::attention_items(&c.seqs.iter().map(|s| s.0).collect::<Vec<_>>(), tile);
+            let qb = g.upload_f32(&qv, dt).unwrap();
+            let kb = g.upload_f32(&kc, dt).unwrap();
+            let vb = g.upload_f32(&vc, dt).unwrap();
+            let out = g.alloc(dt, n * c.hq * c.d).unwrap();
+            let po = g
+                .alloc(DType::F32, items.len() / 2 * c.hq * c.num_splits * c.d)
+                .unwrap();
+            let pml = g
+                .alloc(DType::F32, items.len() / 2 * c.hq * c.num_splits * 2)
+                .unwrap();
+            let sb = g.upload_i32(&seqs).unwrap();
+            let ib = g.upload_i32(&items).unwrap();
+            let tb = g.upload_u32(&tables).unwrap();
+            let scale = 1.0 / (c.d as f32).sqrt();
+            let args = Attention {
+                q: &qb,
+                k_cache: &kb,
+                v_cache: &vb,
+                out: &out,
+                part_o: &po,
+                part_ml: &pml,
+                seqs: &sb,
+                items: &ib,
+                block_tables: &tb,
+                num_seqs: nseq,
+                num_items: items.len() / 2,
+                table_stride: stride,
+                n,
+                hq: c.hq,
+                hkv: c.hkv,
+                d: c.d,
+                block_size: c.bs,
+                split_size: c.split_size,
+                num_splits: c.num_splits,
+                scale,
+                decode: c.num_splits > 1,
+            };
+            // SAFETY: seqs/items/tables built consistently above; every table entry < blocks.
+            unsafe { ops::attention(&g, &args) }.unwrap();
+            let got = g.download_f32(&out).unwrap();
+            // Decode-only batches also through the decode kernel (its items: one per token).
+            let got_decode = (all_decode && tile == 1).then(|| {
+                let out2 = g.alloc(dt, n * c.hq * c.d).unwrap();
+                let args = Attention {
+                    out: &out2,
+                    decode: true,
+                    ..args
+                };
+                // SAFETY: as above, and every sequence has one query token.
+                unsafe { ops::attention(&g, &args) }.unwrap();
+                g.download_f32(&out2).unwrap()
+            });
+            let mut want = vec![0f32; n * c.hq * c.d];
+            for (s, &(ql, ctx)) in c.seqs.iter().enumerate() {
+                let qs = seqs[4 * s] as usize;
+                for t in 0..ql {
+                    let pos = ctx - ql + t;
+                    for h in 0..c.hq {
+                        let kvh = h / group;
+                        let at = |p: usize| {
+                            ((tables[s * stride + p / c.bs] as usize * c.hkv + kvh) * c.bs
+                                + p % c.bs)
+                                * c.d
+                        };
+                        let qr = &qv[((qs + t) * c.hq + h) * c.d..][..c.d];
+                        let scores: Vec<f64> = (0..=pos)
+                            .map(|p| {
+                                qr.iter()
+                                    .zip(&kc[at(p)..at(p) + c.d])
+                                    .map(|(a, b)| (a * b) as f64)
+                                    .sum::<f64>()
+                                    * scale as f64
+                            })
+                            .collect();
+                        let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                        let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                        let z: f64 = e.iter().sum();
+                        for j in 0..c.d {
+                            let v: f64 = (0..=pos).map(|p| e[p] * vc[at(p) + j] as f64).sum();
+                            want[((qs + t) * c.hq + h) * c.d + j] = (v / z) as f32;
+                        }
+                    }
+                }
+            }
+            // Outputs are convex combinations of values in [-1, 1]. f32: exp2f and summation
+            // order, ~1e-6. bf16: the final rounding (≤ 2^-9 absolute for |out| < 1) dominates.
+            let (abs, rel) = if dt == DType::F32 {
+                (2e-5, 1e-5)
+            } else {
+                (4e-3, 8e-3)
+            };
+            assert_close(
+                &format!("attention {dt:?} hq{} d{}", c.hq, c.d),
+                &got,
+                &want,
+                abs,
+                rel,
+            );
+            if let Some(got) = got_decode {
+                let what = format!("decode attention {dt:?} hq{} d{}", c.hq, c.d);
+                assert_close(&what, &got, &want, abs, rel);
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn gemv_and_gemm_match_cpu() {
+    let g = gpu();
+    let mut r = Rng(6);
+    for dt in DTYPES {
+        for (m, n, k) in [
+            (1, 64, 64),
+            (3, 1000, 4096),
+            (8, 4096, 14336),
+            (5, 7, 40),
+            (37, 300, 512),
+        ] {
+            let x = q(&r.vec(m * k), dt);
+            let w = q(&r.vec(n * k), dt);
+            let xb = g.upload_f32(&x, dt).unwrap();
+            let wb = g.upload_f32(&w, dt).unwrap();
+            let mut want = vec![0f32; m * n];
+            let mut mag = vec![0f32; m * n];
+            for i in 0..m {
+                for j in 0..n {
+                    let (mut s, mut a) = (0f64, 0f64);
+                    for t in 0..k {
+                        let p = x[i * k + t] as f64 * w[j * k + t] as f64;
+                        s += p;
+                        a += p.abs();
+                    }
+                    want[i * n + j] = s as f32;
+                    mag[i * n + j] = a as f32;
+                }
+            }
+            for out_f32 in [false, true] {
+                let yt = if out_f32 { DType::F32 } else { dt };
+                let y = g.alloc(yt, m * n).unwrap();
+                let l = Linear {
+                    x: &xb,
+                    w: &wb,
+                    y: &y,
+                    m,
+                    n,
+                    k,
+                };
+                let mut runs = vec![(
+                    "gemm",
+                    ops::gemm(&g, &l).map(|_| g.download_f32(&y).unwrap()),
+                )];
+                if l.gemv_ok() {
+                    runs.push((
+                        "gemv",
+                        ops::gemv(&g, &l).map(|_| g.download_f32(&y).unwrap()),
+                    ));
+                }
+                for (name, res) in runs {
+                    let got = res.unwrap();
+                    for i in 0..m * n {
+                        // f32 accumulation error grows with sum|x·w| (~k ulps worst case, far
+                        // less in practice); bf16 output adds one rounding, 2^-8 relative.
+                        let tol = 1e-5 * mag[i]
+                            + if yt == DType::Bf16 {
+                                8e-3 * want[i].abs()
+                            } else {
+                                0.0
+                            };
+                        assert!(
+                            (got[i] - want[i]).abs() <= tol + 1e-6,
+                            "{name} {dt:?} m{m} n{n} k{k} [{i}]: got {} want {} tol {tol}",
+                            got[i],
+                            want[i]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn run_sampler(g: &Gpu, logits: &[f32], vocab: usize, rows: &[SampleRow]) -> Vec<u32> {
+    let lb = g.upload_f32(logits, DType::F32).unwrap();
+    let bytes: Vec<u8> = rows.iter().flat_map(|r| r.to_bytes()).collect();
+    let pb = g.upload_bytes(&bytes, DType::U32).unwrap();
+    let out = g.alloc(DType::U32, rows.len()).unwrap();
+    ops::sample(g, &lb, &pb, &out, (rows.len(), vocab)).unwrap();
+    g.download_u32(&out, rows.len()).unwrap()
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn sampling_on_device() {
+    let g = gpu();
+    let mut r = Rng(7);
+    let greedy = SampleRow {
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        seed: 0,
+        step: 0,
+    };
+    for vocab in [10, 512, 128_256] {
+        let rows = 6;
+        let logits: Vec<f32> = r.vec(rows * vocab).iter().map(|v| v * 8.0).collect();
+        let argmax: Vec<u32> = (0..rows)
+            .map(|i| {
+                let row = &logits[i * vocab..(i + 1) * vocab];
+                let mut best = 0;
+                for (j, &v) in row.iter().enumerate() {
+                    if v > row[best] {
+                        best = j;
+                    }
+                }
+                best as u32
+            })
+            .collect();
+        assert_eq!(
+            run_sampler(&g, &logits, vocab, &vec![greedy; rows]),
+            argmax,
+            "greedy"
+        );
+        let k1 = SampleRow {
+            temperature: 1.0,
+            top_k: 1,
+            ..greedy
+        };
+        assert_eq!(
+            run_sampler(&g, &logits, vocab, &vec![k1; rows]),
+            argmax,
+            "top_k 1"
+        );
+        // top-k 5: every draw is among the 5 largest.
+        let k5: Vec<SampleRow> = (0..rows)
+            .map(|i| SampleRow {
+                temperature: 1.5,
+                top_k: 5,
+                seed: 9,
+                step: i as u64,
+                ..greedy
+            })
+            .collect();
+        let got = run_sampler(&g, &logits, vocab, &k5);
+        for i in 0..rows {
+            let row = &logits[i * vocab..(i + 1) * vocab];
+            let mut sorted = row.to_vec();
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            let kth = sorted[5.min(vocab) - 1];
+            assert!(row[got[i] as usize] >= kth, "top-k 5 drew rank > 5");
+        }
+        // Same seed and step: same token.
+        assert_eq!(
+            got,
+            run_sampler(&g, &logits, vocab, &k5),
+            "seeded draws repeat"
+        );
+        // min_p 0.5: p >= 0.5 p_max, i.e. logit >= max + T ln 0.5.
+        let mp: Vec<SampleRow> = (0..rows)
+            .map(|i| SampleRow {
+                temperature: 1.0,
+                min_p: 0.5,
+                seed: 3,
+                step: i as u64,
+                ..greedy
+            })
+            .collect();
+        let got = run_sampler(&g, &logits, vocab, &mp);
+        for i in 0..rows {
+            let row = &logits[i * vocab..(i + 1) * vocab];
+            let mx = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            assert!(
+                row[got[i] as usize] >= mx + 0.5f32.ln() - 1e-5,
+                "min_p violated"
+            );
+        }
+    }
+    // Distribution: 4 tokens, many draws (different steps), frequencies near softmax / top-p.
+    let logits = [0.0f32, 1.0, 2.0, -1.0];
+    let probs: Vec<f64> = {
+        let e: Vec<f64> = logits.iter().map(|&l| (l as f64).exp()).collect();
+        let z: f64 = e.iter().sum();
+        e.iter().map(|v| v / z).collect()
+    };
+    let draws = 4000;
+    let rows: Vec<SampleRow> = (0..draws)
+        .map(|i| SampleRow {
+            temperature: 1.0,
+            seed: 42,
+            step: i as u64,
+            ..greedy
+        })
+        .collect();
+    let tiled: Vec<f32> = (0..draws).flat_map(|_| logits).collect();
+    let got = run_sampler(&g, &tiled, 4, &rows);
+    for (t, &p) in probs.iter().enumerate() {
+        let f = got.iter().filter(|&&x| x == t as u32).count() as f64 / draws as f64;
+        // 4000 draws: standard error ≤ 0.008, so 0.04 is 5 sigma.
+        assert!((f - p).abs() < 0.04, "token {t}: frequency {f} vs p {p}");
+    }
+    // top_p 0.8: probs sorted are 0.644, 0.237, ...: keeps tokens 2 and 1 only.
+    let rows: Vec<SampleRow> = rows
+        .iter()
+        .map(|r| SampleRow { top_p: 0.8, ..*r })
+        .collect();
+    let got = run_sampler(&g, &tiled, 4, &rows);
+    assert!(
+        got.iter().all(|&t| t == 2 || t == 1),
+        "top-p kept a token outside the nucleus"
+    );
+    let f2 = got.iter().filter(|&&x| x == 2).count() as f64 / draws as f64;
+    let want2 = probs[2] / (probs[2] + probs[1]);
+    assert!(
+        (f2 - want2).abs() < 0.04,
+        "top-p renormalised: {f2} vs {want2}"
+    );
+}
