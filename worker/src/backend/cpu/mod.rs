@@ -3,9 +3,11 @@
 //! Weights are converted to f32 once at load (q/k/v and gate/up fused into one matrix each). A step
 //! runs over the flattened tokens of all its sequences: one GEMM per projection for the whole step
 //! (the `gemm` crate, all cores through rayon), RoPE at each token's own position, K/V written into
-//! the paged cache through each sequence's block table, then attention per token and head over the
-//! sequence's whole context (so chunked prefill and prefix-cache hits need nothing special). Logits
-//! are computed only for the rows that sample.
+//! the paged cache through each sequence's block table, then causal attention over the sequence's
+//! whole context read through that table (so chunked prefill and prefix-cache hits need nothing
+//! special): GEMMs per KV head for prefill chunks, dot products per token and head for decodes.
+//! Matmuls of at most 4 rows stream the weight with dot products instead of packing it for GEMM.
+//! Logits are computed only for the rows that sample.
 
 mod attention;
 mod ops;
