@@ -3,10 +3,13 @@
 //! Weights are converted to f32 once at load (q/k/v and gate/up fused into one matrix each). A step
 //! runs over the flattened tokens of all its sequences: one GEMM per projection for the whole step
 //! (the `gemm` crate, all cores through rayon), RoPE at each token's own position, K/V written into
-//! the paged cache through each sequence's block table, then attention per token and head over the
-//! sequence's whole context (so chunked prefill and prefix-cache hits need nothing special). Logits
-//! are computed only for the rows that sample.
+//! the paged cache through each sequence's block table, then causal attention over the sequence's
+//! whole context read through that table (so chunked prefill and prefix-cache hits need nothing
+//! special): GEMMs per KV head for prefill chunks, dot products per token and head for decodes.
+//! Matmuls of at most 4 rows stream the weight with dot products instead of packing it for GEMM.
+//! Logits are computed only for the rows that sample.
 
+mod attention;
 mod ops;
 
 use rayon::prelude::*;
@@ -16,7 +19,11 @@ use crate::checkpoint::names::{self, layer, layer_tensor};
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::ModelConfig;
 
-use ops::{AttentionDims, TokenContext};
+use attention::{AttentionDims, Chunk, TokenContext};
+
+/// Chunks of at least this many tokens are attended with GEMMs ([`attention::chunk_attention`]);
+/// shorter ones (decodes) token by token.
+const CHUNK_ATTENTION_MIN_TOKENS: usize = 16;
 
 /// KV cache geometry of a [`CpuBackend`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -209,6 +216,7 @@ impl CpuBackend {
                 tokens.push(TokenContext {
                     position: p as usize,
                     block_table: table,
+                    in_chunk: seq.query_len >= CHUNK_ATTENTION_MIN_TOKENS,
                 });
             }
             next = end;
@@ -333,7 +341,19 @@ impl Backend for CpuBackend {
             });
             self.write_kv(l, &qkv, &tokens);
             let caches = (self.k_cache[l].as_slice(), self.v_cache[l].as_slice());
-            ops::paged_attention(&qkv, caches, &tokens, dims, &mut attn);
+            attention::paged_attention(&qkv, caches, &tokens, dims, &mut attn);
+            for seq in batch.seqs {
+                if seq.query_len >= CHUNK_ATTENTION_MIN_TOKENS {
+                    let chunk = Chunk {
+                        first_row: seq.query_start,
+                        len: seq.query_len,
+                        context_len: seq.context_len,
+                        // The validated table, cut to the context.
+                        block_table: tokens[seq.query_start].block_table,
+                    };
+                    attention::chunk_attention(&qkv, caches, &chunk, dims, &mut attn);
+                }
+            }
             let w = &self.layers[l];
             ops::matmul_t(&attn, &w.o, &mut proj, (n, q_dim, h));
             x.iter_mut().zip(&proj).for_each(|(x, p)| *x += p);

@@ -1,5 +1,5 @@
-//! The f32 kernels of the CPU backend: GEMM (the `gemm` crate), RMSNorm, RoPE, SiLU·mul and paged
-//! attention. Each matches transformers' float32 Llama code op for op.
+//! The f32 kernels of the CPU backend: GEMM (the `gemm` crate), RMSNorm, RoPE and SiLU·mul. Each
+//! matches transformers' float32 Llama code op for op.
 
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -23,33 +23,132 @@ pub fn matmul_t(a: &[f32], w: &[f32], out: &mut [f32], (m, k, n): (usize, usize,
         gemv_rows(a, w, out, (m, k, n));
         return;
     }
-    let (mi, ki, ni) = (m as isize, k as isize, n as isize);
-    debug_assert!(mi > 0 && ki > 0 && ni > 0);
-    // SAFETY: the asserts above prove `out` holds m·n elements, `a` m·k and `w` n·k. With the strides
-    // given, gemm reads lhs[i][p] at a + i·k + p (i < m, p < k), rhs[p][j] = w[j][p] at w + j·k + p
-    // (j < n), and writes dst[i][j] at out + i·n + j: all in bounds. `out` is borrowed mutably, so it
-    // aliases neither input. `read_dst` is false, so `out`'s old contents are never read.
+    let dst = MatMut {
+        data: out,
+        rows: m,
+        cols: n,
+        rs: n,
+        cs: 1,
+    };
+    let lhs = MatRef {
+        data: a,
+        rows: m,
+        cols: k,
+        rs: k,
+        cs: 1,
+    };
+    // rhs[p][j] = w[j][p]: the weight read transposed.
+    let rhs = MatRef {
+        data: w,
+        rows: k,
+        cols: n,
+        rs: 1,
+        cs: k,
+    };
+    gemm_into(dst, lhs, rhs, true);
+}
+
+/// A strided read-only matrix: element `(i, j)` is `data[i * rs + j * cs]`.
+#[derive(Debug, Clone, Copy)]
+pub struct MatRef<'a> {
+    pub data: &'a [f32],
+    pub rows: usize,
+    pub cols: usize,
+    pub rs: usize,
+    pub cs: usize,
+}
+
+/// A strided output matrix: element `(i, j)` is `data[i * rs + j]`, rows not overlapping
+/// (`rs >= cols`), so no two elements share memory.
+#[derive(Debug)]
+pub struct MatMut<'a> {
+    pub data: &'a mut [f32],
+    pub rows: usize,
+    pub cols: usize,
+    pub rs: usize,
+    pub cs: usize,
+}
+
+/// Whether every element `(i, j)` of a `rows × cols` view with strides `rs`, `cs` lies in `0..len`
+/// and the strides fit in `isize`.
+fn view_fits(len: usize, (rows, cols): (usize, usize), (rs, cs): (usize, usize)) -> bool {
+    if isize::try_from(rs).is_err() || isize::try_from(cs).is_err() {
+        return false;
+    }
+    if rows == 0 || cols == 0 {
+        return true;
+    }
+    (rows - 1)
+        .checked_mul(rs)
+        .zip((cols - 1).checked_mul(cs))
+        .and_then(|(a, b)| a.checked_add(b))
+        .is_some_and(|last| last < len)
+}
+
+/// `dst = lhs · rhs` with the `gemm` crate, on all cores when `parallel`.
+///
+/// # Panics
+/// When the shapes disagree or a view does not fit its slice (a caller bug, never input data).
+pub fn gemm_into(dst: MatMut<'_>, lhs: MatRef<'_>, rhs: MatRef<'_>, parallel: bool) {
+    let (m, n, k) = (dst.rows, dst.cols, lhs.cols);
+    assert!(
+        lhs.rows == m && rhs.rows == k && rhs.cols == n,
+        "gemm shapes"
+    );
+    assert!(
+        view_fits(lhs.data.len(), (m, k), (lhs.rs, lhs.cs)),
+        "gemm lhs view"
+    );
+    assert!(
+        view_fits(rhs.data.len(), (k, n), (rhs.rs, rhs.cs)),
+        "gemm rhs view"
+    );
+    assert!(
+        dst.cs == 1 && dst.rs >= n && view_fits(dst.data.len(), (m, n), (dst.rs, 1)),
+        "gemm dst view"
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        for row in dst.data.chunks_mut(dst.rs).take(m) {
+            row[..n].fill(0.0);
+        }
+        return;
+    }
+    let parallelism = if parallel {
+        Parallelism::Rayon(0)
+    } else {
+        Parallelism::None
+    };
+    // Strides fit in isize (checked by `view_fits`).
+    let s = |x: usize| x as isize;
+    // SAFETY: `view_fits` proved that every element gemm touches, lhs (i, p) at i·rs + p·cs for
+    // i < m, p < k, rhs (p, j) for p < k, j < n, and dst (i, j) at i·rs + j for i < m, j < n, lies
+    // inside its slice. dst's rows do not overlap (`cs == 1`, `rs >= n`), so no element is written
+    // twice (no race between gemm's threads). `dst.data` is a unique borrow, so it aliases neither
+    // input. `read_dst` is false: dst's old contents are never read.
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            out.as_mut_ptr(),
+            dst.data.as_mut_ptr(),
             1,
-            ni,
+            s(dst.rs),
             false,
-            a.as_ptr(),
-            1,
-            ki,
-            w.as_ptr(),
-            ki,
-            1,
+            lhs.data.as_ptr(),
+            s(lhs.cs),
+            s(lhs.rs),
+            rhs.data.as_ptr(),
+            s(rhs.cs),
+            s(rhs.rs),
             0.0,
             1.0,
             false,
             false,
             false,
-            Parallelism::Rayon(0),
+            parallelism,
         );
     }
 }
@@ -138,86 +237,6 @@ pub fn silu_mul(gate_up: &[f32], inter: usize, out: &mut [f32]) {
         });
 }
 
-/// Where one query token reads its context from.
-#[derive(Debug, Clone, Copy)]
-pub struct TokenContext<'a> {
-    /// Absolute position; the token attends to positions `0..=position`.
-    pub position: usize,
-    /// Its sequence's block table (validated to cover `0..=position` with in-range blocks).
-    pub block_table: &'a [u32],
-}
-
-/// Shapes of the attention problem.
-#[derive(Debug, Clone, Copy)]
-pub struct AttentionDims {
-    pub num_heads: usize,
-    pub num_kv_heads: usize,
-    pub head_dim: usize,
-    pub block_size: usize,
-    /// Row stride of the query matrix (the fused q|k|v width).
-    pub q_stride: usize,
-}
-
-/// Paged causal attention with GQA: for each token and query head, softmax(q·kᵀ/√d)·v over the
-/// token's context, read from the K/V caches (`[blocks × block_size × kv_heads × head_dim]`) through
-/// its block table. `q` rows start at `t * q_stride`; `out` is `[tokens × heads × head_dim]`.
-pub fn paged_attention(
-    q: &[f32],
-    caches: (&[f32], &[f32]),
-    tokens: &[TokenContext<'_>],
-    dims: AttentionDims,
-    out: &mut [f32],
-) {
-    let (k_cache, v_cache) = caches;
-    let AttentionDims {
-        num_heads,
-        num_kv_heads,
-        head_dim: d,
-        block_size,
-        q_stride,
-    } = dims;
-    let group = num_heads / num_kv_heads;
-    let kv_dim = num_kv_heads * d;
-    let scale = 1.0 / (d as f32).sqrt();
-    out.par_chunks_mut(d)
-        .enumerate()
-        .for_each_init(Vec::new, |scores: &mut Vec<f32>, (idx, o)| {
-            let (t, head) = (idx / num_heads, idx % num_heads);
-            let ctx = tokens[t];
-            let q_row = &q[t * q_stride + head * d..t * q_stride + (head + 1) * d];
-            let kv_off = (head / group) * d;
-            // Offsets of the K/V rows of positions 0..=position, block by block.
-            let rows = || {
-                ctx.block_table
-                    .iter()
-                    .flat_map(move |&b| {
-                        let base = b as usize * block_size;
-                        (base..base + block_size).map(move |slot| slot * kv_dim + kv_off)
-                    })
-                    .take(ctx.position + 1)
-            };
-            scores.clear();
-            let mut max = f32::NEG_INFINITY;
-            for s in rows() {
-                let score = dot(q_row, &k_cache[s..s + d]) * scale;
-                max = max.max(score);
-                scores.push(score);
-            }
-            let mut sum = 0.0f32;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            o.fill(0.0);
-            for (s, &w) in rows().zip(scores.iter()) {
-                let p = w / sum;
-                for (o, &v) in o.iter_mut().zip(&v_cache[s..s + d]) {
-                    *o += p * v;
-                }
-            }
-        });
-}
-
 /// Dot product with eight independent partial sums, so the compiler can keep them in SIMD lanes (a
 /// plain `sum()` of f32 must run strictly in order and stays scalar).
 #[inline]
@@ -302,27 +321,5 @@ mod tests {
         rope_in_place(&mut x, 4, &cos, &sin);
         // pair 0 turns by 90°: (1, 3) -> (-3, 1); pair 1 is unchanged.
         assert_eq!(x, [-3.0, 2.0, 1.0, 4.0]);
-    }
-
-    #[test]
-    fn attention_single_position_returns_v() {
-        let d = 2;
-        let k_cache = vec![0.0, 0.0, 1.0, 1.0, 0.0, 0.0];
-        let v_cache = vec![0.0, 0.0, 5.0, -2.0, 0.0, 0.0];
-        let table = [1u32];
-        let tokens = [TokenContext {
-            position: 0,
-            block_table: &table,
-        }];
-        let dims = AttentionDims {
-            num_heads: 1,
-            num_kv_heads: 1,
-            head_dim: d,
-            block_size: 1,
-            q_stride: d,
-        };
-        let mut out = vec![0.0; 2];
-        paged_attention(&[0.3, 0.7], (&k_cache, &v_cache), &tokens, dims, &mut out);
-        assert_eq!(out, vec![5.0, -2.0]);
     }
 }
