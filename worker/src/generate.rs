@@ -175,19 +175,42 @@ pub fn prepare(
     Ok(prepared)
 }
 
+/// Parses one line; an error names the offending field.
+fn parse_input(line: &str) -> Result<InputLine, String> {
+    let value: serde_json::Value = serde_json::from_str(line).map_err(|e| {
+        // serde_json's message ends in "at line 1 column N": the line is the input's, not the JSON's.
+        let msg = e.to_string();
+        match msg.rsplit_once(" at line ") {
+            Some((head, _)) => format!("invalid JSON: {head} (column {})", e.column()),
+            None => format!("invalid JSON: {msg}"),
+        }
+    })?;
+    let serde_json::Value::Object(map) = &value else {
+        return Err("expected a JSON object".into());
+    };
+    InputLine::deserialize(&value).map_err(|whole| {
+        // Find the field at fault by reading each one alone (every field is optional).
+        for (key, v) in map {
+            let one = serde_json::Value::Object([(key.clone(), v.clone())].into_iter().collect());
+            if let Err(e) = InputLine::deserialize(&one) {
+                let msg = e.to_string();
+                return if msg.starts_with("unknown field") {
+                    msg
+                } else {
+                    format!("field `{key}`: {msg}")
+                };
+            }
+        }
+        whole.to_string()
+    })
+}
+
 fn parse_line(
     line: &str,
     id: SeqId,
     tokenizer: Option<&Tokenizer>,
 ) -> Result<(Request, Pending), String> {
-    let input: InputLine = serde_json::from_str(line).map_err(|e| {
-        // serde_json's message ends in "at line 1 column N": the line is the input's, not the JSON's.
-        let msg = e.to_string();
-        match msg.rsplit_once(" at line ") {
-            Some((head, _)) => format!("{head} (column {})", e.column()),
-            None => msg,
-        }
-    })?;
+    let input = parse_input(line)?;
     let prompt = match (input.prompt, input.prompt_token_ids) {
         (Some(_), Some(_)) => {
             return Err("give either `prompt` or `prompt_token_ids`, not both".into());

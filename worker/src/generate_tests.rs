@@ -169,12 +169,14 @@ fn bad_lines_are_reported_with_their_numbers() {
                  {\"max_tokens\": 3}\n\
                  {\"prompt_token_ids\": [1000]}\n\
                  {\"prompt_token_ids\": [1], \"top_p\": 7}\n\
+                 {\"prompt_token_ids\": [1], \"max_tokens\": -3}\n\
+                 [1, 2]\n\
                  {\"prompt_token_ids\": [2], \"max_tokens\": 3}\n";
     let (lines, prepared) = generate(input, None, OnError::Skip).expect("run");
     assert_eq!(lines.len(), 2, "the good lines are not lost");
     assert_eq!((lines[0].token_ids.len(), lines[1].token_ids.len()), (2, 3));
     let bad: Vec<usize> = prepared.skipped.iter().map(|e| e.line).collect();
-    assert_eq!(bad, vec![3, 4, 5, 6, 7, 8, 9]);
+    assert_eq!(bad, vec![3, 4, 5, 6, 7, 8, 9, 10, 11]);
     assert!(
         prepared.skipped[0]
             .message
@@ -185,6 +187,19 @@ fn bad_lines_are_reported_with_their_numbers() {
     assert!(prepared.skipped[2].message.contains("tokenizer.json"));
     assert!(prepared.skipped[5].message.contains("vocabulary"));
     assert!(prepared.skipped[6].message.contains("top_p"));
+    assert!(
+        prepared.skipped[1].message.starts_with("invalid JSON"),
+        "{:?}",
+        prepared.skipped[1]
+    );
+    assert!(
+        prepared.skipped[7]
+            .message
+            .starts_with("field `max_tokens`"),
+        "{:?}",
+        prepared.skipped[7]
+    );
+    assert!(prepared.skipped[8].message.contains("JSON object"));
     match generate(input, None, OnError::Fail) {
         Err(GenerateError::BadLine(e)) => assert_eq!(e.line, 3),
         other => panic!("expected a bad line, got {other:?}"),
