@@ -190,3 +190,45 @@ fn text_prompts_text_outputs_and_stop_strings() {
         .collect::<String>();
     assert_eq!(results[1]["text"], want_text);
 }
+
+#[test]
+fn demo_model_seeded_text_and_stop_strings() {
+    let model = tempfile::tempdir().expect("temp dir");
+    let status = Command::new(env!("CARGO_BIN_EXE_ringserve"))
+        .args(["demo-model", "--out"])
+        .arg(model.path())
+        .output()
+        .expect("run demo-model");
+    assert!(status.status.success(), "{}", stderr(&status));
+    let seeded = json!({"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0.9, "top_p": 0.95, "seed": 42, "ignore_eos": true});
+    // The seeded request alone, then in the middle of a mixed batch: same tokens.
+    let (out, alone) = generate(model.path(), &[seeded.to_string()], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mixed = vec![
+        json!({"prompt": "Hello there", "max_tokens": 30, "seed": 1}).to_string(),
+        seeded.to_string(),
+        json!({"prompt_token_ids": [5, 6, 7, 8, 9, 10, 11], "max_tokens": 9, "temperature": 0})
+            .to_string(),
+    ];
+    let (out, batch) = generate(model.path(), &mixed, &["--max-num-batched-tokens", "5"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(batch.len(), 3);
+    assert_eq!(alone[0]["token_ids"], batch[1]["token_ids"]);
+    assert_eq!(alone[0]["text"], batch[1]["text"]);
+    // A stop string taken from the middle of that text cuts it at its first occurrence.
+    let text = alone[0]["text"].as_str().expect("text").to_owned();
+    let chars: Vec<char> = text.chars().collect();
+    let stop: String = chars[chars.len() / 2..chars.len() / 2 + 2].iter().collect();
+    let mut with_stop = seeded.clone();
+    with_stop["stop"] = json!([stop]);
+    let (out, cut) = generate(model.path(), &[with_stop.to_string()], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(cut[0]["finish_reason"], "stop");
+    let got = cut[0]["text"].as_str().expect("text");
+    assert!(
+        text.starts_with(got) && !got.contains(stop.as_str()),
+        "{got:?} vs {text:?} / {stop:?}"
+    );
+    let n = ids(&cut[0]["token_ids"]).len();
+    assert!(n <= 24 && ids(&alone[0]["token_ids"])[..n] == ids(&cut[0]["token_ids"])[..]);
+}

@@ -118,6 +118,7 @@ pub struct Engine {
     seed_base: u64,
     seeds_issued: u64,
     last_step: StepStats,
+    last_plan: StepPlan,
 }
 
 impl Engine {
@@ -176,6 +177,7 @@ impl Engine {
             seed_base,
             seeds_issued: 0,
             last_step: StepStats::default(),
+            last_plan: StepPlan::default(),
         })
     }
 
@@ -269,6 +271,11 @@ impl Engine {
         self.last_step
     }
 
+    /// The plan the last [`Engine::step`] ran (what TP ranks would receive).
+    pub fn last_plan(&self) -> &StepPlan {
+        &self.last_plan
+    }
+
     /// The scheduler (read-only; for tests and introspection).
     pub fn scheduler(&self) -> &Scheduler {
         &self.scheduler
@@ -278,11 +285,19 @@ impl Engine {
     pub fn step(&mut self) -> Result<Vec<TokenEvent>, EngineError> {
         let plan = self.scheduler.schedule()?;
         self.last_step = step_stats(&plan);
-        if plan.is_empty() {
-            return Ok(Vec::new());
-        }
-        let (tokens, logprobs) = self.run(&plan)?;
-        let updates = self.scheduler.update(&plan, &tokens)?;
+        let events = if plan.is_empty() {
+            Ok(Vec::new())
+        } else {
+            self.execute(&plan)
+        };
+        self.last_plan = plan;
+        events
+    }
+
+    /// Runs `plan` and applies its sampled tokens.
+    fn execute(&mut self, plan: &StepPlan) -> Result<Vec<TokenEvent>, EngineError> {
+        let (tokens, logprobs) = self.run(plan)?;
+        let updates = self.scheduler.update(plan, &tokens)?;
         let mut logprobs = logprobs.into_iter();
         Ok(updates
             .into_iter()
@@ -364,6 +379,12 @@ impl Engine {
                     return Err(EngineError::BadOutput {
                         got: format!("{} sampled tokens", tokens.len()),
                         expected: format!("{}", rows.len()),
+                    });
+                }
+                if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.vocab) {
+                    return Err(EngineError::BadOutput {
+                        got: format!("sampled token {bad}"),
+                        expected: format!("ids below the vocabulary size {}", self.vocab),
                     });
                 }
                 return Ok((tokens, vec![None; rows.len()]));

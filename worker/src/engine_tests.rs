@@ -483,3 +483,51 @@ fn parallel_host_sampling_matches_one_at_a_time() {
         assert_eq!(run(vec![mk(id)])[&id], together[&id], "request {id}");
     }
 }
+
+/// A backend that answers with the wrong shapes.
+struct Liar {
+    inner: ToyBackend,
+    sampled: Option<Vec<u32>>,
+}
+
+impl Backend for Liar {
+    fn name(&self) -> &'static str {
+        "liar"
+    }
+    fn num_kv_blocks(&self) -> usize {
+        self.inner.num_kv_blocks()
+    }
+    fn block_size(&self) -> usize {
+        self.inner.block_size()
+    }
+    fn forward(
+        &mut self,
+        batch: &ForwardBatch<'_>,
+    ) -> Result<crate::backend::Logits, BackendError> {
+        let mut logits = self.inner.forward(batch)?;
+        logits.data.pop();
+        Ok(logits)
+    }
+    fn forward_sampled(
+        &mut self,
+        _: &ForwardBatch<'_>,
+        _: &[DeviceSampling],
+    ) -> Result<Option<Vec<u32>>, BackendError> {
+        Ok(self.sampled.clone())
+    }
+}
+
+#[test]
+fn malformed_backend_output_is_an_engine_error() {
+    let (_, model) = ToyBackend::with_config(VOCAB, 4, 16);
+    for sampled in [None, Some(vec![]), Some(vec![VOCAB as u32])] {
+        let liar = Liar {
+            inner: ToyBackend::new(VOCAB, 4, 16),
+            sampled,
+        };
+        let mut engine =
+            Engine::new(Box::new(liar), &model, EngineConfig::default()).expect("engine");
+        engine.add_request(greedy(1, vec![1, 2], 3)).expect("valid");
+        assert!(matches!(engine.step(), Err(EngineError::BadOutput { .. })));
+    }
+}

@@ -151,25 +151,14 @@ pub struct Logprobs {
 /// `log_softmax(logits)[token]` and the top `n`, of the unmodified logits.
 pub fn raw_logprobs(logits: &[f32], token: u32, n: usize) -> Logprobs {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    let sum: f64 = logits.iter().map(|&l| f64::from((l - max).exp())).sum();
     let log_z = max + sum.ln() as f32;
     let lp = |t: u32| {
         logits
             .get(t as usize)
             .map_or(f32::NEG_INFINITY, |&l| l - log_z)
     };
-    let mut order: Vec<u32> = (0..logits.len() as u32).collect();
-    let n = n.min(order.len());
-    let by_desc = |a: &u32, b: &u32| {
-        logits[*b as usize]
-            .total_cmp(&logits[*a as usize])
-            .then(a.cmp(b))
-    };
-    if n > 0 && n < order.len() {
-        order.select_nth_unstable_by(n - 1, by_desc);
-    }
-    order.truncate(n);
-    order.sort_by(by_desc);
+    let order = top_n(logits, n);
     Logprobs {
         sampled: TokenLogprob {
             token,
@@ -223,13 +212,34 @@ pub fn apply_penalties(logits: &mut [f32], params: &SamplingParams, history: His
 
 /// Index of the largest logit (lowest index on ties; NaN never wins).
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] || logits[best].is_nan() && !l.is_nan() {
-            best = i;
-        }
+    // Two simple passes vectorize better than one with a NaN-aware branch; `f32::max` skips NaN.
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    logits.iter().position(|&l| l == max).unwrap_or(0) as u32
+}
+
+/// The `n` largest logits' ids, highest first (ties: lower id first), in one pass.
+fn top_n(logits: &[f32], n: usize) -> Vec<u32> {
+    let n = n.min(logits.len());
+    if n == 0 {
+        return Vec::new();
     }
-    best as u32
+    let better = |a: u32, b: u32| {
+        logits[a as usize]
+            .total_cmp(&logits[b as usize])
+            .then(b.cmp(&a))
+            .is_gt()
+    };
+    // Kept sorted, best first; most tokens fail the comparison with the last one and cost nothing.
+    let mut top: Vec<u32> = Vec::with_capacity(n + 1);
+    for t in 0..logits.len() as u32 {
+        if top.len() == n && !better(t, top[n - 1]) {
+            continue;
+        }
+        let at = top.partition_point(|&k| better(k, t));
+        top.insert(at, t);
+        top.truncate(n);
+    }
+    top
 }
 
 /// The tokens that may be sampled after temperature, top-k, top-p and min-p, with their renormalized
@@ -278,11 +288,12 @@ fn filtered(logits: &[f32], params: &SamplingParams, sorted: bool) -> Vec<(u32, 
         .map(|&t| logits[t as usize])
         .fold(f32::NEG_INFINITY, f32::max);
     // One exp per token: weights are looked up from here on.
-    let mut weights = vec![0f64; logits.len()];
+    let inv_t = inv_t as f32;
+    let mut weights = vec![0f32; logits.len()];
     for &t in &order {
-        weights[t as usize] = (f64::from(logits[t as usize] - max) * inv_t).exp();
+        weights[t as usize] = ((logits[t as usize] - max) * inv_t).exp();
     }
-    let weight = |t: u32| weights[t as usize];
+    let weight = |t: u32| f64::from(weights[t as usize]);
     let z: f64 = order.iter().map(|&t| weight(t)).sum();
     // min-p keeps a prefix of the sorted order: p / p_max = weight, whatever the normalization.
     if params.min_p > 0.0 {
@@ -298,17 +309,21 @@ fn filtered(logits: &[f32], params: &SamplingParams, sorted: bool) -> Vec<(u32, 
                 cum >= top_p
             })
         };
-        let head = TOP_P_HEAD.min(order.len());
-        if head < order.len() {
-            order.select_nth_unstable_by(head - 1, by_desc);
-        }
-        order[..head].sort_by(by_desc);
-        let keep = match cut(&order[..head]) {
-            Some(i) => i + 1,
-            None => {
-                order.sort_by(by_desc);
-                cut(&order).map_or(order.len(), |i| i + 1)
+        // Sort a head of the most likely tokens; grow it until it reaches the top-p mass.
+        let mut head = TOP_P_HEAD;
+        let keep = loop {
+            let h = head.min(order.len());
+            if h < order.len() {
+                order.select_nth_unstable_by(h - 1, by_desc);
             }
+            order[..h].sort_by(by_desc);
+            if let Some(i) = cut(&order[..h]) {
+                break i + 1;
+            }
+            if h == order.len() {
+                break h;
+            }
+            head *= 4;
         };
         order.truncate(keep);
     } else if sorted {
@@ -323,6 +338,12 @@ fn filtered(logits: &[f32], params: &SamplingParams, sorted: bool) -> Vec<(u32, 
 
 /// Samples a token from `logits` (penalties already applied) with the draw `u` in `[0, 1)`.
 pub fn sample_with(logits: &[f32], params: &SamplingParams, u: f32) -> u32 {
+    if params.is_greedy() {
+        return argmax(logits);
+    }
+    if params.top_k == 0 && params.top_p >= 1.0 {
+        return sample_unsorted(logits, params, u);
+    }
     let cands = filtered(logits, params, false);
     let mut cum = 0.0f64;
     let u = f64::from(u);
@@ -333,6 +354,34 @@ pub fn sample_with(logits: &[f32], params: &SamplingParams, u: f32) -> u32 {
         }
     }
     cands.last().map_or(0, |&(t, _)| t)
+}
+
+/// Temperature and min-p only: no order needed, so no candidate list — weights in one pass, then
+/// the inverse CDF in token order.
+fn sample_unsorted(logits: &[f32], params: &SamplingParams, u: f32) -> u32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let inv_t = 1.0 / params.temperature;
+    let min_p = params.min_p;
+    let weight = |l: f32| {
+        let w = ((l - max) * inv_t).exp();
+        // NaN logits give NaN weights, which this also drops.
+        if w >= min_p { w } else { 0.0 }
+    };
+    let z: f64 = logits.iter().map(|&l| f64::from(weight(l))).sum();
+    let target = f64::from(u) * z;
+    let mut cum = 0.0f64;
+    let mut last = argmax(logits);
+    for (t, &l) in logits.iter().enumerate() {
+        let w = weight(l);
+        if w > 0.0 {
+            cum += f64::from(w);
+            last = t as u32;
+            if target < cum {
+                return last;
+            }
+        }
+    }
+    last
 }
 
 /// What the sampler needs to know about one row.

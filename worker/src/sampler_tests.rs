@@ -293,3 +293,34 @@ fn large_rows_match_the_naive_filters() {
         assert!((total - 1.0).abs() < 1e-3);
     }
 }
+
+#[test]
+fn sampled_tokens_stay_in_the_candidate_set_with_the_right_frequencies() {
+    let l = logits_of(&PROBS);
+    for p in [
+        params(|p| p.min_p = 0.5),
+        params(|p| p.top_k = 2),
+        params(|p| p.top_p = 0.75),
+    ] {
+        let cands = candidates(&l, &p);
+        let n = 10_000u64;
+        let mut counts = [0u64; 5];
+        for i in 0..n {
+            counts[sample_with(&l, &p, uniform(3, i)) as usize] += 1;
+        }
+        let chi2: f64 = cands
+            .iter()
+            .map(|&(t, q)| {
+                let e = n as f64 * f64::from(q);
+                (counts[t as usize] as f64 - e).powi(2) / e
+            })
+            .sum();
+        let inside: u64 = cands.iter().map(|&(t, _)| counts[t as usize]).sum();
+        assert_eq!(
+            inside, n,
+            "{p:?}: sampled outside the candidates: {counts:?}"
+        );
+        // One degree of freedom: P(chi2 > 10.83) = 0.001.
+        assert!(chi2 < 10.83, "{p:?}: chi2 = {chi2}, counts {counts:?}");
+    }
+}

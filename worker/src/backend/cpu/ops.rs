@@ -19,6 +19,10 @@ pub fn matmul_t(a: &[f32], w: &[f32], out: &mut [f32], (m, k, n): (usize, usize,
         out.fill(0.0);
         return;
     }
+    if m <= GEMV_MAX_ROWS {
+        gemv_rows(a, w, out, (m, k, n));
+        return;
+    }
     let (mi, ki, ni) = (m as isize, k as isize, n as isize);
     debug_assert!(mi > 0 && ki > 0 && ni > 0);
     // SAFETY: the asserts above prove `out` holds m·n elements, `a` m·k and `w` n·k. With the strides
@@ -47,6 +51,34 @@ pub fn matmul_t(a: &[f32], w: &[f32], out: &mut [f32], (m, k, n): (usize, usize,
             false,
             Parallelism::Rayon(0),
         );
+    }
+}
+
+/// Up to this many rows, [`matmul_t`] streams the weight once with dot products instead of calling
+/// GEMM: decode steps are bandwidth-bound, and GEMM would first copy (pack) the whole weight.
+const GEMV_MAX_ROWS: usize = 4;
+
+/// Weight rows per parallel task of [`gemv_rows`].
+const GEMV_ROWS_PER_TASK: usize = 32;
+
+/// [`matmul_t`] for few rows: each task takes a band of weight rows and dots every input row with it.
+fn gemv_rows(a: &[f32], w: &[f32], out: &mut [f32], (m, k, n): (usize, usize, usize)) {
+    // Transposed result `[n × m]`, so each task writes one contiguous band.
+    let mut out_t = vec![0.0f32; n * m];
+    out_t
+        .par_chunks_mut(GEMV_ROWS_PER_TASK * m)
+        .zip(w.par_chunks(GEMV_ROWS_PER_TASK * k))
+        .for_each(|(o, w_band)| {
+            for (o_row, w_row) in o.chunks_exact_mut(m).zip(w_band.chunks_exact(k)) {
+                for (o, a_row) in o_row.iter_mut().zip(a.chunks_exact(k)) {
+                    *o = dot(a_row, w_row);
+                }
+            }
+        });
+    for (j, row) in out_t.chunks_exact(m).enumerate() {
+        for (i, &v) in row.iter().enumerate() {
+            out[i * n + j] = v;
+        }
     }
 }
 
@@ -222,6 +254,23 @@ mod tests {
             for j in 0..n {
                 let want: f32 = (0..k).map(|p| a[i * k + p] * w[j * k + p]).sum();
                 assert!((out[i * n + j] - want).abs() < 1e-5, "({i},{j})");
+            }
+        }
+    }
+
+    #[test]
+    fn gemv_path_matches_naive() {
+        for m in 1..=GEMV_MAX_ROWS + 1 {
+            let (k, n) = (37, 70);
+            let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.21).sin()).collect();
+            let w: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.07).cos()).collect();
+            let mut out = vec![f32::NAN; m * n];
+            matmul_t(&a, &w, &mut out, (m, k, n));
+            for i in 0..m {
+                for j in 0..n {
+                    let want: f32 = (0..k).map(|p| a[i * k + p] * w[j * k + p]).sum();
+                    assert!((out[i * n + j] - want).abs() < 1e-5, "m {m} ({i},{j})");
+                }
             }
         }
     }
