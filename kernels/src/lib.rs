@@ -1,8 +1,13 @@
 //! The CUDA kernel sources (`*.cu`, `*.cuh`) and their compilation with NVRTC at worker start-up,
 //! cached on disk by source hash, architecture and NVRTC version.
 //!
-//! Every kernel is `extern "C"` and named `<op>_<dtype>` (`f32`, `bf16`); [`KERNELS`] lists them
-//! all. All sources form one translation unit, compiled straight to a CUBIN for the device's
+//! Every kernel is `extern "C"` and named `<op>_<dtype>` (`f32`, `bf16`; head-size and group
+//! specialisations add `_d<D>_g<G>`); [`KERNELS`] lists them all. Sources: `elementwise.cu`
+//! (embedding gather, fused residual add + RMSNorm, SiLU·mul, casts), `rope.cu` (RoPE fused with
+//! the paged KV write), `attention.cu` (general paged attention, any head size, split combine),
+//! `decode.cu` (bandwidth-oriented single-token attention), `prefill_mma.cu` (tensor-core prefill
+//! attention, bf16, head size 128), `gemv.cu` (small-batch matrix-vector), `sampling.cu` (greedy,
+//! temperature, top-k, top-p, min-p, seeded). All sources form one translation unit, compiled straight to a CUBIN for the device's
 //! architecture, so loading it needs no JIT. NVRTC is loaded at run time (cudarc's dynamic
 //! loading): a machine without CUDA builds and runs everything else, and [`compile`] answers
 //! [`KernelError::NvrtcMissing`] there.
