@@ -13,6 +13,9 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 const CHILD_FLAG: &str = "--ring-child";
+/// Records per criterion iteration: large enough that per-sample overheads (thread start, the
+/// begin/acknowledge handshake) vanish, so the samples measure throughput, not set-up.
+const BLOCK: u64 = 4096;
 
 /// Moves `iters` items of `N` bytes through an rtrb ring between two threads, `batch` at a time.
 fn rtrb_run<const N: usize>(iters: u64, batch: usize) -> Duration {
@@ -99,7 +102,7 @@ fn crossbeam_run<const N: usize>(iters: u64) -> Duration {
 
 fn size_group<const N: usize>(c: &mut Criterion, launcher: &Launcher) {
     let mut group = c.benchmark_group(format!("ring_{N}B"));
-    group.throughput(Throughput::Elements(1));
+    group.throughput(Throughput::Elements(BLOCK));
     let mut xproc = Peer::process(launcher, WaitMode::Spin).expect("start cross-process peer");
     let mut inproc = Peer::thread(WaitMode::Spin).expect("start in-process peer");
     for batch in BATCHES {
@@ -115,14 +118,20 @@ fn size_group<const N: usize>(c: &mut Criterion, launcher: &Launcher) {
         );
         group.bench_function(
             BenchmarkId::new("ringbuf_inproc", format!("batch{batch}")),
-            |b| b.iter_custom(|iters| inproc.throughput(N, batch, iters).expect("in-process run")),
+            |b| {
+                b.iter_custom(|iters| {
+                    inproc
+                        .throughput(N, batch, iters * BLOCK)
+                        .expect("in-process run")
+                })
+            },
         );
         group.bench_function(BenchmarkId::new("rtrb", format!("batch{batch}")), |b| {
-            b.iter_custom(|iters| rtrb_run::<N>(iters, batch))
+            b.iter_custom(|iters| rtrb_run::<N>(iters * BLOCK, batch))
         });
     }
     group.bench_function(BenchmarkId::new("crossbeam_arrayqueue", "batch1"), |b| {
-        b.iter_custom(crossbeam_run::<N>)
+        b.iter_custom(|iters| crossbeam_run::<N>(iters * BLOCK))
     });
     group.finish();
 }
@@ -165,6 +174,9 @@ fn rtrb_ping_pong(iters: u64, samples: &mut Vec<u64>) -> Duration {
 }
 
 fn print_quantiles(name: &str, samples: &mut [u64]) {
+    if samples.is_empty() {
+        return;
+    }
     let [p50, p99, p999] = [0.5, 0.99, 0.999].map(|q| quantile(samples, q));
     eprintln!(
         "{name}: {} round trips, p50 {p50} ns, p99 {p99} ns, p99.9 {p999} ns",

@@ -214,7 +214,7 @@ impl Peer<Segment> {
             crate::create(&from_name, CAPACITY)?,
         );
         let (tx, mut rx) = (to.producer()?, from.consumer()?);
-        let child = Command::new(&launcher.program)
+        let mut child = Command::new(&launcher.program)
             .args(&launcher.args)
             .args([to_name.as_str(), from_name.as_str(), mode.as_str()])
             .spawn()
@@ -228,7 +228,7 @@ impl Peer<Segment> {
             // Until the child claims its roles its side is absent, so the wait times out, not fails.
             match rx.pop_wait(Duration::from_millis(100))? {
                 Some(g) => ready = g.kind() == KIND_READY,
-                None if child_exited(&child) => return Err(stalled()),
+                None if child_exited(&mut child) => return Err(stalled()),
                 None => {}
             }
         }
@@ -242,9 +242,9 @@ impl Peer<Segment> {
     }
 }
 
-fn child_exited(child: &Child) -> bool {
-    // SAFETY: kill with signal 0 only checks existence of our own (unreaped) child.
-    unsafe { libc::kill(child.id() as libc::pid_t, 0) != 0 }
+fn child_exited(child: &mut Child) -> bool {
+    // An exited child is a zombie until reaped, so ask `try_wait`, not `kill(pid, 0)`.
+    !matches!(child.try_wait(), Ok(None))
 }
 
 impl<M: Memory> Peer<M> {
