@@ -111,7 +111,7 @@ fn size_group<const N: usize>(c: &mut Criterion, launcher: &Launcher) {
             |b| {
                 b.iter_custom(|iters| {
                     xproc
-                        .throughput(N, batch, iters)
+                        .throughput(N, batch, iters * BLOCK)
                         .expect("cross-process run")
                 })
             },
