@@ -6,6 +6,8 @@
 // cached there; each weight vector is multiplied against up to MAX_B activation rows, then the
 // warp reduces. The weight matrix is read exactly once per call, which is what bounds
 // small-batch decoding. The per-row summation order does not depend on the batch size.
+// Measured on the H200 (docs/benchmarks.md, run 8) it is still slower than cuBLAS end to end, so
+// the model uses it only when RINGSERVE_CUDA_GEMV=1.
 #include "common.cuh"
 
 #define MAX_B 8
