@@ -5,6 +5,7 @@
 //!
 //! usage: cuda_bench MODEL_DIR OUT_JSON LOGITS_DUMP PROMPTS_JSON
 //!        cuda_bench attention CASE   (one attention case alone, for profiling)
+//!        cuda_bench gemv OUT_JSON    (GEMV kernel vs cuBLAS at the 8B shapes, no model)
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -352,6 +353,13 @@ fn main() -> Res<()> {
         // `cuda_bench attention CASE`: one attention case alone, for ncu.
         let gpu = Gpu::new(0)?;
         attention_alone(&gpu, Some(args[2].parse()?))?;
+        return Ok(());
+    }
+    if args.len() == 3 && args[1] == "gemv" {
+        // `cuda_bench gemv OUT_JSON`: GEMV kernel vs cuBLAS alone (no model).
+        let gpu = Gpu::new(0)?;
+        let res = linear_alone(&gpu)?;
+        std::fs::write(&args[2], serde_json::to_string_pretty(&res)?)?;
         return Ok(());
     }
     if args.len() != 5 {

@@ -71,6 +71,9 @@ pub struct BackendOptions {
     pub gpu_memory_utilization: f32,
     /// CUDA: no CUDA graphs.
     pub enforce_eager: bool,
+    /// CUDA: run every GEMM on blocks of a fixed row count, so that a sequence's tokens do not
+    /// depend on which other sequences share its step (slower; the CPU backend always is).
+    pub batch_invariant: bool,
 }
 
 impl Default for BackendOptions {
@@ -82,6 +85,7 @@ impl Default for BackendOptions {
             num_kv_blocks: None,
             gpu_memory_utilization: 0.9,
             enforce_eager: false,
+            batch_invariant: false,
         }
     }
 }
@@ -134,7 +138,7 @@ pub fn load_backend(
                 gpu_memory_utilization: options.gpu_memory_utilization,
                 enforce_eager: options.enforce_eager,
                 max_batch_tokens: CUDA_WORKSPACE_TOKENS,
-                batch_invariant: false,
+                batch_invariant: options.batch_invariant,
             };
             Ok(Box::new(CudaBackend::new(config, checkpoint, &opts)?))
         }

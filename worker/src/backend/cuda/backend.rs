@@ -146,8 +146,15 @@ pub struct CudaBackend {
     graphs: HashMap<(usize, usize), Graph>,
     enforce_eager: bool,
     batch_invariant: bool,
+    /// Products of at most this many rows use the GEMV kernel instead of cuBLAS (0: never).
+    gemv_max_rows: usize,
     _blas_workspace: Buf,
 }
+
+/// Environment variable that, set to `1`, sends products of up to [`kernels::GEMV_MAX_BATCH`]
+/// rows to the GEMV kernel instead of cuBLAS (experimental, off by default; ignored in
+/// batch-invariant mode).
+pub const GEMV_ENV: &str = "RINGSERVE_CUDA_GEMV";
 
 /// Sizes of one launch sequence.
 #[derive(Debug, Clone, Copy)]
@@ -256,6 +263,11 @@ impl CudaBackend {
             graphs: HashMap::new(),
             enforce_eager: opts.enforce_eager,
             batch_invariant: opts.batch_invariant,
+            gemv_max_rows: if std::env::var(GEMV_ENV).is_ok_and(|v| v == "1") {
+                kernels::GEMV_MAX_BATCH
+            } else {
+                0
+            },
             _blas_workspace: blas_ws,
         })
     }
@@ -365,6 +377,8 @@ impl CudaBackend {
     fn linear(&self, l: &Linear<'_>) -> Result<(), BackendError> {
         if self.batch_invariant {
             ops::linear_chunked(&self.gpu, l, INVARIANT_CHUNK)
+        } else if l.m <= self.gemv_max_rows && l.gemv_ok() {
+            ops::gemv(&self.gpu, l)
         } else {
             ops::linear(&self.gpu, l)
         }

@@ -7,5 +7,5 @@ pub mod ops;
 pub mod step;
 mod weights;
 
-pub use backend::{CudaBackend, CudaOptions, INVARIANT_CHUNK, MAX_GRAPH_BATCH};
+pub use backend::{CudaBackend, CudaOptions, GEMV_ENV, INVARIANT_CHUNK, MAX_GRAPH_BATCH};
 pub use device::{Buf, DType, Gpu};

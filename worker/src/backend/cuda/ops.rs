@@ -597,7 +597,8 @@ fn gemm_rows(gpu: &Gpu, l: &Linear<'_>, row0: usize, rows: usize) -> Result<(), 
 
 /// The product the backend uses: cuBLAS. (The GEMV kernel reached 1.1–2.4 TB/s on the H200 where
 /// cuBLAS reached 1.9–4.4 TB/s at the 8B shapes for 1 and 8 rows — docs/benchmarks.md — so it is
-/// not on the model's path.)
+/// not on the model's path unless `RINGSERVE_CUDA_GEMV=1`; its rewrite with four loads in flight
+/// per lane was still slower end to end in run 8.)
 pub fn linear(gpu: &Gpu, l: &Linear<'_>) -> Result<(), BackendError> {
     gemm(gpu, l)
 }
