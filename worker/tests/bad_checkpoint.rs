@@ -382,3 +382,22 @@ fn backend_reports_bad_weights() {
         "{err}"
     );
 }
+
+#[test]
+fn backend_rejects_bad_options() {
+    let config = config_json();
+    let dir = tempfile::tempdir().unwrap();
+    write_folder(dir.path(), &config, &good_tensors(&config));
+    let (cfg, ckpt) = Checkpoint::load(dir.path()).unwrap();
+    for (block_size, num_kv_blocks) in [(0, 8), (16, 1), (16, usize::MAX / 4)] {
+        let options = worker::backend::cpu::CpuOptions {
+            block_size,
+            num_kv_blocks,
+        };
+        let err = worker::backend::cpu::CpuBackend::new(&cfg, &ckpt, options).unwrap_err();
+        assert!(
+            matches!(err, worker::backend::BackendError::InvalidOptions(_)),
+            "{block_size} x {num_kv_blocks}: {err}"
+        );
+    }
+}

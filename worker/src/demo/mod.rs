@@ -26,7 +26,7 @@ use crate::checkpoint::names::expected_tensors;
 use crate::config::ModelConfig;
 
 /// Bumped whenever the demo's files change, so a stale cached copy is not reused.
-pub const DEMO_VERSION: u32 = 1;
+pub const DEMO_VERSION: u32 = 2;
 /// Seed of the weights.
 pub const DEMO_SEED: u64 = 0x7269_6e67_7365_7276;
 

@@ -11,10 +11,8 @@ use crate::config::{Architecture, RopeScaling};
 fn tokenizer_round_trips_any_text() {
     let tok = build_tokenizer().unwrap();
     let vocab = tok.get_vocab_size(true);
-    assert!(
-        (1000..=tokenizer::TARGET_VOCAB).contains(&vocab),
-        "vocab {vocab}"
-    );
+    // The corpus is large enough for the trainer to reach its target.
+    assert_eq!(vocab, tokenizer::TARGET_VOCAB);
     for (i, special) in tokenizer::SPECIAL_TOKENS.iter().enumerate() {
         assert_eq!(tok.token_to_id(special), Some(i as u32));
     }

@@ -115,8 +115,8 @@ impl CpuBackend {
         let mut k_cache = Vec::with_capacity(config.num_hidden_layers);
         let mut v_cache = Vec::with_capacity(config.num_hidden_layers);
         for _ in 0..config.num_hidden_layers {
-            k_cache.push(vec![0.0f32; cache_len]);
-            v_cache.push(vec![0.0f32; cache_len]);
+            k_cache.push(zeroed(cache_len)?);
+            v_cache.push(zeroed(cache_len)?);
         }
         Ok(Self {
             config: config.clone(),
@@ -233,6 +233,19 @@ impl CpuBackend {
             vc[dst..dst + kv_dim].copy_from_slice(&row[q_dim + kv_dim..]);
         }
     }
+}
+
+/// A zeroed cache buffer; running out of memory is an error, not an abort.
+fn zeroed(len: usize) -> Result<Vec<f32>, BackendError> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| {
+        BackendError::InvalidOptions(format!(
+            "cannot allocate a KV cache of {} MiB per layer; use fewer KV blocks",
+            (len * 8) >> 20
+        ))
+    })?;
+    v.resize(len, 0.0);
+    Ok(v)
 }
 
 fn load_layer(

@@ -154,17 +154,20 @@ pub fn paged_attention(
             let ctx = tokens[t];
             let q_row = &q[t * q_stride + head * d..t * q_stride + (head + 1) * d];
             let kv_off = (head / group) * d;
-            let slot = |j: usize| {
-                let block = ctx.block_table[j / block_size] as usize;
-                (block * block_size + j % block_size) * kv_dim + kv_off
+            // Offsets of the K/V rows of positions 0..=position, block by block.
+            let rows = || {
+                ctx.block_table
+                    .iter()
+                    .flat_map(move |&b| {
+                        let base = b as usize * block_size;
+                        (base..base + block_size).map(move |slot| slot * kv_dim + kv_off)
+                    })
+                    .take(ctx.position + 1)
             };
             scores.clear();
             let mut max = f32::NEG_INFINITY;
-            for j in 0..=ctx.position {
-                let s = slot(j);
-                let k = &k_cache[s..s + d];
-                let dot: f32 = q_row.iter().zip(k).map(|(a, b)| a * b).sum();
-                let score = dot * scale;
+            for s in rows() {
+                let score = dot(q_row, &k_cache[s..s + d]) * scale;
                 max = max.max(score);
                 scores.push(score);
             }
@@ -174,14 +177,34 @@ pub fn paged_attention(
                 sum += *s;
             }
             o.fill(0.0);
-            for (j, &w) in scores.iter().enumerate() {
+            for (s, &w) in rows().zip(scores.iter()) {
                 let p = w / sum;
-                let s = slot(j);
                 for (o, &v) in o.iter_mut().zip(&v_cache[s..s + d]) {
                     *o += p * v;
                 }
             }
         });
+}
+
+/// Dot product with eight independent partial sums, so the compiler can keep them in SIMD lanes (a
+/// plain `sum()` of f32 must run strictly in order and stays scalar).
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    const LANES: usize = 8;
+    let mut acc = [0.0f32; LANES];
+    let (a_chunks, b_chunks) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail: f32 = a_chunks
+        .remainder()
+        .iter()
+        .zip(b_chunks.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in a_chunks.zip(b_chunks) {
+        for i in 0..LANES {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
 }
 
 #[cfg(test)]
@@ -200,6 +223,16 @@ mod tests {
                 let want: f32 = (0..k).map(|p| a[i * k + p] * w[j * k + p]).sum();
                 assert!((out[i * n + j] - want).abs() < 1e-5, "({i},{j})");
             }
+        }
+    }
+
+    #[test]
+    fn dot_matches_sequential_sum() {
+        for n in [0, 1, 7, 8, 9, 64, 67] {
+            let a: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 3.0).collect();
+            let b: Vec<f32> = (0..n).map(|i| (i % 5) as f32 - 2.0).collect();
+            let want: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+            assert_eq!(dot(&a, &b), want, "n = {n}");
         }
     }
 
