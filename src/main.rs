@@ -6,6 +6,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 mod engine_cli;
+mod serve_cli;
 
 #[derive(Parser)]
 #[command(
@@ -22,11 +23,15 @@ struct Cli {
 enum Command {
     /// Offline batch generation: JSONL requests in, JSONL results out.
     Generate(engine_cli::GenerateArgs),
+    /// Serve a model over gRPC: the gateway plus worker processes (default: the demo model on the CPU).
+    Serve(serve_cli::ServeArgs),
+    /// One worker process serving a gateway's rings (started by `serve`).
+    Worker(serve_cli::WorkerArgs),
+    /// Stream a completion from a running server to the terminal.
+    Client(serve_cli::ClientArgs),
     /// Benchmarks.
-    Bench {
-        #[command(subcommand)]
-        which: BenchCommand,
-    },
+    #[command(subcommand)]
+    Bench(BenchCommand),
     /// Write the built-in demo model (a small random-weight Llama with a real tokenizer) to a folder.
     DemoModel {
         /// Output folder (created if missing; existing files are overwritten).
@@ -37,6 +42,22 @@ enum Command {
 
 #[derive(Subcommand)]
 enum BenchCommand {
+    /// Shared-memory ring across two processes: throughput per record size and batch, and
+    /// ping-pong round-trip latency (spinning and with futex waits).
+    Ring {
+        /// Records per throughput measurement.
+        #[arg(long, default_value_t = 2_000_000)]
+        records: u64,
+        /// Round trips per latency measurement.
+        #[arg(long, default_value_t = 100_000)]
+        round_trips: usize,
+        /// Measurements per cell (the best is shown).
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+    },
+    /// The child process of `bench ring` (started by it).
+    #[command(hide = true)]
+    RingChild { args: Vec<String> },
     /// Offline engine throughput over batch sizes and prompt lengths (prefill and decode tokens/s).
     Engine(engine_cli::BenchEngineArgs),
 }
@@ -49,9 +70,28 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Generate(args) => engine_cli::generate(args),
-        Command::Bench { which } => match which {
-            BenchCommand::Engine(args) => engine_cli::bench_engine(args),
-        },
+        Command::Serve(args) => serve_cli::serve(args),
+        Command::Worker(args) => serve_cli::worker(args),
+        Command::Client(args) => serve_cli::client(args),
+        Command::Bench(BenchCommand::Ring {
+            records,
+            round_trips,
+            repeats,
+        }) => {
+            let launcher = ringbuf::bench::Launcher::current_exe(&["bench", "ring-child"])?;
+            let config = ringbuf::bench::ReportConfig {
+                records,
+                round_trips,
+                repeats,
+            };
+            print!("{}", ringbuf::bench::report(&launcher, config)?);
+            Ok(())
+        }
+        Command::Bench(BenchCommand::RingChild { args }) => {
+            ringbuf::bench::child_main(&args)?;
+            Ok(())
+        }
+        Command::Bench(BenchCommand::Engine(args)) => engine_cli::bench_engine(args),
         Command::DemoModel { out } => {
             worker::demo::write_demo_model(&out)
                 .with_context(|| format!("writing the demo model to {}", out.display()))?;
@@ -59,4 +99,9 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// The demo model's folder, written on first use under the user's cache directory.
+fn demo_model_dir() -> anyhow::Result<PathBuf> {
+    worker::demo::cached_demo_model_dir().context("preparing the demo model")
 }

@@ -1,4 +1,24 @@
-//! The gateway process: the tonic `Inference` service, tokenization and chat templates, admission
-//! control, routing to workers over shared-memory rings, per-request streams, metrics, health, and the
-//! supervisor of worker processes.
+//! The gateway process: the tonic `ringserve.v1.Inference` service, tokenization and chat templates,
+//! validation, admission control, routing to worker processes over shared-memory rings, per-request
+//! streams with incremental detokenization and stop strings, metrics, health, graceful shutdown, and
+//! the supervisor that starts and restarts worker processes.
+//!
+//! The gateway never runs the model: it writes token ids into a worker's request ring and streams
+//! back what the worker writes into its response ring.
 #![forbid(unsafe_code)]
+
+pub mod admission;
+pub mod chat;
+pub mod client;
+pub mod detok;
+pub mod health;
+pub mod link;
+pub mod metrics;
+pub mod router;
+pub mod server;
+pub mod service;
+pub mod stop;
+pub mod stream;
+pub mod supervisor;
+pub mod tokenizer;
+pub mod validate;

@@ -1,2 +1,16 @@
-//! Wire types: the gRPC `ringserve.v1` API (tonic/prost) and the fixed-layout shared-memory records
-//! (`Submit`, `Cancel`, `Tokens`, `StepPlan`) exchanged between gateway and workers over the rings.
+//! Wire types: the gRPC `ringserve.v1` API (tonic/prost, generated into `OUT_DIR` at build time) and
+//! the fixed-layout shared-memory records ([`records`]) exchanged between gateway and workers over
+//! the rings.
+#![forbid(unsafe_code)]
+
+pub mod records;
+
+/// The `ringserve.v1` gRPC API, generated from `proto/inference.proto`.
+pub mod v1 {
+    #![allow(missing_docs, clippy::all)]
+    tonic::include_proto!("ringserve.v1");
+
+    /// The encoded `FileDescriptorSet` of `inference.proto`, for server reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        tonic::include_file_descriptor_set!("ringserve_v1_descriptor");
+}

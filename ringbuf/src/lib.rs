@@ -1,2 +1,44 @@
-//! Lock-free single-producer/single-consumer rings in POSIX shared memory: the wire that carries every
-//! request and every token between the gateway and the worker processes.
+#![doc = include_str!("../README.md")]
+
+#[cfg(not(loom))]
+pub mod bench;
+#[cfg(not(loom))]
+mod futex;
+
+mod consumer;
+mod error;
+pub mod layout;
+mod liveness;
+mod memory;
+mod producer;
+mod ring;
+#[cfg(not(loom))]
+mod shm;
+mod sync;
+
+pub use consumer::{Consumer, ReadGrant, Record};
+pub use error::{Error, Result, Role};
+pub use liveness::PeerState;
+pub use memory::{HeapMemory, Memory};
+pub use producer::{Batch, Producer, WriteGrant};
+pub use ring::{Ring, WaitConfig};
+#[cfg(not(loom))]
+pub use shm::{Segment, attach, create, reap, unique_name};
+
+/// The memory a ring lives in unless said otherwise: shared memory (the heap under loom).
+#[cfg(not(loom))]
+#[doc(hidden)]
+pub type DefaultMemory = shm::Segment;
+/// The memory a ring lives in unless said otherwise: shared memory (the heap under loom).
+#[cfg(loom)]
+#[doc(hidden)]
+pub type DefaultMemory = HeapMemory;
+
+#[cfg(all(test, not(loom)))]
+mod tests;
+
+#[cfg(all(test, loom))]
+mod loom_tests;
+
+#[cfg(all(test, not(loom)))]
+mod prop_tests;

@@ -16,3 +16,4 @@ pub mod open;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;
+pub mod serve;

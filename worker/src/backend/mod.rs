@@ -13,6 +13,7 @@ use thiserror::Error;
 
 pub mod cpu;
 mod load;
+pub mod null;
 
 pub use load::{BackendOptions, ComputeDtype, Device, ParseDeviceError, load_backend};
 

@@ -1,0 +1,237 @@
+//! The gateway process: binds the gRPC and metrics listeners, starts the supervisors, serves, and
+//! shuts down gracefully on SIGTERM/SIGINT.
+//!
+//! Shutdown: health turns NOT_SERVING and new requests are refused with UNAVAILABLE; requests in
+//! flight get up to the drain timeout to finish; then the workers are stopped, every ring segment
+//! is unlinked, and the server returns.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::admission::{Admission, AdmissionLimits};
+use crate::health::Health;
+use crate::router::Router;
+use crate::service::{InferenceService, Shared};
+use crate::supervisor::{WorkerCommand, supervise};
+use crate::tokenizer::TextModel;
+
+/// Everything `ringserve serve` configures.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The model folder (tokenizer, chat template, EOS ids are read from it).
+    pub model_dir: PathBuf,
+    /// The model's name in `ModelInfo`.
+    pub model_name: String,
+    /// gRPC address (port 0 picks a free port; the bound address is printed).
+    pub addr: SocketAddr,
+    /// Prometheus `/metrics` address, if any.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Worker processes.
+    pub workers: usize,
+    /// How to start one (`ring_prefix` is filled in by [`run`]).
+    pub worker: WorkerCommand,
+    pub admission: AdmissionLimits,
+    /// How long in-flight requests may take to finish once shutdown begins.
+    pub drain_timeout: Duration,
+}
+
+/// The server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("binding {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("tokenizer: {0}")]
+    Tokenizer(#[from] crate::tokenizer::TokenizerError),
+    #[error("metrics: {0}")]
+    Metrics(String),
+    #[error("reflection: {0}")]
+    Reflection(String),
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// End-of-sequence ids from `config.json` and `generation_config.json` (a number or a list).
+pub fn model_eos_ids(dir: &std::path::Path) -> Vec<u32> {
+    let mut ids = Vec::new();
+    for file in ["config.json", "generation_config.json"] {
+        let Ok(text) = std::fs::read_to_string(dir.join(file)) else {
+            continue;
+        };
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
+            continue;
+        };
+        let found: Vec<u32> = match v.get("eos_token_id") {
+            Some(serde_json::Value::Number(n)) => {
+                n.as_u64().map(|n| n as u32).into_iter().collect()
+            }
+            Some(serde_json::Value::Array(a)) => a
+                .iter()
+                .filter_map(|x| x.as_u64().map(|n| n as u32))
+                .collect(),
+            _ => Vec::new(),
+        };
+        for id in found {
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+    }
+    ids
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// Runs the gateway until SIGTERM/SIGINT, then drains and cleans up.
+pub async fn run(mut config: ServerConfig) -> Result<(), ServerError> {
+    let dir = config.model_dir.clone();
+    let text = tokio::task::spawn_blocking(move || TextModel::load(&dir))
+        .await
+        .map_err(|e| ServerError::Other(e.to_string()))??
+        .map(Arc::new);
+    let eos = model_eos_ids(&config.model_dir);
+
+    let metrics_bound = match config.metrics_addr {
+        Some(addr) => {
+            let handle = crate::metrics::install().map_err(ServerError::Metrics)?;
+            let listener = TcpListener::bind(addr)
+                .await
+                .map_err(|source| ServerError::Bind { addr, source })?;
+            let bound = listener.local_addr().ok();
+            tokio::spawn(crate::metrics::serve_metrics(listener, handle));
+            bound
+        }
+        None => None,
+    };
+    let listener = TcpListener::bind(config.addr)
+        .await
+        .map_err(|source| ServerError::Bind {
+            addr: config.addr,
+            source,
+        })?;
+    let grpc_bound = listener
+        .local_addr()
+        .map_err(|e| ServerError::Other(e.to_string()))?;
+
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    let health = Health::new(reporter).await;
+    let shared = Arc::new(Shared::new(
+        config.model_name.clone(),
+        eos,
+        text,
+        Router::new(config.workers),
+        Admission::new(config.admission),
+    ));
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(protos::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| ServerError::Reflection(e.to_string()))?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(protos::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .map_err(|e| ServerError::Reflection(e.to_string()))?;
+
+    config.worker.ring_prefix = ringbuf::unique_name("ringserve");
+    let prefix = config.worker.ring_prefix.clone();
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let supervisors: Vec<_> = (0..config.workers)
+        .map(|slot| {
+            tokio::spawn(supervise(
+                slot,
+                config.worker.clone(),
+                shared.clone(),
+                health.clone(),
+                stop_rx.clone(),
+            ))
+        })
+        .collect();
+
+    // Tests and tools read this line.
+    println!(
+        "listening grpc={grpc_bound} metrics={} rings={prefix}",
+        metrics_bound.map_or_else(|| "off".to_owned(), |a| a.to_string())
+    );
+    tracing::info!(%grpc_bound, ?metrics_bound, workers = config.workers, "gateway listening");
+
+    let (server_stop_tx, server_stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let drain = {
+        let shared = shared.clone();
+        let health = health.clone();
+        let timeout = config.drain_timeout;
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            tracing::info!("shutdown requested: draining");
+            // Relaxed: a plain flag; see `Shared::draining`.
+            shared.draining.store(true, Ordering::Relaxed);
+            health.update(&shared).await;
+            let start = Instant::now();
+            while shared.admission.in_flight() > 0 && start.elapsed() < timeout {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let left = shared.admission.in_flight();
+            if left > 0 {
+                tracing::warn!(left, "drain timeout: stopping with requests in flight");
+            }
+            let _ = stop_tx.send(true);
+            for s in supervisors {
+                let _ = s.await;
+            }
+            // Give the streams a moment to send their last message before the server stops.
+            let start = Instant::now();
+            while shared.admission.in_flight() > 0 && start.elapsed() < Duration::from_secs(2) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let _ = server_stop_tx.send(());
+        })
+    };
+
+    let result = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(protos::v1::inference_server::InferenceServer::new(
+            InferenceService::new(shared.clone()),
+        ))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+            let _ = server_stop_rx.await;
+        })
+        .await;
+    drain.abort();
+    // Every ring was unlinked by its supervisor; remove anything a crash left behind.
+    match ringbuf::reap(&prefix) {
+        Ok(left) if !left.is_empty() => tracing::warn!(?left, "removed leftover segments"),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "reaping segments"),
+    }
+    tracing::info!("gateway stopped");
+    result.map_err(ServerError::from)
+}

@@ -1,0 +1,264 @@
+//! The `ringserve.v1.Inference` tonic service.
+//!
+//! `Generate` validates the request, tokenizes it on the blocking pool, admits it, routes it to a
+//! worker, writes its Submit record into that worker's ring, and returns a stream fed by a
+//! per-request task (see [`crate::stream`]).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use protos::records::Submit;
+use protos::v1::inference_server::Inference;
+use protos::v1::{
+    GenerateRequest, GenerateResponse, ModelInfoRequest, ModelInfoResponse, TokenizeRequest,
+    TokenizeResponse, tokenize_request,
+};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use crate::admission::Admission;
+use crate::chat::Message;
+use crate::metrics as m;
+use crate::router::Router;
+use crate::stream::{RequestTask, run_request};
+use crate::tokenizer::TextModel;
+use crate::validate::{self, ModelLimits, Prompt};
+
+/// What every request handler shares.
+#[derive(Debug)]
+pub struct Shared {
+    /// The model's name (its folder name).
+    pub model_name: String,
+    /// End-of-sequence ids from the model's config.
+    pub eos_token_ids: Vec<u32>,
+    /// Tokenizer and chat template, when the model has them.
+    pub text: Option<Arc<TextModel>>,
+    pub router: Router,
+    pub admission: Admission,
+    /// Set when shutdown begins: new requests are refused.
+    pub draining: AtomicBool,
+    next_id: AtomicU64,
+}
+
+impl Shared {
+    /// Shared state for a model.
+    pub fn new(
+        model_name: String,
+        eos_token_ids: Vec<u32>,
+        text: Option<Arc<TextModel>>,
+        router: Router,
+        admission: Admission,
+    ) -> Self {
+        Self {
+            model_name,
+            eos_token_ids,
+            text,
+            router,
+            admission,
+            draining: AtomicBool::new(false),
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    fn limits(&self) -> Result<ModelLimits, Status> {
+        let link = self
+            .router
+            .any()
+            .ok_or_else(|| Status::unavailable("no worker is ready"))?;
+        Ok(ModelLimits {
+            vocab_size: link.info.vocab_size,
+            max_model_len: link.info.max_model_len,
+        })
+    }
+}
+
+/// The gRPC service.
+#[derive(Debug, Clone)]
+pub struct InferenceService {
+    shared: Arc<Shared>,
+}
+
+impl InferenceService {
+    /// A service over `shared`.
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+}
+
+fn outcome(label: &'static str) {
+    metrics::counter!(m::REQUESTS, "outcome" => label).increment(1);
+}
+
+/// Tokenizes a prompt on the blocking pool.
+async fn tokenize(text: Option<Arc<TextModel>>, prompt: Prompt) -> Result<Vec<u32>, Status> {
+    let (field, work): (
+        &str,
+        Box<dyn FnOnce(&TextModel) -> Result<Vec<u32>, String> + Send>,
+    ) = match prompt {
+        Prompt::Ids(ids) => return Ok(ids),
+        Prompt::Text(t) => ("prompt.text", Box::new(move |tm| tm.encode_text(&t))),
+        Prompt::Chat(msgs) => ("prompt.chat", Box::new(move |tm| tm.encode_chat(&msgs))),
+    };
+    let text = text.ok_or_else(|| {
+        Status::invalid_argument(format!(
+            "{field}: this model has no tokenizer; send prompt.token_ids"
+        ))
+    })?;
+    tokio::task::spawn_blocking(move || work(&text))
+        .await
+        .map_err(|e| Status::internal(format!("tokenizer task: {e}")))?
+        .map_err(|e| Status::invalid_argument(format!("{field}: {e}")))
+}
+
+/// The deadline a client set with `grpc-timeout`, if any.
+fn deadline_of<T>(req: &Request<T>) -> Option<Instant> {
+    let v = req.metadata().get("grpc-timeout")?.to_str().ok()?;
+    let (num, unit) = v.split_at(v.len().checked_sub(1)?);
+    let n: u64 = num.parse().ok()?;
+    let d = match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    };
+    Some(Instant::now() + d)
+}
+
+#[tonic::async_trait]
+impl Inference for InferenceService {
+    type GenerateStream = ReceiverStream<Result<GenerateResponse, Status>>;
+
+    async fn generate(
+        &self,
+        request: Request<GenerateRequest>,
+    ) -> Result<Response<Self::GenerateStream>, Status> {
+        let arrived = Instant::now();
+        let deadline = deadline_of(&request);
+        let s = &self.shared;
+        // Relaxed: a plain flag; a request racing the switch is drained like any in flight.
+        if s.draining.load(Ordering::Relaxed) {
+            outcome("refused_draining");
+            return Err(Status::unavailable("the server is shutting down"));
+        }
+        let checked = validate::check(request.into_inner(), rand::random()).inspect_err(|_| {
+            outcome("invalid");
+        })?;
+        let limits = s.limits()?;
+        let prompt = tokenize(s.text.clone(), checked.prompt.clone())
+            .await
+            .inspect_err(|_| outcome("invalid"))?;
+        let valid =
+            validate::finish(checked, prompt, limits).inspect_err(|_| outcome("invalid"))?;
+        let permit = s.admission.try_admit(valid.prompt.len()).map_err(|e| {
+            outcome("rejected_overload");
+            Status::resource_exhausted(e.to_string())
+        })?;
+        let link = s
+            .router
+            .pick()
+            .ok_or_else(|| Status::unavailable("no worker is ready"))?;
+        let id = s.next_id.fetch_add(1, Ordering::Relaxed);
+        let request_id = if valid.request_id.is_empty() {
+            format!("req-{id}")
+        } else {
+            valid.request_id.clone()
+        };
+        let events = link
+            .register(id, valid.max_tokens)
+            .map_err(|e| Status::unavailable(e.to_string()))?;
+        let prompt_len = valid.prompt.len();
+        let work = (prompt_len + valid.max_tokens as usize) as i64;
+        link.add_outstanding(work);
+        let submit = Submit {
+            request_id: id,
+            sampling: valid.sampling,
+            max_tokens: valid.max_tokens,
+            logprobs: valid.logprobs,
+            ignore_eos: valid.ignore_eos,
+            stop_token_ids: valid.stop_token_ids.clone(),
+            prompt: valid.prompt.clone(),
+        };
+        if let Err(e) = link.submit(submit).await {
+            link.unregister(id);
+            link.add_outstanding(-work);
+            outcome("worker_unavailable");
+            return Err(Status::unavailable(format!("worker: {e}")));
+        }
+        metrics::histogram!(m::QUEUE).record(arrived.elapsed().as_secs_f64());
+        metrics::counter!(m::PROMPT_TOKENS).increment(prompt_len as u64);
+        tracing::debug!(request_id, id, worker = link.slot, prompt_len, "submitted");
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        let task = RequestTask {
+            id,
+            request_id,
+            link,
+            events,
+            out: tx,
+            permit,
+            text: s.text.clone(),
+            request: valid,
+            arrived,
+            deadline,
+            work,
+        };
+        tokio::spawn(run_request(task));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn tokenize(
+        &self,
+        request: Request<TokenizeRequest>,
+    ) -> Result<Response<TokenizeResponse>, Status> {
+        let prompt = match request.into_inner().input {
+            None => return Err(Status::invalid_argument("input: missing")),
+            Some(tokenize_request::Input::Text(t)) => Prompt::Text(t),
+            Some(tokenize_request::Input::Chat(c)) => {
+                let mut msgs = Vec::with_capacity(c.messages.len());
+                for (i, m) in c.messages.into_iter().enumerate() {
+                    if !crate::chat::ROLES.contains(&m.role.as_str()) {
+                        return Err(Status::invalid_argument(format!(
+                            "input.chat.messages[{i}].role: unknown role {:?}",
+                            m.role
+                        )));
+                    }
+                    msgs.push(Message {
+                        role: m.role,
+                        content: m.content,
+                    });
+                }
+                Prompt::Chat(msgs)
+            }
+        };
+        let ids = tokenize(self.shared.text.clone(), prompt).await?;
+        let tokens = self
+            .shared
+            .text
+            .as_ref()
+            .map(|t| t.token_strings(&ids))
+            .unwrap_or_default();
+        Ok(Response::new(TokenizeResponse {
+            token_ids: ids,
+            tokens,
+        }))
+    }
+
+    async fn model_info(
+        &self,
+        _request: Request<ModelInfoRequest>,
+    ) -> Result<Response<ModelInfoResponse>, Status> {
+        let s = &self.shared;
+        let limits = s.limits()?;
+        Ok(Response::new(ModelInfoResponse {
+            model_name: s.model_name.clone(),
+            max_model_len: limits.max_model_len,
+            vocab_size: limits.vocab_size,
+            eos_token_ids: s.eos_token_ids.clone(),
+            has_tokenizer: s.text.is_some(),
+            has_chat_template: s.text.as_ref().is_some_and(|t| t.chat.is_some()),
+        }))
+    }
+}

@@ -1,0 +1,221 @@
+//! The supervisor: starts each worker process (re-executing the `ringserve` binary), waits until it
+//! is ready, hands it to the router, and restarts it with backoff when it dies.
+//!
+//! The gateway creates both rings of a worker under fresh names (so a restarted worker never sees a
+//! dead one's records), keeps the request ring's producer end and the response ring's consumer end,
+//! and passes the name prefix to the worker. On every exit path the rings are dropped, which
+//! unlinks their segments.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::process::{Child, Command};
+use tokio::sync::{oneshot, watch};
+
+use crate::health::Health;
+use crate::link::{self, WorkerLink};
+use crate::metrics as m;
+use crate::service::Shared;
+
+/// How to start a worker process.
+#[derive(Debug, Clone)]
+pub struct WorkerCommand {
+    /// The binary (normally `std::env::current_exe()`).
+    pub exe: PathBuf,
+    /// Arguments before `--rings NAME` (e.g. `worker --model DIR --device cpu ...`).
+    pub args: Vec<String>,
+    /// Capacity of each ring in bytes (power of two).
+    pub ring_capacity: usize,
+    /// Prefix of the rings' names (unique per gateway process).
+    pub ring_prefix: String,
+}
+
+/// Backoff between restarts: doubles from 100 ms up to 5 s, reset after a worker lived 30 s.
+#[derive(Debug, Clone, Copy)]
+struct Backoff {
+    next: Duration,
+}
+
+impl Backoff {
+    const MIN: Duration = Duration::from_millis(100);
+    const MAX: Duration = Duration::from_secs(5);
+
+    fn after(&mut self, lived: Duration) -> Duration {
+        if lived > Duration::from_secs(30) {
+            self.next = Self::MIN;
+        }
+        let d = self.next;
+        self.next = (self.next * 2).min(Self::MAX);
+        d
+    }
+}
+
+/// Runs worker `slot` until `shutdown` turns true.
+pub async fn supervise(
+    slot: usize,
+    cmd: WorkerCommand,
+    shared: Arc<Shared>,
+    health: Health,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut backoff = Backoff { next: Backoff::MIN };
+    let mut generation = 0u32;
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        let started = Instant::now();
+        match run_once(slot, generation, &cmd, &shared, &health, &mut shutdown).await {
+            Ok(Stop::Shutdown) => return,
+            Ok(Stop::Died) => {}
+            Err(e) => tracing::error!(worker = slot, error = %e, "worker failed to start"),
+        }
+        generation += 1;
+        metrics::counter!(m::WORKER_RESTARTS).increment(1);
+        let wait = backoff.after(started.elapsed());
+        tracing::warn!(worker = slot, ?wait, "restarting worker");
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+enum Stop {
+    Shutdown,
+    Died,
+}
+
+async fn run_once(
+    slot: usize,
+    generation: u32,
+    cmd: &WorkerCommand,
+    shared: &Arc<Shared>,
+    health: &Health,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<Stop, String> {
+    let prefix = format!("{}-w{slot}g{generation}", cmd.ring_prefix);
+    let req_name = format!("{prefix}-req");
+    let resp_name = format!("{prefix}-resp");
+    let req = ringbuf::create(&req_name, cmd.ring_capacity).map_err(|e| e.to_string())?;
+    let resp = ringbuf::create(&resp_name, cmd.ring_capacity).map_err(|e| e.to_string())?;
+    let producer = req.producer().map_err(|e| e.to_string())?;
+    let mut consumer = resp.consumer().map_err(|e| e.to_string())?;
+    let mut child = Command::new(&cmd.exe)
+        .args(&cmd.args)
+        .arg("--rings")
+        .arg(&prefix)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("spawning {}: {e}", cmd.exe.display()))?;
+    let pid = child.id().unwrap_or(0);
+    tracing::info!(worker = slot, pid, rings = %prefix, "worker started");
+
+    // The reader thread first waits for the Hello, then reads tokens until the worker dies.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (hello_tx, hello_rx) = oneshot::channel();
+    let (link_tx, link_rx) = std::sync::mpsc::channel::<Arc<WorkerLink>>();
+    let thread_stop = stop.clone();
+    let reader = std::thread::Builder::new()
+        .name(format!("ring-reader-{slot}"))
+        .spawn(move || {
+            let hello = link::wait_hello(&mut consumer, &thread_stop);
+            let ok = matches!(hello, Ok(Some(_)));
+            let _ = hello_tx.send(hello);
+            if ok && let Ok(link) = link_rx.recv() {
+                link::reader(link, consumer, thread_stop);
+            }
+        })
+        .map_err(|e| e.to_string())?;
+
+    let hello = tokio::select! {
+        h = hello_rx => h.map_err(|_| "reader thread ended".to_owned())?,
+        status = child.wait() => {
+            stop.store(true, Ordering::Relaxed);
+            let _ = reader.join();
+            return Err(format!("worker exited before it was ready: {status:?}"));
+        }
+        _ = shutdown.changed() => {
+            stop.store(true, Ordering::Relaxed);
+            kill(&mut child).await;
+            let _ = reader.join();
+            return Ok(Stop::Shutdown);
+        }
+    };
+    let info = match hello {
+        Ok(Some(info)) => info,
+        Ok(None) => {
+            kill(&mut child).await;
+            let _ = reader.join();
+            return Err("worker did not become ready in time".into());
+        }
+        Err(e) => {
+            kill(&mut child).await;
+            let _ = reader.join();
+            return Err(format!("worker's hello: {e}"));
+        }
+    };
+    let link = WorkerLink::new(slot, info, producer);
+    let _ = link_tx.send(link.clone());
+    shared.router.set(slot, Some(link.clone()));
+    health.update(shared).await;
+    metrics::gauge!(m::WORKERS_LIVE).set(shared.router.live() as f64);
+    tracing::info!(
+        worker = slot,
+        pid = info.pid,
+        max_model_len = info.max_model_len,
+        kv_blocks = info.num_kv_blocks,
+        "worker ready"
+    );
+    // Tests and tools read this line.
+    println!("worker {slot} ready pid={}", info.pid);
+
+    let result = tokio::select! {
+        status = child.wait() => {
+            tracing::warn!(worker = slot, ?status, "worker exited");
+            Stop::Died
+        }
+        _ = shutdown.changed() => {
+            kill(&mut child).await;
+            Stop::Shutdown
+        }
+    };
+    // The process is gone: fail what it had in flight and take it out of rotation.
+    link.mark_dead();
+    shared.router.set(slot, None);
+    health.update(shared).await;
+    metrics::gauge!(m::WORKERS_LIVE).set(shared.router.live() as f64);
+    stop.store(true, Ordering::Relaxed);
+    let _ = tokio::task::spawn_blocking(move || reader.join()).await;
+    // Dropping the link and the rings here unlinks both segments.
+    drop(link);
+    drop((req, resp));
+    Ok(result)
+}
+
+async fn kill(child: &mut Child) {
+    let _ = child.start_kill();
+    let _ = child.wait().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_caps_and_resets() {
+        let mut b = Backoff { next: Backoff::MIN };
+        let short = Duration::from_secs(1);
+        let waits: Vec<_> = (0..8).map(|_| b.after(short)).collect();
+        assert_eq!(waits[0], Duration::from_millis(100));
+        assert_eq!(waits[1], Duration::from_millis(200));
+        assert_eq!(*waits.last().unwrap(), Backoff::MAX);
+        assert_eq!(b.after(Duration::from_secs(60)), Backoff::MIN);
+    }
+}

@@ -1,0 +1,82 @@
+//! The model's text side: its tokenizer and chat template, loaded from the model folder.
+
+use std::path::Path;
+
+use tokenizers::Tokenizer;
+
+use crate::chat::{ChatError, ChatTemplate, Message};
+
+/// The model's tokenizer could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    #[error("{path}: {message}")]
+    Load { path: String, message: String },
+    #[error(transparent)]
+    Chat(#[from] ChatError),
+}
+
+/// A tokenizer plus the model's chat template, when the model folder has them.
+#[derive(Debug)]
+pub struct TextModel {
+    /// `tokenizer.json`.
+    pub tokenizer: Tokenizer,
+    /// The chat template of `tokenizer_config.json`.
+    pub chat: Option<ChatTemplate>,
+}
+
+impl TextModel {
+    /// Loads `tokenizer.json` (and `tokenizer_config.json` when present) from `dir`. Returns `None`
+    /// when the folder has no tokenizer (token-id prompts only).
+    pub fn load(dir: &Path) -> Result<Option<Self>, TokenizerError> {
+        let tok_path = dir.join("tokenizer.json");
+        if !tok_path.exists() {
+            return Ok(None);
+        }
+        let tokenizer = Tokenizer::from_file(&tok_path).map_err(|e| TokenizerError::Load {
+            path: tok_path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        let cfg_path = dir.join("tokenizer_config.json");
+        let chat = match std::fs::read_to_string(&cfg_path) {
+            Ok(text) => {
+                let config: serde_json::Value =
+                    serde_json::from_str(&text).map_err(|e| TokenizerError::Load {
+                        path: cfg_path.display().to_string(),
+                        message: e.to_string(),
+                    })?;
+                ChatTemplate::from_tokenizer_config(&config)?
+            }
+            Err(_) => None,
+        };
+        Ok(Some(Self { tokenizer, chat }))
+    }
+
+    /// Token ids of a text prompt (with the tokenizer's special tokens, e.g. BOS).
+    pub fn encode_text(&self, text: &str) -> Result<Vec<u32>, String> {
+        self.tokenizer
+            .encode(text, true)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| e.to_string())
+    }
+
+    /// Token ids of a conversation: rendered with the chat template (which writes its own special
+    /// tokens), then tokenized without adding more.
+    pub fn encode_chat(&self, messages: &[Message]) -> Result<Vec<u32>, String> {
+        let chat = self
+            .chat
+            .as_ref()
+            .ok_or_else(|| "this model has no chat template".to_owned())?;
+        let text = chat.render(messages).map_err(|e| e.to_string())?;
+        self.tokenizer
+            .encode(text, false)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| e.to_string())
+    }
+
+    /// The vocabulary's spelling of each token.
+    pub fn token_strings(&self, ids: &[u32]) -> Vec<String> {
+        ids.iter()
+            .map(|&id| self.tokenizer.id_to_token(id).unwrap_or_default())
+            .collect()
+    }
+}

@@ -1,0 +1,396 @@
+//! Request validation: a [`GenerateRequest`] becomes a [`ValidRequest`] or an `INVALID_ARGUMENT`
+//! that names the offending field.
+//!
+//! Validation runs in two stages around tokenization: [`check`] looks at everything that needs no
+//! tokenizer (so bad requests never reach the blocking pool), [`finish`] checks the token ids against
+//! the vocabulary and the context length.
+
+use protos::records::{MAX_TOP_LOGPROBS, SamplingWire};
+use protos::v1::{GenerateRequest, generate_request};
+
+use crate::chat::{Message, ROLES};
+
+/// A request field is invalid.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct InvalidArgument {
+    /// The field's path in the request, e.g. `sampling.top_p`.
+    pub field: String,
+    pub message: String,
+}
+
+impl InvalidArgument {
+    pub(crate) fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl From<InvalidArgument> for tonic::Status {
+    fn from(e: InvalidArgument) -> Self {
+        tonic::Status::invalid_argument(e.to_string())
+    }
+}
+
+/// What the served model accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelLimits {
+    pub vocab_size: u32,
+    pub max_model_len: u32,
+}
+
+/// A prompt before tokenization.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prompt {
+    Text(String),
+    Ids(Vec<u32>),
+    Chat(Vec<Message>),
+}
+
+/// A request whose fields are individually valid; its prompt is not tokenized yet.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckedRequest {
+    pub request_id: String,
+    pub prompt: Prompt,
+    pub sampling: SamplingWire,
+    pub max_tokens: Option<u32>,
+    pub stop: Vec<String>,
+    pub stop_token_ids: Vec<u32>,
+    pub logprobs: u32,
+    pub ignore_eos: bool,
+}
+
+/// A request ready for a worker.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidRequest {
+    pub request_id: String,
+    pub prompt: Vec<u32>,
+    pub sampling: SamplingWire,
+    pub max_tokens: u32,
+    pub stop: Vec<String>,
+    pub stop_token_ids: Vec<u32>,
+    pub logprobs: u32,
+    pub ignore_eos: bool,
+}
+
+fn in_range(field: &str, v: f32, ok: bool, what: &str) -> Result<(), InvalidArgument> {
+    if ok && v.is_finite() {
+        Ok(())
+    } else {
+        Err(InvalidArgument::new(field, format!("{v} is not {what}")))
+    }
+}
+
+/// Checks everything that needs no tokenizer. `seed` is used when the request has none.
+pub fn check(req: GenerateRequest, seed: u64) -> Result<CheckedRequest, InvalidArgument> {
+    let prompt = match req.prompt {
+        None => return Err(InvalidArgument::new("prompt", "missing")),
+        Some(generate_request::Prompt::Text(t)) => {
+            if t.is_empty() {
+                return Err(InvalidArgument::new("prompt.text", "empty"));
+            }
+            Prompt::Text(t)
+        }
+        Some(generate_request::Prompt::TokenIds(ids)) => {
+            if ids.ids.is_empty() {
+                return Err(InvalidArgument::new("prompt.token_ids", "empty"));
+            }
+            Prompt::Ids(ids.ids)
+        }
+        Some(generate_request::Prompt::Chat(chat)) => {
+            if chat.messages.is_empty() {
+                return Err(InvalidArgument::new("prompt.chat.messages", "empty"));
+            }
+            let mut out = Vec::with_capacity(chat.messages.len());
+            for (i, m) in chat.messages.into_iter().enumerate() {
+                if !ROLES.contains(&m.role.as_str()) {
+                    return Err(InvalidArgument::new(
+                        format!("prompt.chat.messages[{i}].role"),
+                        format!("unknown role {:?} (expected one of {ROLES:?})", m.role),
+                    ));
+                }
+                out.push(Message {
+                    role: m.role,
+                    content: m.content,
+                });
+            }
+            Prompt::Chat(out)
+        }
+    };
+    let s = req.sampling.unwrap_or_default();
+    let temperature = s.temperature.unwrap_or(1.0);
+    in_range(
+        "sampling.temperature",
+        temperature,
+        temperature >= 0.0,
+        ">= 0",
+    )?;
+    let top_p = s.top_p.unwrap_or(1.0);
+    in_range(
+        "sampling.top_p",
+        top_p,
+        top_p > 0.0 && top_p <= 1.0,
+        "in (0, 1]",
+    )?;
+    if s.top_k < 0 {
+        return Err(InvalidArgument::new(
+            "sampling.top_k",
+            format!("{} is negative (0 means no limit)", s.top_k),
+        ));
+    }
+    in_range(
+        "sampling.min_p",
+        s.min_p,
+        (0.0..=1.0).contains(&s.min_p),
+        "in [0, 1]",
+    )?;
+    let repetition_penalty = s.repetition_penalty.unwrap_or(1.0);
+    in_range(
+        "sampling.repetition_penalty",
+        repetition_penalty,
+        repetition_penalty > 0.0,
+        "> 0",
+    )?;
+    for (field, v) in [
+        ("sampling.frequency_penalty", s.frequency_penalty),
+        ("sampling.presence_penalty", s.presence_penalty),
+    ] {
+        in_range(field, v, (-2.0..=2.0).contains(&v), "in [-2, 2]")?;
+    }
+    if req.max_tokens == Some(0) {
+        return Err(InvalidArgument::new("max_tokens", "must be at least 1"));
+    }
+    if req.logprobs > MAX_TOP_LOGPROBS {
+        return Err(InvalidArgument::new(
+            "logprobs",
+            format!("{} is over the limit of {MAX_TOP_LOGPROBS}", req.logprobs),
+        ));
+    }
+    if let Some(i) = req.stop.iter().position(|s| s.is_empty()) {
+        return Err(InvalidArgument::new(format!("stop[{i}]"), "empty"));
+    }
+    Ok(CheckedRequest {
+        request_id: req.request_id,
+        prompt,
+        sampling: SamplingWire {
+            temperature,
+            top_p,
+            top_k: s.top_k as u32,
+            min_p: s.min_p,
+            repetition_penalty,
+            frequency_penalty: s.frequency_penalty,
+            presence_penalty: s.presence_penalty,
+            seed: s.seed.unwrap_or(seed),
+        },
+        max_tokens: req.max_tokens,
+        stop: req.stop,
+        stop_token_ids: req.stop_token_ids,
+        logprobs: req.logprobs,
+        ignore_eos: req.ignore_eos,
+    })
+}
+
+/// Checks the tokenized prompt against the model and settles `max_tokens`.
+pub fn finish(
+    req: CheckedRequest,
+    prompt: Vec<u32>,
+    limits: ModelLimits,
+) -> Result<ValidRequest, InvalidArgument> {
+    let field = match req.prompt {
+        Prompt::Text(_) => "prompt.text",
+        Prompt::Ids(_) => "prompt.token_ids",
+        Prompt::Chat(_) => "prompt.chat",
+    };
+    if prompt.is_empty() {
+        return Err(InvalidArgument::new(field, "tokenizes to no tokens"));
+    }
+    if let Some((i, id)) = prompt
+        .iter()
+        .enumerate()
+        .find(|(_, id)| **id >= limits.vocab_size)
+    {
+        return Err(InvalidArgument::new(
+            format!("{field}[{i}]"),
+            format!(
+                "token id {id} is outside the vocabulary (size {})",
+                limits.vocab_size
+            ),
+        ));
+    }
+    if let Some((i, id)) = req
+        .stop_token_ids
+        .iter()
+        .enumerate()
+        .find(|(_, id)| **id >= limits.vocab_size)
+    {
+        return Err(InvalidArgument::new(
+            format!("stop_token_ids[{i}]"),
+            format!(
+                "token id {id} is outside the vocabulary (size {})",
+                limits.vocab_size
+            ),
+        ));
+    }
+    let len = prompt.len() as u64;
+    let max_len = u64::from(limits.max_model_len);
+    if len >= max_len {
+        return Err(InvalidArgument::new(
+            field,
+            format!(
+                "{len} prompt tokens leave no room to generate within the context of {max_len}"
+            ),
+        ));
+    }
+    let max_tokens = match req.max_tokens {
+        Some(n) if len + u64::from(n) > max_len => {
+            return Err(InvalidArgument::new(
+                "max_tokens",
+                format!(
+                    "{len} prompt tokens + {n} max_tokens exceed the context of {max_len} tokens"
+                ),
+            ));
+        }
+        Some(n) => n,
+        None => (max_len - len) as u32,
+    };
+    Ok(ValidRequest {
+        request_id: req.request_id,
+        prompt,
+        sampling: req.sampling,
+        max_tokens,
+        stop: req.stop,
+        stop_token_ids: req.stop_token_ids,
+        logprobs: req.logprobs,
+        ignore_eos: req.ignore_eos,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use protos::v1::{ChatMessage, ChatMessages, SamplingParams, TokenIds};
+
+    const LIMITS: ModelLimits = ModelLimits {
+        vocab_size: 100,
+        max_model_len: 32,
+    };
+
+    fn ids(v: &[u32]) -> GenerateRequest {
+        GenerateRequest {
+            prompt: Some(generate_request::Prompt::TokenIds(TokenIds {
+                ids: v.to_vec(),
+            })),
+            ..Default::default()
+        }
+    }
+
+    fn field_of(req: GenerateRequest) -> String {
+        let checked = match check(req, 1) {
+            Err(e) => return e.field,
+            Ok(c) => c,
+        };
+        let prompt = match &checked.prompt {
+            Prompt::Ids(v) => v.clone(),
+            _ => vec![1],
+        };
+        finish(checked, prompt, LIMITS).unwrap_err().field
+    }
+
+    fn with_sampling(s: SamplingParams) -> GenerateRequest {
+        GenerateRequest {
+            sampling: Some(s),
+            ..ids(&[1, 2])
+        }
+    }
+
+    #[test]
+    fn each_invalid_field_is_named() {
+        assert_eq!(field_of(GenerateRequest::default()), "prompt");
+        assert_eq!(field_of(ids(&[])), "prompt.token_ids");
+        let text = GenerateRequest {
+            prompt: Some(generate_request::Prompt::Text(String::new())),
+            ..Default::default()
+        };
+        assert_eq!(field_of(text), "prompt.text");
+        assert_eq!(field_of(ids(&[1, 100])), "prompt.token_ids[1]");
+        assert_eq!(field_of(ids(&[1; 32])), "prompt.token_ids");
+        let long = GenerateRequest {
+            max_tokens: Some(31),
+            ..ids(&[1, 2])
+        };
+        assert_eq!(field_of(long), "max_tokens");
+        let zero = GenerateRequest {
+            max_tokens: Some(0),
+            ..ids(&[1])
+        };
+        assert_eq!(field_of(zero), "max_tokens");
+        let t = SamplingParams {
+            temperature: Some(-0.1),
+            ..Default::default()
+        };
+        assert_eq!(field_of(with_sampling(t)), "sampling.temperature");
+        for p in [0.0, 1.5, f32::NAN] {
+            let s = SamplingParams {
+                top_p: Some(p),
+                ..Default::default()
+            };
+            assert_eq!(field_of(with_sampling(s)), "sampling.top_p");
+        }
+        let k = SamplingParams {
+            top_k: -1,
+            ..Default::default()
+        };
+        assert_eq!(field_of(with_sampling(k)), "sampling.top_k");
+        for m in [-0.1, 1.1] {
+            let s = SamplingParams {
+                min_p: m,
+                ..Default::default()
+            };
+            assert_eq!(field_of(with_sampling(s)), "sampling.min_p");
+        }
+        let chat = GenerateRequest {
+            prompt: Some(generate_request::Prompt::Chat(ChatMessages {
+                messages: vec![
+                    ChatMessage {
+                        role: "user".into(),
+                        content: "hi".into(),
+                    },
+                    ChatMessage {
+                        role: "wizard".into(),
+                        content: "hi".into(),
+                    },
+                ],
+            })),
+            ..Default::default()
+        };
+        assert_eq!(field_of(chat), "prompt.chat.messages[1].role");
+        let stops = GenerateRequest {
+            stop_token_ids: vec![5, 500],
+            ..ids(&[1])
+        };
+        assert_eq!(field_of(stops), "stop_token_ids[1]");
+        let lp = GenerateRequest {
+            logprobs: 21,
+            ..ids(&[1])
+        };
+        assert_eq!(field_of(lp), "logprobs");
+    }
+
+    #[test]
+    fn defaults_follow_vllm_and_max_tokens_fills_the_context() {
+        let c = check(ids(&[1, 2, 3]), 77).unwrap();
+        assert_eq!(c.sampling.temperature, 1.0);
+        assert_eq!(c.sampling.top_p, 1.0);
+        assert_eq!(c.sampling.seed, 77);
+        let v = finish(c, vec![1, 2, 3], LIMITS).unwrap();
+        assert_eq!(v.max_tokens, 29);
+        let exact = GenerateRequest {
+            max_tokens: Some(29),
+            ..ids(&[1, 2, 3])
+        };
+        let v = finish(check(exact, 1).unwrap(), vec![1, 2, 3], LIMITS).unwrap();
+        assert_eq!(v.max_tokens, 29);
+    }
+}

@@ -1,0 +1,417 @@
+//! The reading end: zero-copy borrows of committed records, batches, and waiting for data.
+
+use crate::error::{Error, Result, Role};
+use crate::layout::{
+    MAX_POSITION, PAD_BIT, RECORD_HEADER, decode_record, max_payload, record_size,
+};
+use crate::liveness::{self, PeerState};
+use crate::memory::Memory;
+use crate::ring::{self, Claim, WaitConfig};
+use crate::sync::{Ordering, fence, spin_hint};
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The one reader of a ring. Not `Clone`: a second reader must claim the role (and gets
+/// [`Error::RoleTaken`] while this one lives).
+pub struct Consumer<M: Memory = crate::DefaultMemory> {
+    mem: Arc<M>,
+    claim: Claim,
+    cap: u64,
+    mask: u64,
+    max_payload: u64,
+    /// Released head (the last value stored to `cons.pos`).
+    head: u64,
+    /// Our copy of the producer's tail; refreshed only when we have read everything up to it.
+    cached_tail: u64,
+    last_woken: u32,
+    sleep_gen: u32,
+    releases: u32,
+    poisoned: Option<&'static str>,
+    config: WaitConfig,
+}
+
+/// One record as seen by [`Consumer::pop_batch`].
+#[derive(Clone, Copy, Debug)]
+pub struct Record<'a> {
+    /// The record's kind.
+    pub kind: u16,
+    /// The record's flags.
+    pub flags: u16,
+    /// The payload, borrowed from the ring.
+    pub payload: &'a [u8],
+}
+
+/// Where the next record lies (no borrow held).
+#[derive(Clone, Copy)]
+struct Next {
+    pos: u64,
+    len: u32,
+    kind: u16,
+    flags: u16,
+}
+
+impl<M: Memory> Consumer<M> {
+    pub(crate) fn claim(mem: Arc<M>) -> Result<Self> {
+        let hdr = mem.header();
+        let claim = Claim::take(&hdr.cons_side.owner, Role::Consumer)?;
+        let cap = mem.capacity();
+        // SYNC: Acquire pairs with the Release store of `cons.pos` by a previous consumer (release).
+        let head = hdr.cons.pos.load(Ordering::Acquire);
+        // SYNC: Acquire pairs with the producer's Release store of `prod.pos` (Producer::publish).
+        let tail = hdr.prod.pos.load(Ordering::Acquire);
+        let mut c = Consumer {
+            claim,
+            cap,
+            mask: cap - 1,
+            max_payload: max_payload(cap),
+            head,
+            cached_tail: head,
+            last_woken: hdr.prod_side.sleeping.load(Ordering::Relaxed),
+            sleep_gen: 0,
+            releases: 0,
+            poisoned: None,
+            config: WaitConfig::default(),
+            mem,
+        };
+        if tail > MAX_POSITION
+            || !head.is_multiple_of(8)
+            || !tail.is_multiple_of(8)
+            || head > tail
+            || tail - head > cap
+        {
+            return Err(c.corrupt("positions at consumer attach"));
+        }
+        c.cached_tail = tail;
+        let gen_now = c.mem.header().cons_side.sleeping.load(Ordering::Relaxed);
+        c.sleep_gen = gen_now.wrapping_add(gen_now & 1);
+        c.mem
+            .header()
+            .cons_side
+            .sleeping
+            .store(c.sleep_gen, Ordering::Relaxed);
+        c.heartbeat();
+        Ok(c)
+    }
+
+    /// Data-area capacity in bytes.
+    pub fn capacity(&self) -> usize {
+        self.cap as usize
+    }
+
+    /// Sets how long waits spin before sleeping, and the peer's heartbeat limit.
+    pub fn set_wait_config(&mut self, config: WaitConfig) {
+        self.config = config;
+    }
+
+    /// Borrows the next committed record, if any; it is released when the grant drops.
+    pub fn try_pop(&mut self) -> Result<Option<ReadGrant<'_, M>>> {
+        let next = self.next_record(self.head)?;
+        Ok(next.map(|n| self.grant(n)))
+    }
+
+    /// Hands up to `max` committed records to `f`, then releases them all with one store.
+    /// Returns how many records `f` saw.
+    pub fn pop_batch(&mut self, max: usize, mut f: impl FnMut(Record<'_>)) -> Result<usize> {
+        let mut pos = self.head;
+        let mut n = 0;
+        let mut outcome = Ok(());
+        while n < max {
+            match self.next_record(pos) {
+                Ok(Some(next)) => {
+                    f(Record {
+                        kind: next.kind,
+                        flags: next.flags,
+                        payload: self.payload(next),
+                    });
+                    pos = next.pos + record_size(u64::from(next.len));
+                    n += 1;
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    outcome = Err(e);
+                    break;
+                }
+            }
+        }
+        if pos != self.head {
+            self.release(pos);
+        }
+        outcome.map(|()| n)
+    }
+
+    /// Waits up to `timeout` for a record: spins briefly, then sleeps on a cross-process futex.
+    /// `Ok(None)` on timeout; `Err(PeerDead)` once the ring is empty and the producer has died.
+    pub fn pop_wait(&mut self, timeout: Duration) -> Result<Option<ReadGrant<'_, M>>> {
+        if self.wait_data(timeout)? {
+            self.try_pop()
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Waits like [`pop_wait`](Self::pop_wait), then hands up to `max` records to `f` as
+    /// [`pop_batch`](Self::pop_batch) does. `Ok(0)` on timeout.
+    pub fn pop_batch_wait(
+        &mut self,
+        max: usize,
+        timeout: Duration,
+        f: impl FnMut(Record<'_>),
+    ) -> Result<usize> {
+        if self.wait_data(timeout)? {
+            self.pop_batch(max, f)
+        } else {
+            Ok(0)
+        }
+    }
+
+    /// Publishes this side's heartbeat (CLOCK_MONOTONIC). Waits and every 1024th release do it too.
+    pub fn heartbeat(&self) {
+        self.mem
+            .header()
+            .cons_side
+            .heartbeat
+            .store(liveness::now_ns(), Ordering::Relaxed);
+    }
+
+    /// The producer's liveness.
+    pub fn peer_state(&self) -> PeerState {
+        let side = &self.mem.header().prod_side;
+        liveness::peer_state(
+            side.owner.load(Ordering::Relaxed),
+            side.heartbeat.load(Ordering::Relaxed),
+            self.config.heartbeat_limit,
+        )
+    }
+
+    fn corrupt(&mut self, what: &'static str) -> Error {
+        ring::poison(self.mem.header(), &mut self.poisoned, what)
+    }
+
+    fn grant(&mut self, next: Next) -> ReadGrant<'_, M> {
+        let payload = self.payload(next);
+        let (ptr, len) = (payload.as_ptr(), payload.len());
+        ReadGrant {
+            next: next.pos + record_size(u64::from(next.len)),
+            kind: next.kind,
+            flags: next.flags,
+            ptr,
+            len,
+            consumer: self,
+        }
+    }
+
+    fn payload(&self, next: Next) -> &[u8] {
+        let off = next.pos & self.mask;
+        self.mem.track_read(off, record_size(u64::from(next.len)));
+        // SAFETY: `next_record` checked that the record lies inside the data area and below the
+        // tail the producer published (Acquire), so its bytes are initialised, complete, and not
+        // written by a well-behaved producer until we release them.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.mem.data().add(off as usize + RECORD_HEADER),
+                next.len as usize,
+            )
+        }
+    }
+
+    /// Whether bytes beyond `pos` are published (refreshing the cached tail if needed).
+    fn available(&mut self, pos: u64) -> Result<bool> {
+        if pos != self.cached_tail {
+            return Ok(true);
+        }
+        // SYNC: Acquire pairs with the producer's Release store of `prod.pos` (Producer::publish):
+        // the records below `tail` are completely written.
+        let tail = self.mem.header().prod.pos.load(Ordering::Acquire);
+        if tail < self.cached_tail || !tail.is_multiple_of(8) || tail - self.head > self.cap {
+            return Err(self.corrupt("producer position"));
+        }
+        self.cached_tail = tail;
+        self.mem
+            .header()
+            .cons
+            .cached_peer
+            .store(tail, Ordering::Relaxed);
+        Ok(pos != tail)
+    }
+
+    /// Validates the record at `pos` (skipping a padding record), without releasing anything.
+    fn next_record(&mut self, mut pos: u64) -> Result<Option<Next>> {
+        ring::check_poison(self.mem.header(), &mut self.poisoned)?;
+        if !self.available(pos)? {
+            return Ok(None);
+        }
+        let mut off = pos & self.mask;
+        let (mut len, mut kind, mut flags) = self.read_header(off);
+        if len & PAD_BIT != 0 {
+            let to_end = self.cap - off;
+            let pad = u64::from(len & !PAD_BIT);
+            if off == 0 || pad + RECORD_HEADER as u64 != to_end || pos + to_end > self.cached_tail {
+                return Err(self.corrupt("padding record"));
+            }
+            pos += to_end;
+            if !self.available(pos)? {
+                return Ok(None);
+            }
+            off = 0;
+            (len, kind, flags) = self.read_header(off);
+            if len & PAD_BIT != 0 {
+                return Err(self.corrupt("padding record"));
+            }
+        }
+        let total = record_size(u64::from(len));
+        if u64::from(len) > self.max_payload
+            || off + total > self.cap
+            || pos + total > self.cached_tail
+        {
+            return Err(self.corrupt("record length"));
+        }
+        Ok(Some(Next {
+            pos,
+            len,
+            kind,
+            flags,
+        }))
+    }
+
+    fn read_header(&self, off: u64) -> (u32, u16, u16) {
+        self.mem.track_read(off, RECORD_HEADER as u64);
+        // SAFETY: off < cap and is a multiple of 8 (positions are validated to be 8-aligned), so the
+        // 8 bytes lie inside the 8-aligned data area.
+        decode_record(unsafe { crate::sync::load_word(self.mem.data().add(off as usize)) })
+    }
+
+    /// Stores `pos` as the new head and wakes the producer if it sleeps for room.
+    fn release(&mut self, pos: u64) {
+        let hdr = self.mem.header();
+        // SYNC: Release pairs with the producer's Acquire load of `cons.pos` (Producer::has_room):
+        // our reads of the released records happen before the producer overwrites them.
+        hdr.cons.pos.store(pos, Ordering::Release);
+        self.head = pos;
+        // SYNC: SeqCst fence pairs with the producer's fence in `Producer::wait_room` (eventcount).
+        fence(Ordering::SeqCst);
+        let sleeping = hdr.prod_side.sleeping.load(Ordering::Relaxed);
+        if sleeping & 1 == 1 && sleeping != self.last_woken {
+            self.last_woken = sleeping;
+            // SYNC: Release pairs with the producer's Acquire load of our doorbell in `Producer::wait_room`.
+            hdr.cons_side.doorbell.fetch_add(1, Ordering::Release);
+            self.mem.wake(&hdr.cons_side.doorbell);
+        }
+        self.releases = self.releases.wrapping_add(1);
+        if self.releases.is_multiple_of(1024) {
+            self.heartbeat();
+        }
+    }
+
+    /// Spins, then sleeps on the producer's doorbell until data is published, the deadline passes
+    /// (`Ok(false)`), or the producer dies with the ring empty.
+    fn wait_data(&mut self, timeout: Duration) -> Result<bool> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            ring::check_poison(self.mem.header(), &mut self.poisoned)?;
+            for _ in 0..=self.config.spin {
+                if self.available(self.head)? {
+                    return Ok(true);
+                }
+                spin_hint();
+            }
+            let hdr = self.mem.header();
+            // SYNC: Acquire pairs with the producer's Release bump of its doorbell (`Producer::publish`).
+            let bell = hdr.prod_side.doorbell.load(Ordering::Acquire);
+            self.sleep_gen = self.sleep_gen.wrapping_add(1);
+            hdr.cons_side
+                .sleeping
+                .store(self.sleep_gen, Ordering::Relaxed);
+            // SYNC: SeqCst fence pairs with the producer's fence in `Producer::publish` (eventcount): either
+            // we see its new tail below, or it sees our odd `sleeping` and rings the doorbell.
+            fence(Ordering::SeqCst);
+            let ready = self.available(self.head);
+            let now = Instant::now();
+            let owner = self.mem.header().prod_side.owner.load(Ordering::Relaxed);
+            let outcome = match ready {
+                Ok(true) => Some(Ok(true)),
+                Err(e) => Some(Err(e)),
+                Ok(false) => match liveness::holder(owner) {
+                    liveness::Holder::Dead(pid) => Some(Err(Error::PeerDead { pid })),
+                    _ if now >= deadline => Some(Ok(false)),
+                    _ => {
+                        self.heartbeat();
+                        let nap = (deadline - now).min(self.config.liveness_poll);
+                        self.mem
+                            .wait(&self.mem.header().prod_side.doorbell, bell, nap);
+                        None
+                    }
+                },
+            };
+            self.sleep_gen = self.sleep_gen.wrapping_add(1);
+            self.mem
+                .header()
+                .cons_side
+                .sleeping
+                .store(self.sleep_gen, Ordering::Relaxed);
+            if let Some(result) = outcome {
+                return result;
+            }
+        }
+    }
+}
+
+impl<M: Memory> Drop for Consumer<M> {
+    fn drop(&mut self) {
+        self.claim.release(&self.mem.header().cons_side.owner);
+    }
+}
+
+/// One committed record borrowed from the ring (derefs to its payload). Released on drop.
+pub struct ReadGrant<'a, M: Memory = crate::DefaultMemory> {
+    consumer: &'a mut Consumer<M>,
+    ptr: *const u8,
+    len: usize,
+    kind: u16,
+    flags: u16,
+    next: u64,
+}
+
+impl<M: Memory> ReadGrant<'_, M> {
+    /// The record's kind.
+    pub fn kind(&self) -> u16 {
+        self.kind
+    }
+
+    /// The record's flags.
+    pub fn flags(&self) -> u16 {
+        self.flags
+    }
+}
+
+impl<M: Memory> Deref for ReadGrant<'_, M> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `ptr`/`len` came from `Consumer::payload`, which validated them; the grant holds
+        // `&mut Consumer`, so the record is not released (and not overwritten) while it lives.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl<M: Memory> Drop for ReadGrant<'_, M> {
+    fn drop(&mut self) {
+        let off = (self.next - record_size(self.len as u64)) & self.consumer.mask;
+        self.consumer
+            .mem
+            .track_read(off, record_size(self.len as u64));
+        self.consumer.release(self.next);
+    }
+}
+
+impl<M: Memory> std::fmt::Debug for Consumer<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hdr = self.mem.header();
+        f.debug_struct("Consumer")
+            .field("head", &self.head)
+            .field("cached_tail", &self.cached_tail)
+            .field("shared_tail", &hdr.prod.pos.load(Ordering::Relaxed))
+            .field("sleep_gen", &self.sleep_gen)
+            .field("poisoned", &self.poisoned)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,185 @@
+//! The segment layout shared by two processes: `#[repr(C)]` throughout, every offset asserted at
+//! compile time.
+//!
+//! ```text
+//! offset  size  block (each a CachePadded, 128-byte aligned)   written by
+//!      0   128  meta: magic u64, version u32, poisoned u32,    creator (poisoned: either side)
+//!                     capacity u64, epoch u64, creator u64
+//!    128   128  producer hot: tail u64, cached head u64        producer
+//!    256   128  consumer hot: head u64, cached tail u64        consumer
+//!    384   128  producer side: owner u64, heartbeat u64,       producer
+//!                     sleeping u32, doorbell u32
+//!    512   128  consumer side: owner u64, heartbeat u64,       consumer
+//!                     sleeping u32, doorbell u32
+//!    640        (unused up to DATA_OFFSET)
+//!   4096   cap  data: records [len u32][kind u16][flags u16][payload][pad to 8]
+//! ```
+//!
+//! Words written by the producer and words written by the consumer sit in different 128-byte blocks,
+//! so the adjacent-line prefetcher never pairs one side's line with the other's.
+
+use crate::sync::{AtomicU32, AtomicU64};
+use crossbeam_utils::CachePadded;
+
+/// `"RSRING"` + two zero bytes, little-endian: identifies a ringserve ring segment.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"RSRING\0\0");
+/// Layout version; bump on any change to this file.
+pub const VERSION: u32 = 1;
+/// Offset of the data area from the start of the segment (one page).
+pub const DATA_OFFSET: usize = 4096;
+/// Smallest capacity of a shared-memory ring.
+pub const MIN_CAPACITY: usize = 4096;
+/// Largest capacity of any ring.
+pub const MAX_CAPACITY: usize = 1 << 30;
+/// Smallest capacity of a heap ring (for tests and models).
+pub const MIN_HEAP_CAPACITY: usize = 32;
+/// Size of a record header: `[len u32][kind u16][flags u16]`.
+pub const RECORD_HEADER: usize = 8;
+/// Bit 31 of `len` marks a padding record that fills the data area up to the wrap.
+pub(crate) const PAD_BIT: u32 = 1 << 31;
+/// Positions never exceed this (2^62 bytes: decades at any rate), so sums of positions cannot overflow.
+pub(crate) const MAX_POSITION: u64 = 1 << 62;
+
+/// Immutable-after-creation facts about the segment (plus the poison flag).
+#[repr(C)]
+pub struct Meta {
+    /// [`MAGIC`], written by the creator just before `version`.
+    pub magic: AtomicU64,
+    /// [`VERSION`], written last by the creator with `Release`; zero while initialising.
+    pub version: AtomicU32,
+    /// Non-zero once either side has found the ring corrupt.
+    pub poisoned: AtomicU32,
+    /// Data-area capacity in bytes (a power of two).
+    pub capacity: AtomicU64,
+    /// Random value chosen at creation; also part of the segment's name.
+    pub epoch: AtomicU64,
+    /// The creator's owner word (pid and start time, see `liveness`).
+    pub creator: AtomicU64,
+}
+
+/// A side's position and its cached copy of the peer's position.
+#[repr(C)]
+pub struct Hot {
+    /// Producer: tail (end of published records). Consumer: head (end of released records).
+    pub pos: AtomicU64,
+    /// The last value of the peer's position this side loaded (informational for the peer).
+    pub cached_peer: AtomicU64,
+}
+
+/// A side's identity, liveness and wait words.
+#[repr(C)]
+pub struct Side {
+    /// Owner word of the process holding this role (0: free).
+    pub owner: AtomicU64,
+    /// CLOCK_MONOTONIC nanoseconds of this side's last sign of life.
+    pub heartbeat: AtomicU64,
+    /// Odd while this side is (about to be) asleep waiting for the peer; bumped on entry and exit.
+    pub sleeping: AtomicU32,
+    /// Futex word the *peer* sleeps on; this side bumps it to wake the peer.
+    pub doorbell: AtomicU32,
+}
+
+/// The segment header.
+#[repr(C)]
+pub struct Header {
+    /// Segment facts.
+    pub meta: CachePadded<Meta>,
+    /// Written by the producer only.
+    pub prod: CachePadded<Hot>,
+    /// Written by the consumer only.
+    pub cons: CachePadded<Hot>,
+    /// Written by the producer only.
+    pub prod_side: CachePadded<Side>,
+    /// Written by the consumer only.
+    pub cons_side: CachePadded<Side>,
+}
+
+#[cfg(loom)]
+impl Header {
+    /// A zeroed header built from loom atomics.
+    pub(crate) fn new() -> Self {
+        let hot = || {
+            CachePadded::new(Hot {
+                pos: AtomicU64::new(0),
+                cached_peer: AtomicU64::new(0),
+            })
+        };
+        let side = || {
+            CachePadded::new(Side {
+                owner: AtomicU64::new(0),
+                heartbeat: AtomicU64::new(0),
+                sleeping: AtomicU32::new(0),
+                doorbell: AtomicU32::new(0),
+            })
+        };
+        Header {
+            meta: CachePadded::new(Meta {
+                magic: AtomicU64::new(0),
+                version: AtomicU32::new(0),
+                poisoned: AtomicU32::new(0),
+                capacity: AtomicU64::new(0),
+                epoch: AtomicU64::new(0),
+                creator: AtomicU64::new(0),
+            }),
+            prod: hot(),
+            cons: hot(),
+            prod_side: side(),
+            cons_side: side(),
+        }
+    }
+}
+
+// The layout is shared between processes: pin every offset. (Loom's atomics have another layout.)
+#[cfg(not(loom))]
+const _: () = {
+    use std::mem::{align_of, offset_of, size_of};
+    assert!(offset_of!(Meta, magic) == 0);
+    assert!(offset_of!(Meta, version) == 8);
+    assert!(offset_of!(Meta, poisoned) == 12);
+    assert!(offset_of!(Meta, capacity) == 16);
+    assert!(offset_of!(Meta, epoch) == 24);
+    assert!(offset_of!(Meta, creator) == 32);
+    assert!(size_of::<Meta>() == 40);
+    assert!(offset_of!(Hot, pos) == 0);
+    assert!(offset_of!(Hot, cached_peer) == 8);
+    assert!(size_of::<Hot>() == 16);
+    assert!(offset_of!(Side, owner) == 0);
+    assert!(offset_of!(Side, heartbeat) == 8);
+    assert!(offset_of!(Side, sleeping) == 16);
+    assert!(offset_of!(Side, doorbell) == 20);
+    assert!(size_of::<Side>() == 24);
+    assert!(align_of::<CachePadded<Hot>>() == 128);
+    assert!(offset_of!(Header, meta) == 0);
+    assert!(offset_of!(Header, prod) == 128);
+    assert!(offset_of!(Header, cons) == 256);
+    assert!(offset_of!(Header, prod_side) == 384);
+    assert!(offset_of!(Header, cons_side) == 512);
+    assert!(size_of::<Header>() == 640);
+    assert!(size_of::<Header>() <= DATA_OFFSET);
+    assert!(DATA_OFFSET.is_multiple_of(align_of::<Header>()));
+};
+
+/// Packs a record header word: `[len u32][kind u16][flags u16]` little-endian.
+#[inline]
+pub(crate) fn encode_record(len: u32, kind: u16, flags: u16) -> u64 {
+    u64::from(len) | (u64::from(kind) << 32) | (u64::from(flags) << 48)
+}
+
+/// Unpacks a record header word into `(len, kind, flags)`.
+#[inline]
+pub(crate) fn decode_record(word: u64) -> (u32, u16, u16) {
+    (word as u32, (word >> 32) as u16, (word >> 48) as u16)
+}
+
+/// Bytes a record with `len` payload bytes occupies: header plus payload rounded up to 8.
+#[inline]
+pub(crate) fn record_size(len: u64) -> u64 {
+    RECORD_HEADER as u64 + len.next_multiple_of(8)
+}
+
+/// Largest payload a ring of `capacity` bytes accepts: a record may take at most half the ring, so a
+/// record plus the padding before it always fits in an empty ring.
+#[inline]
+pub(crate) fn max_payload(capacity: u64) -> u64 {
+    capacity / 2 - RECORD_HEADER as u64
+}

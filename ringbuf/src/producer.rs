@@ -1,0 +1,489 @@
+//! The writing end: zero-copy reservations, batches, publishing and waiting for space.
+
+use crate::error::{Error, Result, Role};
+use crate::layout::{
+    MAX_POSITION, PAD_BIT, RECORD_HEADER, encode_record, max_payload, record_size,
+};
+use crate::liveness::{self, PeerState};
+use crate::memory::Memory;
+use crate::ring::{self, Claim, WaitConfig};
+use crate::sync::{Ordering, fence, spin_hint};
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The one writer of a ring. Not `Clone`: a second writer must claim the role (and gets
+/// [`Error::RoleTaken`] while this one lives).
+pub struct Producer<M: Memory = crate::DefaultMemory> {
+    mem: Arc<M>,
+    claim: Claim,
+    cap: u64,
+    mask: u64,
+    max_payload: u64,
+    /// Published tail (the last value stored to `prod.pos`).
+    tail: u64,
+    /// End of records committed but not yet published (inside a [`Batch`]); `== tail` otherwise.
+    pending: u64,
+    /// Number of records between `tail` and `pending`.
+    pending_records: usize,
+    /// Our copy of the consumer's head; refreshed only when the ring looks full.
+    cached_head: u64,
+    /// The consumer's `sleeping` generation we last woke (one wake per sleep).
+    last_woken: u32,
+    /// Our own `sleeping` generation (even: awake).
+    sleep_gen: u32,
+    publishes: u32,
+    poisoned: Option<&'static str>,
+    config: WaitConfig,
+}
+
+impl<M: Memory> Producer<M> {
+    pub(crate) fn claim(mem: Arc<M>) -> Result<Self> {
+        let hdr = mem.header();
+        let claim = Claim::take(&hdr.prod_side.owner, Role::Producer)?;
+        let cap = mem.capacity();
+        // SYNC: Acquire pairs with the Release stores of `prod.pos` by a previous producer (publish):
+        // records it published are complete before we continue after them.
+        let tail = hdr.prod.pos.load(Ordering::Acquire);
+        // SYNC: Acquire pairs with the consumer's Release store of `cons.pos` (Consumer::release).
+        let head = hdr.cons.pos.load(Ordering::Acquire);
+        let mut p = Producer {
+            claim,
+            cap,
+            mask: cap - 1,
+            max_payload: max_payload(cap),
+            tail,
+            pending: tail,
+            pending_records: 0,
+            cached_head: head,
+            last_woken: hdr.cons_side.sleeping.load(Ordering::Relaxed),
+            sleep_gen: 0,
+            publishes: 0,
+            poisoned: None,
+            config: WaitConfig::default(),
+            mem,
+        };
+        if tail > MAX_POSITION
+            || !tail.is_multiple_of(8)
+            || !head.is_multiple_of(8)
+            || head > tail
+            || tail - head > cap
+        {
+            return Err(p.corrupt("positions at producer attach"));
+        }
+        // Clear a dead predecessor's sleeping flag: round our generation up to even.
+        let gen_now = p.mem.header().prod_side.sleeping.load(Ordering::Relaxed);
+        p.sleep_gen = gen_now.wrapping_add(gen_now & 1);
+        p.mem
+            .header()
+            .prod_side
+            .sleeping
+            .store(p.sleep_gen, Ordering::Relaxed);
+        p.heartbeat();
+        Ok(p)
+    }
+
+    /// Largest payload one record may carry (half the capacity minus the record header).
+    pub fn max_payload(&self) -> usize {
+        self.max_payload as usize
+    }
+
+    /// Data-area capacity in bytes.
+    pub fn capacity(&self) -> usize {
+        self.cap as usize
+    }
+
+    /// Sets how long waits spin before sleeping, and the peer's heartbeat limit.
+    pub fn set_wait_config(&mut self, config: WaitConfig) {
+        self.config = config;
+    }
+
+    /// Reserves room for one record of `len` payload bytes. `Ok(None)`: the ring is full for now.
+    /// The grant publishes on [`WriteGrant::commit`]; dropped uncommitted, it publishes nothing.
+    pub fn reserve(&mut self, len: usize) -> Result<Option<WriteGrant<'_, M>>> {
+        self.reserve_inner(len, true)
+    }
+
+    /// Copies `payload` into a record of kind 0 and publishes it. `Ok(false)`: the ring is full.
+    pub fn try_push(&mut self, payload: &[u8]) -> Result<bool> {
+        self.try_push_kind(0, payload)
+    }
+
+    /// Like [`try_push`](Self::try_push) with a record kind.
+    pub fn try_push_kind(&mut self, kind: u16, payload: &[u8]) -> Result<bool> {
+        Ok(match self.reserve(payload.len())? {
+            Some(mut grant) => {
+                grant.copy_from_slice(payload);
+                grant.set_kind(kind);
+                grant.commit();
+                true
+            }
+            None => false,
+        })
+    }
+
+    /// Starts a batch: records committed through it are published together by [`Batch::commit`]
+    /// with one Release store and at most one wake-up.
+    pub fn batch(&mut self) -> Batch<'_, M> {
+        Batch { producer: self }
+    }
+
+    /// Waits up to `timeout` for room for a `len`-byte record. `Ok(None)` on timeout;
+    /// `Err(PeerDead)` if the consumer died (a dead consumer frees no room).
+    pub fn reserve_wait(
+        &mut self,
+        len: usize,
+        timeout: Duration,
+    ) -> Result<Option<WriteGrant<'_, M>>> {
+        let total = self.record_total(len)?;
+        if self.wait_room(total, timeout)? {
+            self.reserve_inner(len, true)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Copies `payload` into a record, waiting up to `timeout` for room. `Ok(false)` on timeout.
+    pub fn push_wait(&mut self, payload: &[u8], timeout: Duration) -> Result<bool> {
+        Ok(match self.reserve_wait(payload.len(), timeout)? {
+            Some(mut grant) => {
+                grant.copy_from_slice(payload);
+                grant.commit();
+                true
+            }
+            None => false,
+        })
+    }
+
+    /// Publishes this side's heartbeat (CLOCK_MONOTONIC). Waits and every 1024th publish do it too;
+    /// an otherwise idle producer should call it more often than the consumer's heartbeat limit.
+    pub fn heartbeat(&self) {
+        self.mem
+            .header()
+            .prod_side
+            .heartbeat
+            .store(liveness::now_ns(), Ordering::Relaxed);
+    }
+
+    /// The consumer's liveness.
+    pub fn peer_state(&self) -> PeerState {
+        let side = &self.mem.header().cons_side;
+        liveness::peer_state(
+            side.owner.load(Ordering::Relaxed),
+            side.heartbeat.load(Ordering::Relaxed),
+            self.config.heartbeat_limit,
+        )
+    }
+
+    /// Bytes published and not yet released by the consumer (as last seen).
+    pub fn len_hint(&self) -> usize {
+        (self.tail - self.cached_head) as usize
+    }
+
+    fn record_total(&self, len: usize) -> Result<u64> {
+        if len as u64 > self.max_payload {
+            return Err(Error::TooLarge {
+                len,
+                max: self.max_payload as usize,
+            });
+        }
+        Ok(record_size(len as u64))
+    }
+
+    fn corrupt(&mut self, what: &'static str) -> Error {
+        ring::poison(self.mem.header(), &mut self.poisoned, what)
+    }
+
+    fn reserve_inner(&mut self, len: usize, publish: bool) -> Result<Option<WriteGrant<'_, M>>> {
+        ring::check_poison(self.mem.header(), &mut self.poisoned)?;
+        let total = self.record_total(len)?;
+        let Some(pos) = self.place(total)? else {
+            return Ok(None);
+        };
+        Ok(Some(WriteGrant {
+            producer: self,
+            pos,
+            len: len as u32,
+            kind: 0,
+            flags: 0,
+            publish,
+        }))
+    }
+
+    /// Finds room for a record of `total` bytes at `pending`, writing a padding record first if it
+    /// would cross the wrap. Returns the record's position.
+    fn place(&mut self, total: u64) -> Result<Option<u64>> {
+        let off = self.pending & self.mask;
+        let to_end = self.cap - off;
+        let need = if total <= to_end {
+            total
+        } else {
+            to_end + total
+        };
+        if !self.has_room(need)? {
+            return Ok(None);
+        }
+        self.mem.track_write(off, total.min(to_end));
+        if total <= to_end {
+            return Ok(Some(self.pending));
+        }
+        self.mem.track_write(0, total);
+        // to_end >= 8 since offsets and capacity are multiples of 8, and to_end < total <= cap/2.
+        let word = encode_record(PAD_BIT | (to_end - RECORD_HEADER as u64) as u32, 0, 0);
+        // SAFETY: off < cap and off is a multiple of 8, so 8 bytes at data+off lie in the data area;
+        // the bytes are beyond the published tail, which the consumer does not read.
+        unsafe { crate::sync::store_word(self.mem.data().add(off as usize), word) };
+        Ok(Some(self.pending + to_end))
+    }
+
+    fn has_room(&mut self, need: u64) -> Result<bool> {
+        let end = self.pending + need;
+        if end - self.cached_head <= self.cap {
+            return Ok(true);
+        }
+        ring::check_poison(self.mem.header(), &mut self.poisoned)?;
+        // SYNC: Acquire pairs with the consumer's Release store of `cons.pos` (Consumer::release):
+        // the consumer has finished reading every byte below `head`, so we may overwrite it.
+        let head = self.mem.header().cons.pos.load(Ordering::Acquire);
+        if head < self.cached_head || head > self.tail || !head.is_multiple_of(8) {
+            return Err(self.corrupt("consumer position"));
+        }
+        self.cached_head = head;
+        self.mem
+            .header()
+            .prod
+            .cached_peer
+            .store(head, Ordering::Relaxed);
+        Ok(end - head <= self.cap)
+    }
+
+    /// Stores `pending` as the new tail and wakes the consumer if it sleeps.
+    fn publish(&mut self) {
+        if self.pending == self.tail {
+            return;
+        }
+        let hdr = self.mem.header();
+        // SYNC: Release pairs with the consumer's Acquire load of `prod.pos` (Consumer::available):
+        // every record byte written before this store is visible to the consumer once it sees the tail.
+        hdr.prod.pos.store(self.pending, Ordering::Release);
+        self.tail = self.pending;
+        self.pending_records = 0;
+        // SYNC: SeqCst fence pairs with the consumer's fence in `Consumer::wait_data` (eventcount): either the
+        // consumer's re-check sees our new tail, or we see its `sleeping` flag below.
+        fence(Ordering::SeqCst);
+        let sleeping = hdr.cons_side.sleeping.load(Ordering::Relaxed);
+        if sleeping & 1 == 1 && sleeping != self.last_woken {
+            self.last_woken = sleeping;
+            // SYNC: Release pairs with the consumer's Acquire load of the doorbell before it flags
+            // itself asleep: if it read this bump, it cannot have been the flag we just saw.
+            hdr.prod_side.doorbell.fetch_add(1, Ordering::Release);
+            self.mem.wake(&hdr.prod_side.doorbell);
+        }
+        self.publishes = self.publishes.wrapping_add(1);
+        if self.publishes.is_multiple_of(1024) {
+            self.heartbeat();
+        }
+    }
+
+    /// Spins, then sleeps on the consumer's doorbell until `total` bytes fit, the deadline passes
+    /// (`Ok(false)`), or the consumer dies.
+    fn wait_room(&mut self, total: u64, timeout: Duration) -> Result<bool> {
+        let deadline = Instant::now() + timeout;
+        let hdr_owner = |m: &M| m.header().cons_side.owner.load(Ordering::Relaxed);
+        loop {
+            let off = self.pending & self.mask;
+            let need = if total <= self.cap - off {
+                total
+            } else {
+                self.cap - off + total
+            };
+            for _ in 0..=self.config.spin {
+                if self.has_room(need)? {
+                    return Ok(true);
+                }
+                spin_hint();
+            }
+            let hdr = self.mem.header();
+            // SYNC: Acquire pairs with the consumer's Release bump of its doorbell (Consumer::release).
+            let bell = hdr.cons_side.doorbell.load(Ordering::Acquire);
+            self.sleep_gen = self.sleep_gen.wrapping_add(1);
+            hdr.prod_side
+                .sleeping
+                .store(self.sleep_gen, Ordering::Relaxed);
+            // SYNC: SeqCst fence pairs with the consumer's fence in `Consumer::release` (eventcount).
+            fence(Ordering::SeqCst);
+            let room = self.has_room(need);
+            let now = Instant::now();
+            let outcome = match room {
+                Ok(true) => Some(Ok(true)),
+                Err(e) => Some(Err(e)),
+                Ok(false) => match liveness::holder(hdr_owner(&self.mem)) {
+                    liveness::Holder::Dead(pid) => Some(Err(Error::PeerDead { pid })),
+                    _ if now >= deadline => Some(Ok(false)),
+                    _ => {
+                        self.heartbeat();
+                        let nap = (deadline - now).min(self.config.liveness_poll);
+                        self.mem
+                            .wait(&self.mem.header().cons_side.doorbell, bell, nap);
+                        None
+                    }
+                },
+            };
+            self.sleep_gen = self.sleep_gen.wrapping_add(1);
+            self.mem
+                .header()
+                .prod_side
+                .sleeping
+                .store(self.sleep_gen, Ordering::Relaxed);
+            if let Some(result) = outcome {
+                return result;
+            }
+        }
+    }
+}
+
+impl<M: Memory> Drop for Producer<M> {
+    fn drop(&mut self) {
+        self.claim.release(&self.mem.header().prod_side.owner);
+    }
+}
+
+/// Room for one record in the ring, borrowed as `&mut [u8]` (the payload). Publishes on
+/// [`commit`](Self::commit) (or, inside a [`Batch`], on the batch's commit); dropped uncommitted it
+/// publishes nothing.
+pub struct WriteGrant<'a, M: Memory = crate::DefaultMemory> {
+    producer: &'a mut Producer<M>,
+    pos: u64,
+    len: u32,
+    kind: u16,
+    flags: u16,
+    publish: bool,
+}
+
+impl<M: Memory> WriteGrant<'_, M> {
+    /// Sets the record's kind (default 0).
+    pub fn set_kind(&mut self, kind: u16) {
+        self.kind = kind;
+    }
+
+    /// Sets the record's flags (default 0).
+    pub fn set_flags(&mut self, flags: u16) {
+        self.flags = flags;
+    }
+
+    /// Commits the record: publishes it now, or with its batch.
+    pub fn commit(self) {
+        let p = self.producer;
+        let off = (self.pos & p.mask) as usize;
+        // SAFETY: `place` checked that the whole record lies in the data area at `off` (8-aligned)
+        // and beyond the published tail, where the consumer does not read.
+        unsafe {
+            crate::sync::store_word(
+                p.mem.data().add(off),
+                encode_record(self.len, self.kind, self.flags),
+            )
+        };
+        p.pending = self.pos + record_size(u64::from(self.len));
+        p.pending_records += 1;
+        if self.publish {
+            p.publish();
+        }
+    }
+}
+
+impl<M: Memory> Deref for WriteGrant<'_, M> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        let p = &*self.producer;
+        // SAFETY: `place` reserved `len` payload bytes after the header at `pos`, inside the data area
+        // and beyond the published tail: no one else reads or writes them while this grant lives.
+        unsafe {
+            std::slice::from_raw_parts(
+                p.mem
+                    .data()
+                    .add((self.pos & p.mask) as usize + RECORD_HEADER),
+                self.len as usize,
+            )
+        }
+    }
+}
+
+impl<M: Memory> DerefMut for WriteGrant<'_, M> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        let p = &*self.producer;
+        // SAFETY: as in `deref`; `&mut self` makes this the only borrow of those bytes.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                p.mem
+                    .data()
+                    .add((self.pos & p.mask) as usize + RECORD_HEADER),
+                self.len as usize,
+            )
+        }
+    }
+}
+
+/// Several records published together by one Release store and at most one wake-up. Dropped
+/// without [`commit`](Self::commit), it publishes nothing.
+pub struct Batch<'a, M: Memory = crate::DefaultMemory> {
+    producer: &'a mut Producer<M>,
+}
+
+impl<M: Memory> Batch<'_, M> {
+    /// Reserves the next record of the batch; its [`WriteGrant::commit`] adds it to the batch.
+    pub fn reserve(&mut self, len: usize) -> Result<Option<WriteGrant<'_, M>>> {
+        self.producer.reserve_inner(len, false)
+    }
+
+    /// Copies `payload` into the batch as a record of kind 0. `Ok(false)`: the ring is full.
+    pub fn try_push(&mut self, payload: &[u8]) -> Result<bool> {
+        Ok(match self.reserve(payload.len())? {
+            Some(mut grant) => {
+                grant.copy_from_slice(payload);
+                grant.commit();
+                true
+            }
+            None => false,
+        })
+    }
+
+    /// Records committed to this batch so far.
+    pub fn len(&self) -> usize {
+        self.producer.pending_records
+    }
+
+    /// Whether no record was committed to this batch yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Publishes every record of the batch; returns how many.
+    pub fn commit(self) -> usize {
+        let n = self.producer.pending_records;
+        self.producer.publish();
+        n
+    }
+}
+
+impl<M: Memory> Drop for Batch<'_, M> {
+    fn drop(&mut self) {
+        // Uncommitted records are discarded (after `commit`, pending == tail already).
+        let p = &mut *self.producer;
+        p.pending = p.tail;
+        p.pending_records = 0;
+    }
+}
+
+impl<M: Memory> std::fmt::Debug for Producer<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hdr = self.mem.header();
+        f.debug_struct("Producer")
+            .field("tail", &self.tail)
+            .field("pending", &self.pending)
+            .field("cached_head", &self.cached_head)
+            .field("shared_head", &hdr.cons.pos.load(Ordering::Relaxed))
+            .field("sleep_gen", &self.sleep_gen)
+            .field("poisoned", &self.poisoned)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,162 @@
+//! Property tests: random sequences of pushes, batches (committed or dropped), abandoned
+//! reservations and partial reads against a `VecDeque` model of the ring, on small capacities so
+//! full rings, exact fits and wraps happen constantly.
+
+use crate::{Ring, layout::record_size};
+use proptest::prelude::*;
+use std::collections::VecDeque;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Push { len: usize, kind: u16 },
+    Batch { lens: Vec<usize>, commit: bool },
+    Abandon { len: usize },
+    Pop { max: usize },
+    PopOne,
+}
+
+fn op(max_len: usize) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..=max_len, any::<u16>()).prop_map(|(len, kind)| Op::Push { len, kind }),
+        2 => (prop::collection::vec(0..=max_len, 0..6), prop::bool::weighted(0.8))
+            .prop_map(|(lens, commit)| Op::Batch { lens, commit }),
+        1 => (0..=max_len).prop_map(|len| Op::Abandon { len }),
+        2 => (0usize..5).prop_map(|max| Op::Pop { max }),
+        3 => Just(Op::PopOne),
+    ]
+}
+
+/// The specification: positions, padding at the wrap, and the records in flight.
+struct Model {
+    cap: u64,
+    tail: u64,
+    head: u64,
+    records: VecDeque<(u16, Vec<u8>, u64)>,
+}
+
+impl Model {
+    /// Where a record of `len` bytes starting at `at` would end, if it fits.
+    fn place(&self, at: u64, len: usize) -> Option<u64> {
+        let total = record_size(len as u64);
+        let to_end = self.cap - at % self.cap;
+        let need = if total <= to_end {
+            total
+        } else {
+            to_end + total
+        };
+        (at + need - self.head <= self.cap).then_some(at + need)
+    }
+}
+
+fn fill(seed: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (seed.wrapping_mul(31).wrapping_add(i as u64 * 7) >> 1) as u8)
+        .collect()
+}
+
+fn run(cap: usize, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let ring = Ring::heap(cap).unwrap();
+    let mut p = ring.producer().unwrap();
+    let mut c = ring.consumer().unwrap();
+    let mut m = Model {
+        cap: cap as u64,
+        tail: 0,
+        head: 0,
+        records: VecDeque::new(),
+    };
+    let mut seed = 0u64;
+    for op in ops {
+        match op {
+            Op::Push { len, kind } => {
+                seed += 1;
+                let data = fill(seed, len);
+                let pushed = p.try_push_kind(kind, &data).unwrap();
+                let expect = m.place(m.tail, len);
+                prop_assert_eq!(
+                    pushed,
+                    expect.is_some(),
+                    "push of {} at tail {}",
+                    len,
+                    m.tail
+                );
+                if let Some(end) = expect {
+                    m.tail = end;
+                    m.records.push_back((kind, data, end));
+                }
+            }
+            Op::Batch { lens, commit } => {
+                let mut batch = p.batch();
+                let mut at = m.tail;
+                let mut staged = Vec::new();
+                for len in lens {
+                    seed += 1;
+                    let data = fill(seed, len);
+                    let pushed = batch.try_push(&data).unwrap();
+                    let expect = m.place(at, len);
+                    prop_assert_eq!(pushed, expect.is_some());
+                    if let Some(end) = expect {
+                        at = end;
+                        staged.push((0, data, end));
+                    }
+                }
+                prop_assert_eq!(batch.len(), staged.len());
+                if commit {
+                    prop_assert_eq!(batch.commit(), staged.len());
+                    m.tail = at;
+                    m.records.extend(staged);
+                }
+            }
+            Op::Abandon { len } => {
+                let grant = p.reserve(len).unwrap();
+                prop_assert_eq!(grant.is_some(), m.place(m.tail, len).is_some());
+            }
+            Op::Pop { max } => {
+                let mut got = Vec::new();
+                let n = c
+                    .pop_batch(max, |r| got.push((r.kind, r.payload.to_vec())))
+                    .unwrap();
+                prop_assert_eq!(n, got.len());
+                prop_assert_eq!(n, max.min(m.records.len()));
+                for (kind, data) in got {
+                    let (mk, md, end) = m.records.pop_front().unwrap();
+                    prop_assert_eq!((kind, data), (mk, md));
+                    m.head = end;
+                }
+            }
+            Op::PopOne => match c.try_pop().unwrap() {
+                Some(g) => {
+                    let (mk, md, end) = m.records.pop_front().expect("model has a record");
+                    prop_assert_eq!((g.kind(), &*g), (mk, &md[..]));
+                    m.head = end;
+                }
+                None => prop_assert!(m.records.is_empty()),
+            },
+        }
+    }
+    // Drain: everything the model holds comes out, in order.
+    while let Some(g) = c.try_pop().unwrap() {
+        let (mk, md, _) = m.records.pop_front().expect("model has a record");
+        prop_assert_eq!((g.kind(), &*g), (mk, &md[..]));
+    }
+    prop_assert!(m.records.is_empty());
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn matches_model_tiny_ring(ops in prop::collection::vec(op(24), 1..200)) {
+        run(64, ops)?;
+    }
+
+    #[test]
+    fn matches_model_small_ring(ops in prop::collection::vec(op(120), 1..200)) {
+        run(256, ops)?;
+    }
+
+    #[test]
+    fn matches_model_page_ring(ops in prop::collection::vec(op(2040), 1..120)) {
+        run(4096, ops)?;
+    }
+}

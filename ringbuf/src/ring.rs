@@ -1,0 +1,151 @@
+//! A ring handle (`Ring`), role claims, poisoning and wait settings shared by both ends.
+
+use crate::consumer::Consumer;
+use crate::error::{Error, Result, Role};
+use crate::liveness::{self, Holder};
+use crate::memory::{HeapMemory, Memory};
+use crate::producer::Producer;
+use crate::sync::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How the waiting calls behave.
+#[derive(Clone, Copy, Debug)]
+pub struct WaitConfig {
+    /// Polls of the peer's position before going to sleep (each a `spin_loop` hint, a few ns).
+    pub spin: u32,
+    /// Longest single futex sleep: the peer's liveness is re-checked at least this often, so a wait
+    /// notices a dead peer within about this long.
+    pub liveness_poll: Duration,
+    /// A live peer whose heartbeat is older than this is reported `Unresponsive`.
+    pub heartbeat_limit: Duration,
+}
+
+impl Default for WaitConfig {
+    fn default() -> Self {
+        WaitConfig {
+            spin: if cfg!(loom) { 0 } else { 2000 },
+            liveness_poll: Duration::from_millis(50),
+            heartbeat_limit: Duration::from_secs(1),
+        }
+    }
+}
+
+/// A role held in an owner slot; released on drop of its `Producer`/`Consumer`.
+pub(crate) struct Claim {
+    word: u64,
+}
+
+impl Claim {
+    /// Claims `slot` for this process: free, or held by a dead process (takeover).
+    pub(crate) fn take(slot: &AtomicU64, role: Role) -> Result<Claim> {
+        let me = liveness::self_owner();
+        // SYNC: Acquire pairs with the Release in `Claim::release` / the AcqRel CAS below by a
+        // previous holder: its last writes to the ring happen before our take-over.
+        let mut current = slot.load(Ordering::Acquire);
+        loop {
+            match liveness::holder(current) {
+                Holder::Alive(pid) => return Err(Error::RoleTaken { role, pid }),
+                Holder::None | Holder::Dead(_) => {}
+            }
+            // SYNC: AcqRel: Acquire as above; Release pairs with a later claimant's Acquire.
+            match slot.compare_exchange(current, me, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Ok(Claim { word: me }),
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Frees the slot if we still hold it.
+    pub(crate) fn release(&self, slot: &AtomicU64) {
+        // SYNC: Release pairs with the Acquire in `Claim::take` of the next holder.
+        let _ = slot.compare_exchange(self.word, 0, Ordering::Release, Ordering::Relaxed);
+    }
+}
+
+/// Marks the ring poisoned (locally and in the header) and returns the error to report.
+pub(crate) fn poison(
+    hdr: &crate::layout::Header,
+    local: &mut Option<&'static str>,
+    what: &'static str,
+) -> Error {
+    *local = Some(what);
+    hdr.meta.poisoned.store(1, Ordering::Relaxed);
+    Error::Corrupt { what }
+}
+
+/// Fails if this side or the peer found the ring corrupt.
+pub(crate) fn check_poison(
+    hdr: &crate::layout::Header,
+    local: &mut Option<&'static str>,
+) -> Result<()> {
+    if let Some(what) = *local {
+        return Err(Error::Corrupt { what });
+    }
+    if hdr.meta.poisoned.load(Ordering::Relaxed) != 0 {
+        *local = Some("ring (poisoned by the peer)");
+        return Err(Error::Corrupt {
+            what: "ring (poisoned by the peer)",
+        });
+    }
+    Ok(())
+}
+
+/// A handle on one ring: from it, claim the producer or the consumer role (each at most once
+/// at a time across all processes). Cheap to clone; the memory lives while any handle, producer or
+/// consumer does.
+pub struct Ring<M: Memory = crate::DefaultMemory> {
+    mem: Arc<M>,
+}
+
+impl<M: Memory> Clone for Ring<M> {
+    fn clone(&self) -> Self {
+        Ring {
+            mem: Arc::clone(&self.mem),
+        }
+    }
+}
+
+impl<M: Memory> Ring<M> {
+    /// Wraps an initialised memory region.
+    pub(crate) fn from_memory(mem: M) -> Self {
+        Ring { mem: Arc::new(mem) }
+    }
+
+    /// Claims the producer role.
+    pub fn producer(&self) -> Result<Producer<M>> {
+        Producer::claim(Arc::clone(&self.mem))
+    }
+
+    /// Claims the consumer role.
+    pub fn consumer(&self) -> Result<Consumer<M>> {
+        Consumer::claim(Arc::clone(&self.mem))
+    }
+
+    /// Data-area capacity in bytes.
+    pub fn capacity(&self) -> usize {
+        self.mem.capacity() as usize
+    }
+
+    /// The underlying memory (for example the [`Segment`](crate::Segment), to read its name).
+    pub fn memory(&self) -> &M {
+        &self.mem
+    }
+}
+
+impl Ring<HeapMemory> {
+    /// A ring on the heap, for use inside one process (tests, models, benchmarks).
+    pub fn heap(capacity: usize) -> Result<Self> {
+        let mem = HeapMemory::new(capacity)?;
+        let meta = &mem.header().meta;
+        meta.capacity.store(capacity as u64, Ordering::Relaxed);
+        meta.creator
+            .store(liveness::self_owner(), Ordering::Relaxed);
+        meta.magic.store(crate::layout::MAGIC, Ordering::Relaxed);
+        // SYNC: Release pairs with the Acquire load of `version` in `Segment::attach` (kept the same
+        // way here so heap and shared rings are initialised identically).
+        meta.version
+            .store(crate::layout::VERSION, Ordering::Release);
+        Ok(Ring::from_memory(mem))
+    }
+}

@@ -1,0 +1,291 @@
+//! Flags of the serving subcommands: `serve`, `worker`, `client` and `bench serve`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use gateway::admission::AdmissionLimits;
+use gateway::server::ServerConfig;
+use gateway::supervisor::WorkerCommand;
+use worker::backend::BackendOptions;
+use worker::engine::EngineConfig;
+use worker::serve::launch::{WorkerDevice, WorkerOptions, run_worker};
+
+/// Engine knobs shared by `serve` and `worker` (vLLM's flag names).
+#[derive(Args, Debug, Clone)]
+pub struct ServingEngineFlags {
+    /// Where the model runs: cpu, cuda, cuda:N, or null (no math: measures the serving path).
+    #[arg(long, default_value = "cpu")]
+    pub device: WorkerDevice,
+    /// Context length limit (default: the model's, capped by the KV cache).
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Sequences running at once at most, per worker.
+    #[arg(long, default_value_t = 256)]
+    pub max_num_seqs: usize,
+    /// Tokens computed per step at most (prefill chunks + decodes).
+    #[arg(long, default_value_t = 8192)]
+    pub max_num_batched_tokens: usize,
+    /// Reuse KV blocks of equal prompt prefixes across requests.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub enable_prefix_caching: bool,
+    /// Fraction of GPU memory a CUDA worker may use.
+    #[arg(long, default_value_t = 0.9)]
+    pub gpu_memory_utilization: f32,
+    /// GPUs per model replica. Only 1 is supported for now.
+    #[arg(long, default_value_t = 1)]
+    pub tensor_parallel_size: usize,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// KV blocks per worker (default: sized from memory).
+    #[arg(long)]
+    pub num_kv_blocks: Option<usize>,
+    /// Capacity of each request and response ring, in MiB (a power of two).
+    #[arg(long, default_value_t = 4)]
+    pub ring_mib: usize,
+}
+
+impl ServingEngineFlags {
+    fn check(&self) -> anyhow::Result<()> {
+        if self.tensor_parallel_size != 1 {
+            bail!(
+                "--tensor-parallel-size {} is not supported yet: only 1 (run several --workers for more throughput)",
+                self.tensor_parallel_size
+            );
+        }
+        if !self.ring_mib.is_power_of_two() {
+            bail!("--ring-mib {} must be a power of two", self.ring_mib);
+        }
+        Ok(())
+    }
+
+    /// The same flags as arguments of `ringserve worker`.
+    fn to_args(&self) -> Vec<String> {
+        let mut a = vec![
+            "--device".into(),
+            self.device.to_string(),
+            "--max-num-seqs".into(),
+            self.max_num_seqs.to_string(),
+            "--max-num-batched-tokens".into(),
+            self.max_num_batched_tokens.to_string(),
+            "--enable-prefix-caching".into(),
+            self.enable_prefix_caching.to_string(),
+            "--gpu-memory-utilization".into(),
+            self.gpu_memory_utilization.to_string(),
+            "--block-size".into(),
+            self.block_size.to_string(),
+            "--ring-mib".into(),
+            self.ring_mib.to_string(),
+        ];
+        if let Some(n) = self.max_model_len {
+            a.extend(["--max-model-len".into(), n.to_string()]);
+        }
+        if let Some(n) = self.num_kv_blocks {
+            a.extend(["--num-kv-blocks".into(), n.to_string()]);
+        }
+        a
+    }
+}
+
+/// `ringserve serve`: the gateway and its worker processes.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// A HuggingFace model folder (default: the built-in demo model, on the CPU).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Worker processes (each runs a full copy of the model).
+    #[arg(long, default_value_t = 1)]
+    pub workers: usize,
+    /// gRPC listen address (port 0 picks a free port; the bound address is printed).
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    pub addr: SocketAddr,
+    /// Prometheus /metrics listen address.
+    #[arg(long, default_value = "127.0.0.1:9090")]
+    pub metrics_addr: SocketAddr,
+    /// Model name reported by ModelInfo (default: the folder's name).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// Requests admitted at once; more get RESOURCE_EXHAUSTED.
+    #[arg(long, default_value_t = 1024)]
+    pub max_in_flight: usize,
+    /// Prompt tokens admitted but not yet prefilled; more get RESOURCE_EXHAUSTED.
+    #[arg(long, default_value_t = 262_144)]
+    pub max_queued_prompt_tokens: usize,
+    /// Seconds in-flight requests get to finish after SIGTERM/SIGINT.
+    #[arg(long, default_value_t = 30.0)]
+    pub drain_timeout: f64,
+    #[command(flatten)]
+    pub engine: ServingEngineFlags,
+}
+
+/// `ringserve worker`: one engine on one device, serving a gateway's rings.
+#[derive(Args, Debug)]
+pub struct WorkerArgs {
+    /// A HuggingFace model folder.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Prefix of the ring names (`PREFIX-req`, `PREFIX-resp`); attached, or created if absent.
+    #[arg(long)]
+    pub rings: String,
+    /// Seed for requests that bring none.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    #[command(flatten)]
+    pub engine: ServingEngineFlags,
+}
+
+/// The model folder to serve: `--model`, or the demo model (created on first use).
+fn model_dir(model: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    match model {
+        Some(dir) => Ok(dir),
+        None => crate::demo_model_dir(),
+    }
+}
+
+pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    args.engine.check()?;
+    if args.workers == 0 {
+        bail!("--workers must be at least 1");
+    }
+    let demo = args.model.is_none();
+    let dir = model_dir(args.model)?;
+    let dir = dir
+        .canonicalize()
+        .with_context(|| format!("model folder {}", dir.display()))?;
+    let model_name = args.served_model_name.unwrap_or_else(|| {
+        if demo {
+            "demo".to_owned()
+        } else {
+            dir.file_name()
+                .map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned())
+        }
+    });
+    let mut worker_args = vec![
+        "worker".to_owned(),
+        "--model".into(),
+        dir.display().to_string(),
+    ];
+    worker_args.extend(args.engine.to_args());
+    let config = ServerConfig {
+        model_dir: dir,
+        model_name,
+        addr: args.addr,
+        metrics_addr: Some(args.metrics_addr),
+        workers: args.workers,
+        worker: WorkerCommand {
+            exe: std::env::current_exe().context("locating the ringserve binary")?,
+            args: worker_args,
+            ring_capacity: args.engine.ring_mib << 20,
+            ring_prefix: String::new(),
+        },
+        admission: AdmissionLimits {
+            max_in_flight: args.max_in_flight,
+            max_queued_prompt_tokens: args.max_queued_prompt_tokens,
+        },
+        drain_timeout: Duration::from_secs_f64(args.drain_timeout.max(0.0)),
+    };
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(gateway::server::run(config))?;
+    Ok(())
+}
+
+pub fn worker(args: WorkerArgs) -> anyhow::Result<()> {
+    args.engine.check()?;
+    let e = &args.engine;
+    let opts = WorkerOptions {
+        model: args.model.clone(),
+        device: e.device,
+        backend: BackendOptions {
+            block_size: e.block_size,
+            num_kv_blocks: e.num_kv_blocks,
+            gpu_memory_utilization: e.gpu_memory_utilization,
+            ..BackendOptions::default()
+        },
+        engine: EngineConfig {
+            max_num_batched_tokens: e.max_num_batched_tokens,
+            max_num_seqs: e.max_num_seqs,
+            max_model_len: e.max_model_len,
+            enable_prefix_caching: e.enable_prefix_caching,
+            seed: args.seed,
+        },
+        rings: args.rings,
+        ring_capacity: e.ring_mib << 20,
+    };
+    let exit = run_worker(&opts, Arc::new(AtomicBool::new(false)))
+        .with_context(|| format!("worker for {}", args.model.display()))?;
+    tracing::info!(?exit, "worker stopped");
+    Ok(())
+}
+
+/// `ringserve client`: stream a completion to the terminal.
+#[derive(Args, Debug)]
+pub struct ClientArgs {
+    /// The prompt (a user message with --chat; token ids with --token-ids).
+    pub prompt: String,
+    /// Server address.
+    #[arg(long, default_value = "http://127.0.0.1:50051")]
+    pub addr: String,
+    /// Send the prompt as a chat message (rendered with the model's chat template).
+    #[arg(long)]
+    pub chat: bool,
+    /// A system message (with --chat).
+    #[arg(long)]
+    pub system: Option<String>,
+    /// The prompt is token ids, comma- or space-separated.
+    #[arg(long)]
+    pub token_ids: bool,
+    /// Print generated token ids instead of text.
+    #[arg(long)]
+    pub print_ids: bool,
+    /// Tokens to generate at most.
+    #[arg(long)]
+    pub max_tokens: Option<u32>,
+    /// Sampling temperature (0: greedy; default 1).
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// Nucleus sampling threshold.
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// Top-k sampling (0: off).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: i32,
+    /// Seed of the request's random stream.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Stop strings (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+}
+
+pub fn client(args: ClientArgs) -> anyhow::Result<()> {
+    let addr = if args.addr.contains("://") {
+        args.addr
+    } else {
+        format!("http://{}", args.addr)
+    };
+    let opts = gateway::client::ClientOptions {
+        addr,
+        prompt: args.prompt,
+        chat: args.chat,
+        system: args.system,
+        token_ids: args.token_ids,
+        max_tokens: args.max_tokens,
+        temperature: args.temperature,
+        top_p: args.top_p,
+        top_k: args.top_k,
+        seed: args.seed,
+        stop: args.stop,
+        print_ids: args.print_ids,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut out = std::io::stdout().lock();
+    rt.block_on(gateway::client::run(&opts, &mut out))?;
+    Ok(())
+}

@@ -1,0 +1,271 @@
+//! Helpers for the end-to-end serving tests: start `ringserve serve` on free ports, talk to it,
+//! read its metrics, signal it.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use protos::v1::inference_client::InferenceClient;
+use protos::v1::{GenerateRequest, GenerateResponse, SamplingParams, TokenIds, generate_request};
+use tonic::transport::Channel;
+
+/// The tiny-llama fixture's folder.
+pub fn tiny_llama() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama")
+}
+
+/// The fixture's cases: (prompt, greedy tokens).
+pub fn tiny_llama_cases() -> Vec<(Vec<u32>, Vec<u32>)> {
+    let text = std::fs::read_to_string(tiny_llama().join("expected.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let ids = |x: &serde_json::Value| -> Vec<u32> {
+        x.as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap() as u32)
+            .collect()
+    };
+    v["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (ids(&c["prompt"]), ids(&c["greedy"])))
+        .collect()
+}
+
+/// A running `ringserve serve`.
+pub struct Server {
+    pub child: Child,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    pub metrics_addr: String,
+    /// The prefix of every shared-memory segment this server made.
+    pub rings: String,
+    lines: mpsc::Receiver<String>,
+    /// Worker pids by slot, as announced.
+    pub worker_pids: Vec<u32>,
+}
+
+impl Server {
+    /// Starts `ringserve serve --addr 127.0.0.1:0 --metrics-addr 127.0.0.1:0 ARGS` and waits until
+    /// `workers` workers are ready.
+    pub fn start(args: &[&str], workers: usize) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ringserve"))
+            .arg("serve")
+            .args(["--addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawning ringserve serve");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut server = Server {
+            child,
+            url: String::new(),
+            metrics_addr: String::new(),
+            rings: String::new(),
+            lines: rx,
+            worker_pids: vec![0; workers],
+        };
+        let listening = server
+            .wait_line(|l| l.starts_with("listening "), Duration::from_secs(120))
+            .expect("serve printed its addresses");
+        for field in listening.split_whitespace() {
+            if let Some(a) = field.strip_prefix("grpc=") {
+                server.url = format!("http://{a}");
+            } else if let Some(a) = field.strip_prefix("metrics=") {
+                server.metrics_addr = a.to_owned();
+            } else if let Some(r) = field.strip_prefix("rings=") {
+                server.rings = r.to_owned();
+            }
+        }
+        for _ in 0..workers {
+            server.wait_worker_ready(Duration::from_secs(120));
+        }
+        server
+    }
+
+    /// Waits for a `worker N ready pid=P` line; returns (N, P).
+    pub fn wait_worker_ready(&mut self, timeout: Duration) -> (usize, u32) {
+        let line = self
+            .wait_line(|l| l.starts_with("worker "), timeout)
+            .expect("a worker became ready");
+        let parts: Vec<&str> = line.split_whitespace().collect();
+        let slot: usize = parts[1].parse().unwrap();
+        let pid: u32 = parts[3].strip_prefix("pid=").unwrap().parse().unwrap();
+        if slot >= self.worker_pids.len() {
+            self.worker_pids.resize(slot + 1, 0);
+        }
+        self.worker_pids[slot] = pid;
+        (slot, pid)
+    }
+
+    /// The next stdout line matching `pred`, within `timeout`.
+    pub fn wait_line(&mut self, pred: impl Fn(&str) -> bool, timeout: Duration) -> Option<String> {
+        let deadline = Instant::now() + timeout;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.lines.recv_timeout(left) {
+                Ok(line) if pred(&line) => return Some(line),
+                Ok(_) => {}
+                Err(_) => return None,
+            }
+        }
+        None
+    }
+
+    /// A gRPC client.
+    pub async fn client(&self) -> InferenceClient<Channel> {
+        InferenceClient::connect(self.url.clone()).await.unwrap()
+    }
+
+    /// The body of `GET /metrics`.
+    pub fn metrics(&self) -> String {
+        let mut s = TcpStream::connect(&self.metrics_addr).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    }
+
+    /// The sum of every sample of metric `name` (all label sets); `None` if absent.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        let body = self.metrics();
+        let mut found = None;
+        for line in body.lines() {
+            if line.starts_with('#') {
+                continue;
+            }
+            let Some(rest) = line.strip_prefix(name) else {
+                continue;
+            };
+            if !(rest.starts_with(' ') || rest.starts_with('{')) {
+                continue;
+            }
+            if let Some(v) = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) {
+                *found.get_or_insert(0.0) += v;
+            }
+        }
+        found
+    }
+
+    /// Polls until `pred(metric)` holds, within `timeout`.
+    pub fn wait_metric(&self, name: &str, timeout: Duration, pred: impl Fn(f64) -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.metric(name).is_some_and(&pred) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+
+    /// Sends SIGTERM to the server.
+    pub fn sigterm(&self) {
+        signal(self.child.id(), "TERM");
+    }
+
+    /// Waits for the server to exit; returns its status.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
+    /// Shared-memory segments of this server still in /dev/shm.
+    pub fn leftover_segments(&self) -> Vec<String> {
+        std::fs::read_dir("/dev/shm")
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| !self.rings.is_empty() && n.starts_with(&self.rings))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.sigterm();
+            if self.wait_exit(Duration::from_secs(20)).is_none() {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+            }
+        }
+    }
+}
+
+/// Sends `kill -SIG pid`.
+pub fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "kill -{sig} {pid}");
+}
+
+/// A greedy token-id request.
+pub fn greedy_ids(prompt: &[u32], max_tokens: u32) -> GenerateRequest {
+    GenerateRequest {
+        prompt: Some(generate_request::Prompt::TokenIds(TokenIds {
+            ids: prompt.to_vec(),
+        })),
+        sampling: Some(SamplingParams {
+            temperature: Some(0.0),
+            ..Default::default()
+        }),
+        max_tokens: Some(max_tokens),
+        ignore_eos: true,
+        ..Default::default()
+    }
+}
+
+/// Runs a request to its end; returns every message.
+pub async fn collect(
+    client: &mut InferenceClient<Channel>,
+    req: GenerateRequest,
+) -> Result<Vec<GenerateResponse>, tonic::Status> {
+    let mut stream = client.generate(req).await?.into_inner();
+    let mut out = Vec::new();
+    while let Some(msg) = stream.message().await? {
+        out.push(msg);
+    }
+    Ok(out)
+}
+
+/// All token ids of a stream.
+pub fn ids_of(msgs: &[GenerateResponse]) -> Vec<u32> {
+    msgs.iter().flat_map(|m| m.token_ids.clone()).collect()
+}
+
+/// A multi-threaded runtime for a test.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}

@@ -1,0 +1,113 @@
+//! Starting a worker process: open the model on its device (or the `null` device), build the
+//! engine, and run the serving loop.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use thiserror::Error;
+
+use super::{ServeConfig, ServeError, ServeExit, serve};
+use crate::backend::null::NullBackend;
+use crate::backend::{BackendOptions, Device};
+use crate::checkpoint::CheckpointError;
+use crate::config::ModelConfig;
+use crate::engine::{Engine, EngineConfig, EngineError};
+use crate::open::{OpenError, open_model};
+
+/// KV blocks of the null device when not given (it holds no memory per block).
+pub const NULL_DEFAULT_KV_BLOCKS: usize = 1 << 16;
+
+/// Where a worker computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerDevice {
+    /// A real backend (`cpu`, `cuda`, `cuda:N`).
+    Model(Device),
+    /// No math: deterministic tokens from the model's config alone (no weights are read).
+    Null,
+}
+
+impl std::str::FromStr for WorkerDevice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "null" {
+            return Ok(Self::Null);
+        }
+        s.parse::<Device>()
+            .map(Self::Model)
+            .map_err(|e| format!("{e} (or null)"))
+    }
+}
+
+impl std::fmt::Display for WorkerDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Model(d) => d.fmt(f),
+            Self::Null => f.write_str("null"),
+        }
+    }
+}
+
+/// Everything `ringserve worker` needs.
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    pub model: PathBuf,
+    pub device: WorkerDevice,
+    pub backend: BackendOptions,
+    pub engine: EngineConfig,
+    pub rings: String,
+    pub ring_capacity: usize,
+}
+
+/// A worker could not start or stopped with an error.
+#[derive(Debug, Error)]
+pub enum LaunchError {
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    #[error(transparent)]
+    Config(#[from] CheckpointError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+}
+
+/// Opens the model and serves it until the gateway goes away or `stop` is set.
+pub fn run_worker(opts: &WorkerOptions, stop: Arc<AtomicBool>) -> Result<ServeExit, LaunchError> {
+    let (engine, vocab) = match opts.device {
+        WorkerDevice::Model(device) => {
+            let backend = BackendOptions {
+                device,
+                ..opts.backend.clone()
+            };
+            let opened = open_model(&opts.model, &backend, opts.engine.clone())?;
+            (opened.engine, opened.config.vocab_size)
+        }
+        WorkerDevice::Null => {
+            let config = ModelConfig::load(&opts.model)?;
+            let backend = NullBackend::new(
+                config.vocab_size,
+                config.eos_token_ids.clone(),
+                opts.backend.block_size,
+                opts.backend.num_kv_blocks.unwrap_or(NULL_DEFAULT_KV_BLOCKS),
+            );
+            let engine = Engine::new(Box::new(backend), &config, opts.engine.clone())?;
+            (engine, config.vocab_size)
+        }
+    };
+    tracing::info!(
+        model = %opts.model.display(),
+        device = %opts.device,
+        backend = engine.backend_name(),
+        max_model_len = engine.max_model_len(),
+        "engine ready"
+    );
+    let config = ServeConfig {
+        rings: opts.rings.clone(),
+        ring_capacity: opts.ring_capacity,
+        vocab_size: vocab,
+        stop,
+    };
+    Ok(serve(engine, &config)?)
+}

@@ -1,0 +1,184 @@
+//! The serving loop against real shared-memory rings, driven from the test as the gateway would.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use protos::records::{Cancel, ErrorCode, Finish, Hello, RecordKind, SamplingWire, Submit, Tokens};
+
+use super::*;
+use crate::backend::testing::ToyBackend;
+use crate::engine::{Engine, EngineConfig};
+
+struct Harness {
+    tx: Producer,
+    rx: Consumer,
+    stop: Arc<AtomicBool>,
+    worker: Option<std::thread::JoinHandle<Result<ServeExit, ServeError>>>,
+    _rings: (Ring, Ring),
+}
+
+impl Harness {
+    fn start() -> Self {
+        let prefix = ringbuf::unique_name("rs-serve-test");
+        let names = RingNames::new(&prefix);
+        let req = ringbuf::create(&names.request, 64 * 1024).unwrap();
+        let resp = ringbuf::create(&names.response, 64 * 1024).unwrap();
+        let tx = req.producer().unwrap();
+        let rx = resp.consumer().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let config = ServeConfig {
+            rings: prefix,
+            ring_capacity: 64 * 1024,
+            vocab_size: 64,
+            stop: stop.clone(),
+        };
+        let worker = std::thread::spawn(move || {
+            let (backend, model) = ToyBackend::with_config(64, 16, 64);
+            let engine = Engine::new(
+                Box::new(backend),
+                &model,
+                EngineConfig {
+                    seed: Some(1),
+                    ..EngineConfig::default()
+                },
+            )
+            .unwrap();
+            serve(engine, &config)
+        });
+        let mut h = Self {
+            tx,
+            rx,
+            stop,
+            worker: Some(worker),
+            _rings: (req, resp),
+        };
+        let hello = h.next_record(RecordKind::Hello);
+        let info = Hello::decode(&hello).unwrap();
+        assert_eq!(info.vocab_size, 64);
+        assert_eq!(info.block_size, 16);
+        h
+    }
+
+    fn next_record(&mut self, kind: RecordKind) -> Vec<u8> {
+        let rec = self
+            .rx
+            .pop_wait(Duration::from_secs(10))
+            .unwrap()
+            .expect("a record within 10 s");
+        assert_eq!(rec.kind(), kind as u16);
+        rec.to_vec()
+    }
+
+    fn send(&mut self, bytes: &[u8], kind: RecordKind) {
+        let mut g = self.tx.reserve(bytes.len()).unwrap().unwrap();
+        g.copy_from_slice(bytes);
+        g.set_kind(kind as u16);
+        g.commit();
+    }
+
+    fn submit(&mut self, id: u64, prompt: Vec<u32>, max_tokens: u32) {
+        let s = Submit {
+            request_id: id,
+            sampling: SamplingWire {
+                temperature: 0.0,
+                ..SamplingWire::default()
+            },
+            max_tokens,
+            logprobs: 0,
+            ignore_eos: true,
+            stop_token_ids: vec![],
+            prompt,
+        };
+        let mut buf = vec![0u8; s.encoded_len()];
+        s.encode(&mut buf).unwrap();
+        self.send(&buf, RecordKind::Submit);
+    }
+
+    /// Collects entries until `id` finishes; returns its tokens, its finish and the last gauges.
+    fn collect(&mut self, id: u64) -> (Vec<u32>, Finish, protos::records::EngineGauges) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut tokens = Vec::new();
+        while Instant::now() < deadline {
+            let rec = self.next_record(RecordKind::Tokens);
+            let mut done = None;
+            let g = Tokens::decode(&rec, |e| {
+                if e.request_id == id {
+                    tokens.extend(e.tokens.iter());
+                    if e.finish != Finish::None {
+                        done = Some(e.finish);
+                    }
+                }
+            })
+            .unwrap();
+            if let Some(f) = done {
+                return (tokens, f, g);
+            }
+        }
+        panic!("request {id} did not finish");
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(w) = self.worker.take() {
+            let exit = w.join().unwrap().unwrap();
+            assert_eq!(exit, ServeExit::Stopped);
+        }
+    }
+}
+
+#[test]
+fn serves_requests_and_reports_gauges() {
+    let mut h = Harness::start();
+    h.submit(1, vec![1, 2, 3], 5);
+    let (tokens, finish, _) = h.collect(1);
+    assert_eq!(tokens.len(), 5);
+    assert_eq!(finish, Finish::Length);
+    // The same prompt again gives the same greedy tokens.
+    h.submit(2, vec![1, 2, 3], 5);
+    assert_eq!(h.collect(2).0, tokens);
+}
+
+#[test]
+fn cancel_frees_blocks_and_is_acknowledged() {
+    let mut h = Harness::start();
+    h.submit(7, vec![1; 40], 900);
+    // Wait until it produced something, then cancel.
+    let rec = h.next_record(RecordKind::Tokens);
+    Tokens::decode(&rec, |_| {}).unwrap();
+    let mut buf = [0u8; Cancel::LEN];
+    Cancel::new(7).encode(&mut buf).unwrap();
+    h.send(&buf, RecordKind::Cancel);
+    let (_, finish, gauges) = h.collect(7);
+    assert_eq!(finish, Finish::Cancelled);
+    assert_eq!(gauges.running, 0);
+    assert_eq!(gauges.kv_blocks_used, 0);
+}
+
+#[test]
+fn a_corrupt_submit_fails_that_request_only() {
+    let mut h = Harness::start();
+    let s = Submit {
+        request_id: 9,
+        sampling: SamplingWire::default(),
+        max_tokens: 3,
+        logprobs: 0,
+        ignore_eos: true,
+        stop_token_ids: vec![],
+        prompt: vec![1, 2],
+    };
+    let mut buf = vec![0u8; s.encoded_len()];
+    s.encode(&mut buf).unwrap();
+    // Claim more prompt tokens than the record holds.
+    buf[64..68].copy_from_slice(&50u32.to_ne_bytes());
+    h.send(&buf, RecordKind::Submit);
+    let rec = h.next_record(RecordKind::Tokens);
+    let mut seen = Vec::new();
+    Tokens::decode(&rec, |e| seen.push((e.request_id, e.finish, e.error))).unwrap();
+    assert_eq!(seen, vec![(9, Finish::Error, ErrorCode::CorruptRecord)]);
+    // The worker goes on serving.
+    h.submit(10, vec![3, 4], 2);
+    assert_eq!(h.collect(10).1, Finish::Length);
+}
