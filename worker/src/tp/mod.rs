@@ -8,8 +8,8 @@
 //! the row-split `o_proj` and `down_proj`, and an all-gather of the vocabulary-split logits.
 
 pub mod comm;
-//pub mod follower;
-//pub mod plan;
+pub mod follower;
+pub mod plan;
 
 pub use comm::{CommError, CommOptions, Communicator, ShmComm};
 
