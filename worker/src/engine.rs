@@ -108,6 +108,16 @@ pub enum EngineError {
     BadOutput { got: String, expected: String },
     #[error("engine configuration: {0}")]
     Config(String),
+    /// The step plan could not be sent to the other tensor-parallel ranks.
+    #[error("tensor-parallel plan broadcast: {0}")]
+    PlanBroadcast(String),
+}
+
+/// Receives every step plan before the step runs (tensor parallelism: rank 0 forwards each plan
+/// to ranks 1..T-1). Called also for plans that compute nothing but free sequences.
+pub trait PlanSink: Send {
+    /// Sends `plan`; `scheduler` gives the scheduled sequences' tokens.
+    fn send(&mut self, plan: &StepPlan, scheduler: &Scheduler) -> Result<(), EngineError>;
 }
 
 /// Continuous batching over one backend.
@@ -119,9 +129,15 @@ pub struct Engine {
     seeds_issued: u64,
     last_step: StepStats,
     last_plan: StepPlan,
+    plan_sink: Option<Box<dyn PlanSink>>,
 }
 
 impl Engine {
+    /// Sends every step's plan to `sink` before the step runs (see [`PlanSink`]).
+    pub fn set_plan_sink(&mut self, sink: Box<dyn PlanSink>) {
+        self.plan_sink = Some(sink);
+    }
+
     /// An engine over `backend`, which holds `model`'s weights and the KV pool.
     pub fn new(
         backend: Box<dyn Backend>,
@@ -178,6 +194,7 @@ impl Engine {
             seeds_issued: 0,
             last_step: StepStats::default(),
             last_plan: StepPlan::default(),
+            plan_sink: None,
         })
     }
 
@@ -285,6 +302,11 @@ impl Engine {
     pub fn step(&mut self) -> Result<Vec<TokenEvent>, EngineError> {
         let plan = self.scheduler.schedule()?;
         self.last_step = step_stats(&plan);
+        if let Some(sink) = &mut self.plan_sink
+            && !(plan.is_empty() && plan.finished.is_empty() && plan.preempted.is_empty())
+        {
+            sink.send(&plan, &self.scheduler)?;
+        }
         let events = if plan.is_empty() {
             Ok(Vec::new())
         } else {

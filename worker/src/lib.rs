@@ -17,3 +17,4 @@ pub mod request;
 pub mod sampler;
 pub mod scheduler;
 pub mod serve;
+pub mod tp;

@@ -102,6 +102,9 @@ pub enum BackendError {
     /// The backend options are unusable (zero block size, too few KV blocks, ...).
     #[error("invalid backend options: {0}")]
     InvalidOptions(String),
+    /// A tensor-parallel collective failed (a peer rank died, left or timed out).
+    #[error("tensor parallelism: {0}")]
+    Comm(#[from] crate::tp::CommError),
     /// This backend was not compiled in.
     #[error("backend `{0}` is not available in this build (rebuild with `--features {0}`)")]
     NotCompiled(&'static str),

@@ -8,9 +8,14 @@
 //! special): GEMMs per KV head for prefill chunks, dot products per token and head for decodes.
 //! Matmuls of at most 4 rows stream the weight with dot products instead of packing it for GEMM.
 //! Logits are computed only for the rows that sample.
+//!
+//! With a [`CpuTp`] the backend holds one tensor-parallel shard (see [`shard`] for the split) and
+//! meets the other ranks in an all-reduce after `o_proj` and `down_proj` and an all-gather of the
+//! logits.
 
 mod attention;
 mod ops;
+pub mod shard;
 
 use rayon::prelude::*;
 
@@ -20,6 +25,8 @@ use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::ModelConfig;
 
 use attention::{AttentionDims, Chunk, TokenContext};
+pub use shard::CpuTp;
+use shard::{LocalDims, cols, rows, times};
 
 /// Chunks of at least this many tokens are attended with GEMMs ([`attention::chunk_attention`]);
 /// shorter ones (decodes) token by token.
@@ -61,6 +68,9 @@ pub struct CpuBackend {
     /// Per layer, `[blocks × block_size × kv_heads × head_dim]`.
     k_cache: Vec<Vec<f32>>,
     v_cache: Vec<Vec<f32>>,
+    /// This rank's share of the model (everything when not tensor-parallel).
+    dims: LocalDims,
+    tp: Option<CpuTp>,
 }
 
 impl std::fmt::Debug for CpuBackend {
@@ -84,6 +94,30 @@ impl CpuBackend {
         checkpoint: &Checkpoint,
         options: CpuOptions,
     ) -> Result<Self, BackendError> {
+        Self::new_sharded(config, checkpoint, options, None)
+    }
+
+    /// Like [`CpuBackend::new`], holding only `tp.shard`'s share of the weights and KV heads and
+    /// running every forward pass together with the group's other ranks through `tp.comm`.
+    pub fn new_sharded(
+        config: &ModelConfig,
+        checkpoint: &Checkpoint,
+        options: CpuOptions,
+        tp: Option<CpuTp>,
+    ) -> Result<Self, BackendError> {
+        let shard = tp.as_ref().map_or(crate::tp::TpShard::SOLO, |t| t.shard);
+        if let Some(t) = &tp
+            && (t.comm.world_size() != shard.world || t.comm.rank() != shard.rank)
+        {
+            return Err(BackendError::InvalidOptions(format!(
+                "communicator is rank {} of {}, shard says {} of {}",
+                t.comm.rank(),
+                t.comm.world_size(),
+                shard.rank,
+                shard.world
+            )));
+        }
+        let dims = LocalDims::new(config, shard)?;
         if options.block_size == 0 {
             return Err(BackendError::InvalidOptions(
                 "block_size must be positive".into(),
@@ -98,23 +132,25 @@ impl CpuBackend {
         let cache_len = options
             .num_kv_blocks
             .checked_mul(options.block_size)
-            .and_then(|n| n.checked_mul(config.kv_dim()))
+            .and_then(|n| n.checked_mul(dims.kv_dim))
             .filter(|n| n.checked_mul(4 * 2 * config.num_hidden_layers).is_some())
             .ok_or_else(|| BackendError::InvalidOptions("KV cache size overflows".into()))?;
         checkpoint.validate(config).map_err(weights_err)?;
 
         let layers = (0..config.num_hidden_layers)
             .into_par_iter()
-            .map(|i| load_layer(config, checkpoint, i))
+            .map(|i| load_layer(config, checkpoint, i, &dims))
             .collect::<Result<Vec<_>, _>>()
             .map_err(weights_err)?;
         let embed = checkpoint
             .tensor_f32(names::EMBED_TOKENS)
             .map_err(weights_err)?;
+        let h = config.hidden_size;
         let lm_head = if config.tie_word_embeddings {
-            None
+            (shard.world > 1).then(|| rows(&embed, h, dims.vocab_range.clone()))
         } else {
-            Some(checkpoint.tensor_f32(names::LM_HEAD).map_err(weights_err)?)
+            let full = checkpoint.tensor_f32(names::LM_HEAD).map_err(weights_err)?;
+            Some(rows(&full, h, dims.vocab_range.clone()))
         };
         let final_norm = checkpoint
             .tensor_f32(names::FINAL_NORM)
@@ -136,7 +172,53 @@ impl CpuBackend {
             num_blocks: options.num_kv_blocks,
             k_cache,
             v_cache,
+            dims,
+            tp,
         })
+    }
+
+    /// Sums `data` over the TP group (nothing without one).
+    fn all_reduce(&mut self, data: &mut [f32]) -> Result<(), BackendError> {
+        match &mut self.tp {
+            Some(tp) => Ok(tp.comm.all_reduce_sum(data)?),
+            None => Ok(()),
+        }
+    }
+
+    /// Turns this rank's logits `[rows × vocab_range]` into full `[rows × vocab]` logits.
+    fn gather_logits(
+        &mut self,
+        local: Vec<f32>,
+        num_rows: usize,
+    ) -> Result<Vec<f32>, BackendError> {
+        let Some(tp) = &mut self.tp else {
+            return Ok(local);
+        };
+        let (vocab, per, world) = (
+            self.config.vocab_size,
+            self.dims.vocab_per_rank,
+            tp.shard.world,
+        );
+        let width = self.dims.vocab_range.len();
+        let mut padded = vec![0.0f32; num_rows * per];
+        for (dst, src) in padded
+            .chunks_exact_mut(per)
+            .zip(local.chunks_exact(width.max(1)))
+        {
+            dst[..width].copy_from_slice(&src[..width]);
+        }
+        let mut gathered = vec![0.0f32; padded.len() * world];
+        tp.comm.all_gather(&padded, &mut gathered)?;
+        let mut out = vec![0.0f32; num_rows * vocab];
+        for r in 0..world {
+            let range = crate::tp::TpShard { rank: r, world }.ceil_range(vocab);
+            let part = &gathered[r * num_rows * per..(r + 1) * num_rows * per];
+            for i in 0..num_rows {
+                out[i * vocab + range.start..i * vocab + range.end]
+                    .copy_from_slice(&part[i * per..i * per + range.len()]);
+            }
+        }
+        Ok(out)
     }
 
     /// The model's configuration.
@@ -229,7 +311,7 @@ impl CpuBackend {
 
     /// Writes each token's K and V (the k and v parts of its `qkv` row) into layer `l`'s cache.
     fn write_kv(&mut self, l: usize, qkv: &[f32], tokens: &[TokenContext<'_>]) {
-        let (q_dim, kv_dim) = (self.config.q_dim(), self.config.kv_dim());
+        let (q_dim, kv_dim) = (self.dims.q_dim, self.dims.kv_dim);
         let width = q_dim + 2 * kv_dim;
         let bs = self.block_size;
         let (kc, vc) = (&mut self.k_cache[l], &mut self.v_cache[l]);
@@ -256,31 +338,49 @@ fn zeroed(len: usize) -> Result<Vec<f32>, BackendError> {
     Ok(v)
 }
 
+/// Loads layer `i`'s share `dims` (the whole layer for a single rank).
 fn load_layer(
     config: &ModelConfig,
     ckpt: &Checkpoint,
     i: usize,
+    dims: &LocalDims,
 ) -> Result<LayerWeights, CheckpointError> {
     let get = |suffix: &str| ckpt.tensor_f32(&layer_tensor(i, suffix));
-    let stack = |parts: &[&str]| -> Result<Vec<f32>, CheckpointError> {
+    let (h, d) = (config.hidden_size, config.head_dim);
+    let (q_rows, kv_rows) = (times(&dims.head_range, d), times(&dims.kv_range, d));
+    // Row-split pieces, stacked: (tensor, row width, owned rows).
+    let stack = |parts: &[(&str, usize, &std::ops::Range<usize>)]| {
         let mut out = Vec::new();
-        for p in parts {
-            out.extend(get(p)?);
+        for (name, width, range) in parts {
+            out.extend(rows(&get(name)?, *width, (*range).clone()));
         }
-        Ok(out)
+        Ok::<_, CheckpointError>(out)
     };
+    let inter = &dims.inter_range;
     Ok(LayerWeights {
         input_norm: get(layer::INPUT_NORM)?,
         post_norm: get(layer::POST_ATTENTION_NORM)?,
-        qkv: stack(&[layer::Q_PROJ, layer::K_PROJ, layer::V_PROJ])?,
+        qkv: stack(&[
+            (layer::Q_PROJ, h, &q_rows),
+            (layer::K_PROJ, h, &kv_rows),
+            (layer::V_PROJ, h, &kv_rows),
+        ])?,
         qkv_bias: if config.qkv_bias {
-            Some(stack(&[layer::Q_BIAS, layer::K_BIAS, layer::V_BIAS])?)
+            Some(stack(&[
+                (layer::Q_BIAS, 1, &q_rows),
+                (layer::K_BIAS, 1, &kv_rows),
+                (layer::V_BIAS, 1, &kv_rows),
+            ])?)
         } else {
             None
         },
-        o: get(layer::O_PROJ)?,
-        gate_up: stack(&[layer::GATE_PROJ, layer::UP_PROJ])?,
-        down: get(layer::DOWN_PROJ)?,
+        o: cols(&get(layer::O_PROJ)?, config.q_dim(), q_rows.clone()),
+        gate_up: stack(&[(layer::GATE_PROJ, h, inter), (layer::UP_PROJ, h, inter)])?,
+        down: cols(
+            &get(layer::DOWN_PROJ)?,
+            config.intermediate_size,
+            inter.clone(),
+        ),
     })
 }
 
@@ -301,12 +401,12 @@ impl Backend for CpuBackend {
         let tokens = self.check_batch(batch)?;
         let cfg = &self.config;
         let (n, h, vocab) = (tokens.len(), cfg.hidden_size, cfg.vocab_size);
-        let (q_dim, kv_dim, inter) = (cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size);
+        let (q_dim, kv_dim, inter) = (self.dims.q_dim, self.dims.kv_dim, self.dims.inter);
         let (hd, eps) = (cfg.head_dim, cfg.rms_norm_eps);
         let width = q_dim + 2 * kv_dim;
         let dims = AttentionDims {
-            num_heads: cfg.num_attention_heads,
-            num_kv_heads: cfg.num_key_value_heads,
+            num_heads: self.dims.heads,
+            num_kv_heads: self.dims.kv_heads,
             head_dim: hd,
             block_size: self.block_size,
             q_stride: width,
@@ -356,11 +456,14 @@ impl Backend for CpuBackend {
             }
             let w = &self.layers[l];
             ops::matmul_t(&attn, &w.o, &mut proj, (n, q_dim, h));
+            self.all_reduce(&mut proj)?;
+            let w = &self.layers[l];
             x.iter_mut().zip(&proj).for_each(|(x, p)| *x += p);
             ops::rms_norm(&x, &w.post_norm, eps, &mut normed);
             ops::matmul_t(&normed, &w.gate_up, &mut gate_up, (n, h, 2 * inter));
             ops::silu_mul(&gate_up, inter, &mut act);
             ops::matmul_t(&act, &w.down, &mut proj, (n, inter, h));
+            self.all_reduce(&mut proj)?;
             x.iter_mut().zip(&proj).for_each(|(x, p)| *x += p);
         }
 
@@ -377,8 +480,10 @@ impl Backend for CpuBackend {
         let mut last_normed = vec![0.0f32; last.len()];
         ops::rms_norm(&last, &self.final_norm, eps, &mut last_normed);
         let head = self.lm_head.as_deref().unwrap_or(&self.embed);
-        let mut data = vec![0.0f32; rows.len() * vocab];
-        ops::matmul_t(&last_normed, head, &mut data, (rows.len(), h, vocab));
+        let local_vocab = self.dims.vocab_range.len();
+        let mut data = vec![0.0f32; rows.len() * local_vocab];
+        ops::matmul_t(&last_normed, head, &mut data, (rows.len(), h, local_vocab));
+        let data = self.gather_logits(data, rows.len())?;
         Ok(Logits { vocab, data })
     }
 }

@@ -1,0 +1,174 @@
+//! TP=2 and TP=4 on the tiny-llama fixture (4 query heads, 2 KV heads: TP=4 replicates KV heads),
+//! one thread per rank over the shared-memory communicator: greedy tokens identical to TP=1 and to
+//! transformers' (`expected.json`), logits close to TP=1's.
+
+use std::path::Path;
+
+use super::*;
+use crate::backend::cpu::{CpuBackend, CpuOptions};
+use crate::backend::{Backend, ForwardBatch, SeqInput};
+use crate::checkpoint::Checkpoint;
+use crate::tp::{CommOptions, ShmComm};
+
+fn fixture() -> (ModelConfig, Checkpoint, serde_json::Value) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-llama");
+    let (config, ckpt) = Checkpoint::load(&dir).expect("fixture");
+    let expected = std::fs::read_to_string(dir.join("expected.json")).expect("expected.json");
+    (config, ckpt, serde_json::from_str(&expected).expect("json"))
+}
+
+const OPTIONS: CpuOptions = CpuOptions {
+    block_size: 4,
+    num_kv_blocks: 64,
+};
+
+/// Greedy decoding of `new_tokens` tokens one step at a time; returns the tokens and the logits
+/// of the prompt's last position.
+fn greedy(backend: &mut CpuBackend, prompt: &[u32], new_tokens: usize) -> (Vec<u32>, Vec<f32>) {
+    let table: Vec<u32> = (1..OPTIONS.num_kv_blocks as u32).collect();
+    let mut tokens = prompt.to_vec();
+    let mut first_logits = Vec::new();
+    let mut done = 0;
+    while tokens.len() < prompt.len() + new_tokens {
+        let ids = &tokens[done..];
+        let positions: Vec<u32> = (done as u32..tokens.len() as u32).collect();
+        let seqs = [SeqInput {
+            query_start: 0,
+            query_len: ids.len(),
+            context_len: tokens.len(),
+            block_table: &table,
+            sample: true,
+        }];
+        let batch = ForwardBatch {
+            token_ids: ids,
+            positions: &positions,
+            seqs: &seqs,
+        };
+        let logits = backend.forward(&batch).expect("forward");
+        if first_logits.is_empty() {
+            first_logits = logits.data.clone();
+        }
+        let next = logits
+            .row(0)
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map(|(i, _)| i as u32)
+            .expect("vocab");
+        done = tokens.len();
+        tokens.push(next);
+    }
+    (tokens[prompt.len()..].to_vec(), first_logits)
+}
+
+fn cases(expected: &serde_json::Value) -> Vec<(Vec<u32>, Vec<u32>)> {
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .expect("array")
+            .iter()
+            .map(|t| t.as_u64().expect("id") as u32)
+            .collect()
+    };
+    expected["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .map(|c| (ids(&c["prompt"]), ids(&c["greedy"])))
+        .collect()
+}
+
+fn run_group(world: usize) -> Vec<(Vec<u32>, Vec<f32>)> {
+    let name = ringbuf::unique_name(&format!("rs-tpshard{world}"));
+    let handles: Vec<_> = (0..world)
+        .map(|rank| {
+            let name = name.clone();
+            std::thread::spawn(move || {
+                let (config, ckpt, expected) = fixture();
+                let opts = CommOptions {
+                    slot_floats: 1 << 12,
+                    ..CommOptions::default()
+                };
+                let comm = if rank == 0 {
+                    ShmComm::create(&name, world, opts)
+                } else {
+                    ShmComm::attach(&name, rank, opts)
+                }
+                .expect("communicator");
+                let tp = CpuTp {
+                    shard: TpShard { rank, world },
+                    comm: Box::new(comm),
+                };
+                let mut backend =
+                    CpuBackend::new_sharded(&config, &ckpt, OPTIONS, Some(tp)).expect("backend");
+                cases(&expected)
+                    .iter()
+                    .map(|(prompt, want)| greedy(&mut backend, prompt, want.len()))
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let mut results: Vec<_> = handles
+        .into_iter()
+        .map(|h| h.join().expect("rank"))
+        .collect();
+    // Every rank saw bit-identical logits, hence identical tokens.
+    assert!(results.windows(2).all(|w| w[0] == w[1]));
+    results.swap_remove(0)
+}
+
+fn check_world(world: usize) {
+    let (config, ckpt, expected) = fixture();
+    let mut solo = CpuBackend::new(&config, &ckpt, OPTIONS).expect("backend");
+    let group = run_group(world);
+    for ((prompt, want), (tokens, logits)) in cases(&expected).iter().zip(&group) {
+        let (solo_tokens, solo_logits) = greedy(&mut solo, prompt, want.len());
+        assert_eq!(
+            &solo_tokens, want,
+            "TP=1 vs transformers, prompt {prompt:?}"
+        );
+        assert_eq!(
+            tokens, &solo_tokens,
+            "TP={world} vs TP=1, prompt {prompt:?}"
+        );
+        let max_diff = logits
+            .iter()
+            .zip(&solo_logits)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(max_diff < 1e-4, "TP={world} logits differ by {max_diff}");
+    }
+}
+
+#[test]
+fn tp2_matches_tp1_on_tiny_llama() {
+    check_world(2);
+}
+
+#[test]
+fn tp4_replicates_kv_heads_and_matches_tp1() {
+    let (config, _, _) = fixture();
+    let dims = LocalDims::new(&config, TpShard { rank: 3, world: 4 }).expect("dims");
+    assert_eq!((dims.heads, dims.kv_heads, dims.kv_range), (1, 1, 1..2));
+    check_world(4);
+}
+
+#[test]
+fn unsplittable_sizes_are_rejected() {
+    let (config, ckpt, _) = fixture();
+    for world in [3, 8] {
+        let err = LocalDims::new(&config, TpShard { rank: 0, world }).expect_err("bad split");
+        assert!(matches!(err, BackendError::InvalidOptions(_)), "{err}");
+    }
+    let comm = ShmComm::create(
+        &ringbuf::unique_name("rs-tpshard-bad"),
+        1,
+        CommOptions::default(),
+    )
+    .expect("comm");
+    let tp = CpuTp {
+        shard: TpShard { rank: 0, world: 2 },
+        comm: Box::new(comm),
+    };
+    let err = CpuBackend::new_sharded(&config, &ckpt, OPTIONS, Some(tp)).expect_err("mismatch");
+    assert!(matches!(err, BackendError::InvalidOptions(_)), "{err}");
+}
