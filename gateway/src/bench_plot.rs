@@ -29,6 +29,8 @@ pub enum PlotError {
     Draw(String),
 }
 
+/// One curve of the plot: its label, colour, and the latency it reads from a report.
+type Series = (&'static str, RGBColor, fn(&BenchReport) -> f64);
 fn load_font() -> Result<(), PlotError> {
     let candidates: Vec<PathBuf> = match std::env::var_os("RINGSERVE_FONT") {
         Some(p) => vec![PathBuf::from(p)],
@@ -79,7 +81,7 @@ pub fn plot(reports: &[BenchReport], title: &str, out: &Path) -> Result<(), Plot
         .y_desc("latency (ms)")
         .draw()
         .map_err(draw_err)?;
-    let series: [(&str, RGBColor, fn(&BenchReport) -> f64); 3] = [
+    let series: [Series; 3] = [
         ("E2E p50", BLUE, |r| r.e2e_ms.p50),
         ("E2E p99", RED, |r| r.e2e_ms.p99),
         ("TTFT p99", GREEN, |r| r.ttft_ms.p99),
