@@ -158,6 +158,9 @@ pub struct ServeArgs {
     /// Seconds in-flight requests get to finish after SIGTERM/SIGINT.
     #[arg(long, default_value_t = 30.0)]
     pub drain_timeout: f64,
+    /// Seconds a request whose worker died waits for a live worker to resume on, then UNAVAILABLE.
+    #[arg(long, default_value_t = 30.0)]
+    pub failover_timeout: f64,
     #[command(flatten)]
     pub engine: ServingEngineFlags,
 }
@@ -227,6 +230,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             max_queued_prompt_tokens: args.max_queued_prompt_tokens,
         },
         drain_timeout: Duration::from_secs_f64(args.drain_timeout.max(0.0)),
+        failover_timeout: Duration::from_secs_f64(args.failover_timeout.max(0.0)),
     };
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(gateway::server::run(config))?;

@@ -9,7 +9,8 @@
 //! The reader thread pops Tokens records in batches and dispatches each entry into its request's
 //! bounded channel, sized by the request's token budget so it cannot fill up; should a worker send
 //! more than that, the request is failed rather than stalling every other stream of the worker. When the worker dies the table is emptied, which
-//! closes every in-flight request's channel: those streams end with `UNAVAILABLE`.
+//! closes every in-flight request's channel: each request then resumes on a live worker
+//! ([`crate::stream`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};

@@ -40,6 +40,8 @@ pub const RESPONSE_STALLS: &str = "ringserve_response_ring_stalls";
 pub const WORKERS_LIVE: &str = "ringserve_workers_live";
 /// Worker restarts (counter).
 pub const WORKER_RESTARTS: &str = "ringserve_worker_restarts_total";
+/// Requests resumed on another worker after theirs died (counter).
+pub const RESUMED: &str = "ringserve_requests_resumed_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -62,6 +64,10 @@ pub fn install() -> Result<PrometheusHandle, String> {
 
 fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        RESUMED,
+        "Requests resumed on another worker after theirs died"
+    );
     describe_histogram!(TTFT, Unit::Seconds, "Time to first token");
     describe_histogram!(ITL, Unit::Seconds, "Inter-token latency");
     describe_histogram!(E2E, Unit::Seconds, "End-to-end request latency");

@@ -40,6 +40,8 @@ pub struct ServerConfig {
     pub admission: AdmissionLimits,
     /// How long in-flight requests may take to finish once shutdown begins.
     pub drain_timeout: Duration,
+    /// How long a request whose worker died waits for a live worker before `UNAVAILABLE`.
+    pub failover_timeout: Duration,
 }
 
 /// The server could not start.
@@ -148,6 +150,7 @@ pub async fn run(mut config: ServerConfig) -> Result<(), ServerError> {
         text,
         Router::new(config.workers),
         Admission::new(config.admission),
+        config.failover_timeout,
     ));
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(protos::v1::FILE_DESCRIPTOR_SET)

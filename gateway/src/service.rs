@@ -21,7 +21,7 @@ use crate::admission::Admission;
 use crate::chat::Message;
 use crate::metrics as m;
 use crate::router::Router;
-use crate::stream::{RequestTask, run_request};
+use crate::stream::{Failover, RequestTask, run_request};
 use crate::tokenizer::TextModel;
 use crate::validate::{self, ModelLimits, Prompt};
 
@@ -38,6 +38,8 @@ pub struct Shared {
     pub admission: Admission,
     /// Set when shutdown begins: new requests are refused.
     pub draining: AtomicBool,
+    /// How long a request whose worker died waits for a live worker to resume on.
+    pub failover_timeout: Duration,
     next_id: AtomicU64,
 }
 
@@ -49,8 +51,10 @@ impl Shared {
         text: Option<Arc<TextModel>>,
         router: Router,
         admission: Admission,
+        failover_timeout: Duration,
     ) -> Self {
         Self {
+            failover_timeout,
             model_name,
             eos_token_ids,
             text,
@@ -182,6 +186,7 @@ impl Inference for InferenceService {
             ignore_eos: valid.ignore_eos,
             stop_token_ids: valid.stop_token_ids.clone(),
             prompt: valid.prompt.clone(),
+            prior_output_len: 0,
         };
         if let Err(e) = link.submit(submit).await {
             link.unregister(id);
@@ -205,6 +210,10 @@ impl Inference for InferenceService {
             arrived,
             deadline,
             work,
+            failover: Failover {
+                shared: s.clone(),
+                timeout: s.failover_timeout,
+            },
         };
         tokio::spawn(run_request(task));
         Ok(Response::new(ReceiverStream::new(rx)))

@@ -1,14 +1,18 @@
 //! One request's life after it is in a worker's ring: events from the reader thread in, detokenized
 //! and stop-string-checked `GenerateResponse` messages out, until the request finishes, the client
-//! goes away, its deadline passes, or its worker dies.
+//! goes away, or its deadline passes.
+//!
+//! When its worker dies the request is resumed on a live worker (see [`failover`]): the prompt plus
+//! every token already streamed, the remaining budget, and `prior_output_len` so penalties and the
+//! seeded random stream continue where they were. The client sees one unbroken stream.
 //!
 //! Whenever the request ends early on the gateway's side (client gone, deadline, stop string), a
 //! Cancel record goes to the worker so it frees the request's KV blocks at once.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use protos::records::{ErrorCode, Finish};
+use protos::records::{ErrorCode, Finish, Submit};
 use protos::v1::{FinishReason, GenerateResponse, TokenLogprob, TokenLogprobs, Usage};
 use tokio::sync::mpsc;
 use tonic::Status;
@@ -17,6 +21,7 @@ use crate::admission::Permit;
 use crate::detok::Detokenizer;
 use crate::link::{Event, WorkerLink};
 use crate::metrics as m;
+use crate::service::Shared;
 use crate::stop::{StopMatcher, StopOutcome};
 use crate::tokenizer::TextModel;
 use crate::validate::ValidRequest;
@@ -37,6 +42,16 @@ pub struct RequestTask {
     pub deadline: Option<Instant>,
     /// Outstanding work this request added to its worker.
     pub work: i64,
+    /// Where to find a live worker when this one dies.
+    pub failover: Failover,
+}
+
+/// How a request whose worker died is resumed.
+#[derive(Debug, Clone)]
+pub struct Failover {
+    pub shared: Arc<Shared>,
+    /// How long to wait for a live worker before ending the stream with `UNAVAILABLE`.
+    pub timeout: Duration,
 }
 
 /// How a request ended, for logs and metrics.
@@ -78,6 +93,8 @@ struct Progress {
     last_at: Instant,
     remaining_work: i64,
     prompt_len: usize,
+    /// Every token id handed to the client so far (a resumed request's prior output).
+    emitted: Vec<u32>,
 }
 
 /// Runs a request to its end.
@@ -94,6 +111,7 @@ pub async fn run_request(mut t: RequestTask) {
         last_at: t.arrived,
         remaining_work: t.work,
         prompt_len,
+        emitted: Vec::new(),
     };
     metrics::gauge!(m::IN_FLIGHT).increment(1.0);
     let end = drive(&mut t, &mut p).await;
@@ -134,14 +152,28 @@ async fn drive(t: &mut RequestTask, p: &mut Progress) -> End {
             }
             () = t.out.closed() => return End::ClientGone,
         };
-        let Some(first) = first else {
-            let msg = if t.link.is_alive() {
-                "the worker sent more tokens than the request allows"
-            } else {
-                "the worker serving this request died"
-            };
-            let _ = t.out.send(Err(Status::unavailable(msg))).await;
-            return End::WorkerLost;
+        let first = match first {
+            Some(ev) => ev,
+            None if t.link.is_alive() => {
+                let msg = "the worker sent more tokens than the request allows";
+                let _ = t.out.send(Err(Status::unavailable(msg))).await;
+                return End::WorkerLost;
+            }
+            None => match failover(t, p).await {
+                Resumed::Yes => continue,
+                Resumed::AllGenerated => Event {
+                    tokens: Vec::new(),
+                    logprobs: Vec::new(),
+                    finish: Finish::Length,
+                    error: ErrorCode::None,
+                },
+                Resumed::No(status, end) => {
+                    if let Some(status) = status {
+                        let _ = t.out.send(Err(status)).await;
+                    }
+                    return end;
+                }
+            },
         };
         // Coalesce whatever else already arrived into one message.
         let mut batch = vec![first];
@@ -166,6 +198,93 @@ async fn drive(t: &mut RequestTask, p: &mut Progress) -> End {
         if let Some(end) = end {
             return end;
         }
+    }
+}
+
+enum Resumed {
+    /// Running on a live worker again.
+    Yes,
+    /// Every token of the budget was already streamed; only the finish was lost.
+    AllGenerated,
+    /// The stream ends (the status, if any, goes to the client).
+    No(Option<Status>, End),
+}
+
+/// How often a request whose worker died looks for a live one.
+const FAILOVER_POLL: Duration = Duration::from_millis(50);
+
+/// Resubmits a request whose worker died to a live worker, waiting up to the failover timeout for
+/// one: the prompt plus the tokens already streamed, the remaining budget, and
+/// `prior_output_len` = the number of streamed tokens. The engine regenerates nothing the client
+/// has seen (greedy continues identically, seeded sampling at the same index of its stream).
+async fn failover(t: &mut RequestTask, p: &mut Progress) -> Resumed {
+    // The dead worker's share of the outstanding work is gone with it.
+    t.link.add_outstanding(-p.remaining_work);
+    p.remaining_work = 0;
+    let generated = p.emitted.len() as u32;
+    let Some(max_tokens) = t
+        .request
+        .max_tokens
+        .checked_sub(generated)
+        .filter(|&n| n > 0)
+    else {
+        return Resumed::AllGenerated;
+    };
+    let mut prompt = t.request.prompt.clone();
+    prompt.extend_from_slice(&p.emitted);
+    let work = (prompt.len() + max_tokens as usize) as i64;
+    let give_up = Instant::now() + t.failover.timeout;
+    loop {
+        if t.out.is_closed() {
+            return Resumed::No(None, End::ClientGone);
+        }
+        let now = Instant::now();
+        if t.deadline.is_some_and(|d| now >= d) {
+            let status = Status::deadline_exceeded("deadline exceeded");
+            return Resumed::No(Some(status), End::Deadline);
+        }
+        if now >= give_up {
+            let status = Status::unavailable(
+                "the worker serving this request died and no worker became ready in time",
+            );
+            return Resumed::No(Some(status), End::WorkerLost);
+        }
+        let Some(link) = t.failover.shared.router.pick() else {
+            tokio::time::sleep(FAILOVER_POLL).await;
+            continue;
+        };
+        let Ok(events) = link.register(t.id, max_tokens) else {
+            continue;
+        };
+        link.add_outstanding(work);
+        let submit = Submit {
+            request_id: t.id,
+            sampling: t.request.sampling,
+            max_tokens,
+            logprobs: t.request.logprobs,
+            ignore_eos: t.request.ignore_eos,
+            stop_token_ids: t.request.stop_token_ids.clone(),
+            prompt: prompt.clone(),
+            prior_output_len: generated,
+        };
+        if let Err(e) = link.submit(submit).await {
+            tracing::debug!(id = t.id, worker = link.slot, error = %e, "resubmit failed");
+            link.unregister(t.id);
+            link.add_outstanding(-work);
+            continue;
+        }
+        tracing::info!(
+            request_id = t.request_id,
+            from = t.link.slot,
+            to = link.slot,
+            streamed = generated,
+            "request resumed on another worker"
+        );
+        metrics::counter!(m::RESUMED).increment(1);
+        t.link = link;
+        t.events = events;
+        p.remaining_work = work;
+        return Resumed::Yes;
     }
 }
 
@@ -198,6 +317,7 @@ fn build(t: &mut RequestTask, p: &mut Progress, batch: Vec<Event>) -> Result<Bui
         }
         for (i, &tok) in ev.tokens.iter().enumerate() {
             ids.push(tok);
+            p.emitted.push(tok);
             if let Some((lp, top)) = ev.logprobs.get(i) {
                 logprobs.push(TokenLogprobs {
                     token_id: tok,

@@ -15,7 +15,7 @@ use zerocopy::byteorder::native_endian::U32;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// The layout version written into every record; a record with another version is rejected.
-pub const WIRE_VERSION: u16 = 1;
+pub const WIRE_VERSION: u16 = 2;
 
 /// Largest number of top logprobs a request may ask for per token.
 pub const MAX_TOP_LOGPROBS: u32 = 20;
@@ -339,7 +339,7 @@ struct SubmitHeader {
     logprobs: u32,
     num_stop_token_ids: u32,
     num_prompt_tokens: u32,
-    reserved: u32,
+    prior_output_len: u32,
 }
 const _: () = assert!(size_of::<SubmitHeader>() == 72);
 
@@ -361,6 +361,10 @@ pub struct Submit {
     pub stop_token_ids: Vec<u32>,
     /// The prompt (not empty).
     pub prompt: Vec<u32>,
+    /// A resumed request (failover): the last `prior_output_len` prompt tokens are its own earlier
+    /// output, so penalties count them and seeded sampling continues at that index. At most the
+    /// prompt's length.
+    pub prior_output_len: u32,
 }
 
 impl Submit {
@@ -401,7 +405,7 @@ impl Submit {
             logprobs: self.logprobs,
             num_stop_token_ids: count_u32(self.stop_token_ids.len(), "stop_token_ids")?,
             num_prompt_tokens: count_u32(self.prompt.len(), "prompt")?,
-            reserved: 0,
+            prior_output_len: self.prior_output_len,
         };
         let (head, rest) = out.split_at_mut(size_of::<SubmitHeader>());
         head.copy_from_slice(header.as_bytes());
@@ -433,6 +437,12 @@ impl Submit {
             return Err(WireError::Invalid {
                 what: "submit num_prompt_tokens",
                 value: 0,
+            });
+        }
+        if h.prior_output_len > h.num_prompt_tokens {
+            return Err(WireError::Invalid {
+                what: "submit prior_output_len",
+                value: u64::from(h.prior_output_len),
             });
         }
         if h.max_tokens == 0 {
@@ -473,6 +483,7 @@ impl Submit {
             ignore_eos: h.preamble.extra & SUBMIT_IGNORE_EOS != 0,
             stop_token_ids: stops.to_vec(),
             prompt: prompt.to_vec(),
+            prior_output_len: h.prior_output_len,
         })
     }
 }
@@ -931,7 +942,26 @@ mod tests {
             ignore_eos: true,
             stop_token_ids: vec![2, 3],
             prompt: vec![1, 100, 200, 300],
+            prior_output_len: 1,
         }
+    }
+
+    #[test]
+    fn submit_prior_output_longer_than_the_prompt_is_rejected() {
+        let s = submit();
+        let mut buf = vec![0u8; s.encoded_len()];
+        s.encode(&mut buf).unwrap();
+        // prior_output_len lives at byte 68.
+        buf[68..72].copy_from_slice(&5u32.to_ne_bytes());
+        assert!(matches!(
+            Submit::decode(&buf),
+            Err(WireError::Invalid {
+                what: "submit prior_output_len",
+                value: 5
+            })
+        ));
+        buf[68..72].copy_from_slice(&4u32.to_ne_bytes());
+        assert_eq!(Submit::decode(&buf).unwrap().prior_output_len, 4);
     }
 
     #[test]

@@ -294,7 +294,7 @@ impl Loop {
             stop_token_ids: s.stop_token_ids,
             ignore_eos: s.ignore_eos,
             logprobs: (s.logprobs > 0).then_some(s.logprobs as usize),
-            prior_output_len: 0,
+            prior_output_len: s.prior_output_len as usize,
         };
         match self.engine.add_request(req) {
             Ok(()) => {

@@ -89,6 +89,7 @@ impl Harness {
             ignore_eos: true,
             stop_token_ids: vec![],
             prompt,
+            prior_output_len: 0,
         };
         let mut buf = vec![0u8; s.encoded_len()];
         s.encode(&mut buf).unwrap();
@@ -168,6 +169,7 @@ fn a_corrupt_submit_fails_that_request_only() {
         ignore_eos: true,
         stop_token_ids: vec![],
         prompt: vec![1, 2],
+        prior_output_len: 0,
     };
     let mut buf = vec![0u8; s.encoded_len()];
     s.encode(&mut buf).unwrap();
