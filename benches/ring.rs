@@ -221,8 +221,11 @@ fn benches(c: &mut Criterion) {
     ping_pong(c, &launcher);
 }
 
+/// Criterion without its plots: the workspace builds plotters without font rendering (for
+/// `bench serve --sweep`), which criterion's plot backend would need.
 fn config() -> Criterion {
     Criterion::default()
+        .without_plots()
         .sample_size(10)
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(1))

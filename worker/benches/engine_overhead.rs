@@ -120,5 +120,10 @@ fn host_sampler(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, scheduler_step, host_sampler);
+criterion_group! {
+    name = benches;
+    // No plots: the workspace builds plotters without font rendering, which criterion's plots need.
+    config = Criterion::default().without_plots();
+    targets = scheduler_step, host_sampler
+}
 criterion_main!(benches);
