@@ -44,7 +44,96 @@ pub struct ForwardBatch<'a> {
     pub seqs: &'a [SeqInput<'a>],
 }
 
-impl ForwardBatch<'_> {
+/// What a batch is checked against by [`ForwardBatch::validate`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchLimits {
+    /// Token ids must be below this.
+    pub vocab_size: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// KV blocks allocated (block 0, the null block, included).
+    pub num_blocks: usize,
+}
+
+impl<'a> ForwardBatch<'a> {
+    /// Checks every index a backend will follow: lengths agree, token ids are in the vocabulary,
+    /// sequences are contiguous and cover every token, each token's position is
+    /// `context_len - query_len + i`, and each block table covers its context with allocated,
+    /// non-null blocks. Returns each sequence's block table cut to its context.
+    pub fn validate(&self, lim: BatchLimits) -> Result<Vec<&'a [u32]>, BackendError> {
+        let bad = |msg: String| Err(BackendError::InvalidBatch(msg));
+        let n = self.token_ids.len();
+        if self.positions.len() != n {
+            return bad(format!(
+                "{n} token ids but {} positions",
+                self.positions.len()
+            ));
+        }
+        if let Some(&t) = self
+            .token_ids
+            .iter()
+            .find(|&&t| t as usize >= lim.vocab_size)
+        {
+            return bad(format!(
+                "token id {t} is outside the vocabulary ({})",
+                lim.vocab_size
+            ));
+        }
+        let mut tables = Vec::with_capacity(self.seqs.len());
+        let mut next = 0usize;
+        for (i, seq) in self.seqs.iter().enumerate() {
+            if seq.query_start != next {
+                return bad(format!(
+                    "sequence {i} starts at token {} but the previous one ends at {next}",
+                    seq.query_start
+                ));
+            }
+            if seq.query_len == 0 || seq.query_len > seq.context_len {
+                return bad(format!(
+                    "sequence {i}: query_len {} with context_len {}",
+                    seq.query_len, seq.context_len
+                ));
+            }
+            let end = seq.query_start + seq.query_len;
+            if end > n {
+                return bad(format!("sequence {i} runs past the {n} tokens of the step"));
+            }
+            let needed = seq.context_len.div_ceil(lim.block_size);
+            if seq.block_table.len() < needed {
+                return bad(format!(
+                    "sequence {i}: context of {} tokens needs {needed} blocks, the table has {}",
+                    seq.context_len,
+                    seq.block_table.len()
+                ));
+            }
+            let table = &seq.block_table[..needed];
+            if let Some(&b) = table
+                .iter()
+                .find(|&&b| b == 0 || b as usize >= lim.num_blocks)
+            {
+                return bad(format!(
+                    "sequence {i}: block {b} is the null block or beyond the {} allocated",
+                    lim.num_blocks
+                ));
+            }
+            let first = seq.context_len - seq.query_len;
+            for (j, &p) in self.positions[seq.query_start..end].iter().enumerate() {
+                if p as usize != first + j {
+                    return bad(format!(
+                        "sequence {i}: token {j} has position {p}, expected {}",
+                        first + j
+                    ));
+                }
+            }
+            tables.push(table);
+            next = end;
+        }
+        if next != n {
+            return bad(format!("the sequences cover {next} of the {n} tokens"));
+        }
+        Ok(tables)
+    }
+
     /// Number of sequences that produce a logits row.
     pub fn num_samples(&self) -> usize {
         self.seqs.iter().filter(|s| s.sample).count()

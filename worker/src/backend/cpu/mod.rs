@@ -19,7 +19,7 @@ pub mod shard;
 
 use rayon::prelude::*;
 
-use crate::backend::{Backend, BackendError, ForwardBatch, Logits};
+use crate::backend::{Backend, BackendError, BatchLimits, ForwardBatch, Logits};
 use crate::checkpoint::names::{self, layer, layer_tensor};
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::ModelConfig;
@@ -231,80 +231,21 @@ impl CpuBackend {
         &self,
         batch: &ForwardBatch<'b>,
     ) -> Result<Vec<TokenContext<'b>>, BackendError> {
-        let bad = |msg: String| Err(BackendError::InvalidBatch(msg));
-        let n = batch.token_ids.len();
-        if batch.positions.len() != n {
-            return bad(format!(
-                "{} token ids but {} positions",
-                n,
-                batch.positions.len()
-            ));
-        }
-        if let Some(&t) = batch
-            .token_ids
-            .iter()
-            .find(|&&t| t as usize >= self.config.vocab_size)
-        {
-            return bad(format!(
-                "token id {t} is outside the vocabulary ({})",
-                self.config.vocab_size
-            ));
-        }
-        let mut tokens = Vec::with_capacity(n);
-        let mut next = 0usize;
-        for (i, seq) in batch.seqs.iter().enumerate() {
-            if seq.query_start != next {
-                return bad(format!(
-                    "sequence {i} starts at token {} but the previous one ends at {next}",
-                    seq.query_start
-                ));
-            }
-            if seq.query_len == 0 || seq.query_len > seq.context_len {
-                return bad(format!(
-                    "sequence {i}: query_len {} with context_len {}",
-                    seq.query_len, seq.context_len
-                ));
-            }
+        let tables = batch.validate(BatchLimits {
+            vocab_size: self.config.vocab_size,
+            block_size: self.block_size,
+            num_blocks: self.num_blocks,
+        })?;
+        let mut tokens = Vec::with_capacity(batch.token_ids.len());
+        for (seq, table) in batch.seqs.iter().zip(tables) {
             let end = seq.query_start + seq.query_len;
-            if end > n {
-                return bad(format!("sequence {i} runs past the {n} tokens of the step"));
-            }
-            let blocks_needed = seq.context_len.div_ceil(self.block_size);
-            if seq.block_table.len() < blocks_needed {
-                return bad(format!(
-                    "sequence {i}: context of {} tokens needs {blocks_needed} blocks, the table has {}",
-                    seq.context_len,
-                    seq.block_table.len()
-                ));
-            }
-            let table = &seq.block_table[..blocks_needed];
-            if let Some(&b) = table
-                .iter()
-                .find(|&&b| b == 0 || b as usize >= self.num_blocks)
-            {
-                return bad(format!(
-                    "sequence {i}: block {b} is the null block or beyond the {} allocated",
-                    self.num_blocks
-                ));
-            }
-            let first = seq.context_len - seq.query_len;
-            for (j, &p) in batch.positions[seq.query_start..end].iter().enumerate() {
-                if p as usize != first + j {
-                    return bad(format!(
-                        "sequence {i}: token {j} has position {p}, expected {}",
-                        first + j
-                    ));
-                }
+            for &p in &batch.positions[seq.query_start..end] {
                 tokens.push(TokenContext {
                     position: p as usize,
                     block_table: table,
                     in_chunk: seq.query_len >= CHUNK_ATTENTION_MIN_TOKENS,
                 });
             }
-            next = end;
-        }
-        if next != n {
-            return bad(format!("the sequences cover {next} of the {n} tokens"));
         }
         Ok(tokens)
     }

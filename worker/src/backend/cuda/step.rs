@@ -1,7 +1,7 @@
 //! Turning a [`ForwardBatch`] into the flat arrays the kernels read, after checking it on the host
 //! (every index a kernel will follow is validated here, so the kernels never read out of bounds).
 
-use crate::backend::{BackendError, ForwardBatch};
+use crate::backend::{BackendError, BatchLimits, ForwardBatch};
 
 /// Keys per attention split for decodes. Fixed, so a sequence's attention is computed the same way
 /// whatever else is in the batch (batch invariance).
@@ -67,21 +67,23 @@ pub fn build(
     lim: Limits,
     min_stride: usize,
 ) -> Result<HostStep, BackendError> {
+    let tables = batch.validate(BatchLimits {
+        vocab_size: lim.vocab,
+        block_size: lim.block_size,
+        num_blocks: lim.num_blocks,
+    })?;
     let n = batch.token_ids.len();
-    if batch.positions.len() != n {
-        return bad(format!(
-            "{n} token ids but {} positions",
-            batch.positions.len()
-        ));
-    }
-    if let Some(&t) = batch.token_ids.iter().find(|&&t| t as usize >= lim.vocab) {
-        return bad(format!(
-            "token id {t} is outside the vocabulary ({})",
-            lim.vocab
-        ));
-    }
+    // The kernels index with i32.
     if n > i32::MAX as usize / 2 {
         return bad(format!("{n} tokens in one step"));
+    }
+    if let Some((i, seq)) = batch
+        .seqs
+        .iter()
+        .enumerate()
+        .find(|(_, s)| s.context_len > i32::MAX as usize / 2)
+    {
+        return bad(format!("sequence {i}: context_len {}", seq.context_len));
     }
     let mut stride = min_stride;
     for s in batch.seqs {
@@ -94,53 +96,9 @@ pub fn build(
         stride,
         ..Default::default()
     };
-    let mut next = 0usize;
-    for (i, seq) in batch.seqs.iter().enumerate() {
-        if seq.query_start != next {
-            return bad(format!(
-                "sequence {i} starts at token {} but the previous one ends at {next}",
-                seq.query_start
-            ));
-        }
-        if seq.query_len == 0 || seq.query_len > seq.context_len {
-            return bad(format!(
-                "sequence {i}: query_len {} with context_len {}",
-                seq.query_len, seq.context_len
-            ));
-        }
+    for (i, (seq, table)) in batch.seqs.iter().zip(tables).enumerate() {
         let end = seq.query_start + seq.query_len;
-        if end > n {
-            return bad(format!("sequence {i} runs past the {n} tokens of the step"));
-        }
-        if seq.context_len > i32::MAX as usize / 2 {
-            return bad(format!("sequence {i}: context_len {}", seq.context_len));
-        }
-        let needed = seq.context_len.div_ceil(lim.block_size);
-        if seq.block_table.len() < needed {
-            return bad(format!(
-                "sequence {i}: context of {} tokens needs {needed} blocks, the table has {}",
-                seq.context_len,
-                seq.block_table.len()
-            ));
-        }
-        let table = &seq.block_table[..needed];
-        if let Some(&b) = table
-            .iter()
-            .find(|&&b| b == 0 || b as usize >= lim.num_blocks)
-        {
-            return bad(format!(
-                "sequence {i}: block {b} is the null block or beyond the {} allocated",
-                lim.num_blocks
-            ));
-        }
-        let first = seq.context_len - seq.query_len;
-        for (j, &p) in batch.positions[seq.query_start..end].iter().enumerate() {
-            if p as usize != first + j {
-                return bad(format!(
-                    "sequence {i}: token {j} has position {p}, expected {}",
-                    first + j
-                ));
-            }
+        for &p in &batch.positions[seq.query_start..end] {
             let p = p as usize;
             st.slots.push(
                 (table[p / lim.block_size] as usize * lim.block_size + p % lim.block_size) as i64,
@@ -167,10 +125,6 @@ pub fn build(
         if seq.sample {
             st.sample_idx.push((end - 1) as u32);
         }
-        next = end;
-    }
-    if next != n {
-        return bad(format!("the sequences cover {next} of the {n} tokens"));
     }
     Ok(st)
 }
