@@ -4,7 +4,12 @@
 //! (`RESOURCE_EXHAUSTED`), so the gateway's queues stay bounded and every admitted request finishes.
 //! A request larger than the whole token bound is admitted when nothing else is queued, so it cannot
 //! starve.
+//!
+//! A request stays in flight until its worker is done with it *and* its client has read (or dropped)
+//! the response stream: tokens the client has not read yet are held by the gateway, so they count.
+//! The request's task and its response stream each hold a share of one [`Permit`].
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The bounds.
@@ -78,8 +83,10 @@ impl Admission {
         c.in_flight += 1;
         c.queued_tokens += prompt_tokens;
         Ok(Permit {
-            admission: self.clone(),
-            queued: prompt_tokens,
+            held: Arc::new(Held {
+                admission: self.clone(),
+                queued: AtomicUsize::new(prompt_tokens),
+            }),
         })
     }
 
@@ -94,27 +101,42 @@ impl Admission {
     }
 }
 
-/// An admitted request's share of the bounds, returned on drop.
+/// An admitted request's share of the bounds. Shares made with [`Permit::share`] hold the same
+/// admission; it is returned when the last share is dropped.
 #[derive(Debug)]
 pub struct Permit {
+    held: Arc<Held>,
+}
+
+#[derive(Debug)]
+struct Held {
     admission: Admission,
-    queued: usize,
+    /// Prompt tokens still counted as queued (0 once prefilled).
+    queued: AtomicUsize,
 }
 
 impl Permit {
+    /// Another share of the same admission.
+    pub fn share(&self) -> Permit {
+        Permit {
+            held: Arc::clone(&self.held),
+        }
+    }
+
     /// The request's prompt has been prefilled (its first token arrived): release its queued tokens.
-    pub fn prefilled(&mut self) {
-        if self.queued > 0 {
-            self.admission.lock().queued_tokens -= self.queued;
-            self.queued = 0;
+    pub fn prefilled(&self) {
+        // Relaxed: the swap only decides which caller returns the tokens; the counts are under the lock.
+        let queued = self.held.queued.swap(0, Ordering::Relaxed);
+        if queued > 0 {
+            self.held.admission.lock().queued_tokens -= queued;
         }
     }
 }
 
-impl Drop for Permit {
+impl Drop for Held {
     fn drop(&mut self) {
         let mut c = self.admission.lock();
-        c.queued_tokens -= self.queued;
+        c.queued_tokens -= *self.queued.get_mut();
         c.in_flight -= 1;
     }
 }
@@ -143,7 +165,7 @@ mod tests {
     #[test]
     fn queued_tokens_bound_released_by_prefill() {
         let a = adm(10, 100);
-        let mut p1 = a.try_admit(80).unwrap();
+        let p1 = a.try_admit(80).unwrap();
         assert!(matches!(
             a.try_admit(30),
             Err(Refused::QueuedTokens { queued: 80, .. })
@@ -154,6 +176,19 @@ mod tests {
         drop(p1);
         assert_eq!(a.in_flight(), 1);
         assert_eq!(a.queued_prompt_tokens(), 30);
+    }
+
+    #[test]
+    fn admission_is_returned_when_the_last_share_drops() {
+        let a = adm(1, 100);
+        let task = a.try_admit(10).unwrap();
+        let stream = task.share();
+        drop(task);
+        assert_eq!(a.try_admit(1).unwrap_err(), Refused::InFlight { limit: 1 });
+        stream.prefilled();
+        assert_eq!(a.queued_prompt_tokens(), 0);
+        drop(stream);
+        assert_eq!((a.in_flight(), a.queued_prompt_tokens()), (0, 0));
     }
 
     #[test]

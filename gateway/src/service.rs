@@ -17,7 +17,7 @@ use protos::v1::{
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use crate::admission::Admission;
+use crate::admission::{Admission, Permit};
 use crate::chat::Message;
 use crate::metrics as m;
 use crate::router::Router;
@@ -135,7 +135,7 @@ fn deadline_of<T>(req: &Request<T>) -> Option<Instant> {
 
 #[tonic::async_trait]
 impl Inference for InferenceService {
-    type GenerateStream = ReceiverStream<Result<GenerateResponse, Status>>;
+    type GenerateStream = ResponseStream;
 
     async fn generate(
         &self,
@@ -198,6 +198,10 @@ impl Inference for InferenceService {
         metrics::counter!(m::PROMPT_TOKENS).increment(prompt_len as u64);
         tracing::debug!(request_id, id, worker = link.slot, prompt_len, "submitted");
         let (tx, rx) = tokio::sync::mpsc::channel(64);
+        let stream = ResponseStream {
+            messages: ReceiverStream::new(rx),
+            _permit: permit.share(),
+        };
         let task = RequestTask {
             id,
             request_id,
@@ -216,7 +220,7 @@ impl Inference for InferenceService {
             },
         };
         tokio::spawn(run_request(task));
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(stream))
     }
 
     async fn tokenize(
@@ -270,5 +274,27 @@ impl Inference for InferenceService {
             has_tokenizer: s.text.is_some(),
             has_chat_template: s.text.as_ref().is_some_and(|t| t.chat.is_some()),
         }))
+    }
+}
+
+/// A `Generate` response stream. It holds a share of the request's admission, so a request whose
+/// tokens are buffered for a client that has not read them yet still counts as in flight.
+pub struct ResponseStream {
+    messages: ReceiverStream<Result<GenerateResponse, Status>>,
+    _permit: Permit,
+}
+
+impl tokio_stream::Stream for ResponseStream {
+    type Item = Result<GenerateResponse, Status>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        std::pin::Pin::new(&mut self.messages).poll_next(cx)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.messages.size_hint()
     }
 }
