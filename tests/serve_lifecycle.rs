@@ -82,14 +82,15 @@ fn overload_is_resource_exhausted_while_admitted_requests_complete() {
     let rt = runtime();
     rt.block_on(async {
         let mut client = server.client().await;
-        // Two admitted streams, not read yet: they stay in flight.
+        // Two admitted streams, not read yet: they stay in flight. HTTP/2 lets a server write a few MB
+        // ahead of a client that does not read, and a request whose stream went to the transport
+        // is no longer held; 20 logprobs per token make each stream ~12 MB, far past that.
+        const ADMITTED_TOKENS: u32 = 60_000;
         let mut admitted = Vec::new();
         for _ in 0..2 {
-            let s = client
-                .generate(greedy_ids(&[1, 2, 3], 20_000))
-                .await
-                .unwrap()
-                .into_inner();
+            let mut request = greedy_ids(&[1, 2, 3], ADMITTED_TOKENS);
+            request.logprobs = 20;
+            let s = client.generate(request).await.unwrap().into_inner();
             admitted.push(s);
         }
         for _ in 0..3 {
@@ -103,10 +104,11 @@ fn overload_is_resource_exhausted_while_admitted_requests_complete() {
             let mut n = 0;
             let mut last = None;
             while let Some(m) = s.message().await.unwrap() {
+                assert!(m.token_ids.len() <= gateway::stream::MAX_TOKENS_PER_MESSAGE);
                 n += m.token_ids.len();
                 last = Some(m.finish_reason);
             }
-            assert_eq!(n, 20_000);
+            assert_eq!(n, ADMITTED_TOKENS as usize);
             assert_eq!(last, Some(FinishReason::Length as i32));
         }
         // Capacity is back.

@@ -175,11 +175,18 @@ async fn drive(t: &mut RequestTask, p: &mut Progress) -> End {
                 }
             },
         };
-        // Coalesce whatever else already arrived into one message.
+        // Coalesce whatever else already arrived into one message, up to a bound that keeps a
+        // message far below clients' decode limits (tonic's default is 4 MiB) even with logprobs.
+        let mut tokens = first.tokens.len();
         let mut batch = vec![first];
-        while batch.last().is_some_and(|e| e.finish == Finish::None) {
+        while tokens < MAX_TOKENS_PER_MESSAGE
+            && batch.last().is_some_and(|e| e.finish == Finish::None)
+        {
             match t.events.try_recv() {
-                Ok(ev) => batch.push(ev),
+                Ok(ev) => {
+                    tokens += ev.tokens.len();
+                    batch.push(ev);
+                }
                 Err(_) => break,
             }
         }
@@ -200,6 +207,10 @@ async fn drive(t: &mut RequestTask, p: &mut Progress) -> End {
         }
     }
 }
+
+/// Coalescing stops once a message holds this many tokens. With 20 logprobs a token takes about
+/// 200 bytes on the wire, so a message stays near 50 KB.
+pub const MAX_TOKENS_PER_MESSAGE: usize = 256;
 
 enum Resumed {
     /// Running on a live worker again.
