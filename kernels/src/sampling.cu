@@ -17,11 +17,13 @@ struct SampleRow {
     u64 step;
 };
 
-__device__ __forceinline__ u64 splitmix64(u64 x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
+// SplitMix64's finalizer. The draw for output token `step` of a request seeded `seed` is
+// u = (mix64(seed ^ mix64(step + 1)) >> 40) / 2^24, bit for bit the host's `sampler::uniform`, so
+// the device and the host sampler pick the same token from the same distribution.
+__device__ __forceinline__ u64 mix64(u64 z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
 }
 
 // Count (or probability mass) of tokens with logit >= thr.
@@ -113,8 +115,9 @@ sample_f32(const float* logits, const SampleRow* params, u32* out, int vocab) {
         __syncthreads();
     }
     const float total = scan[blockDim.x - 1];
-    const u64 bits = splitmix64(sp.seed ^ splitmix64(sp.step + 0x632be59bd9b4e019ull));
-    const float target = (float)((bits >> 40) * (1.0 / 16777216.0)) * total;
+    const u64 bits = mix64(sp.seed ^ mix64(sp.step + 1));
+    const float u = (float)(bits >> 40) * (1.0f / 16777216.0f); // exact: a 24-bit integer / 2^24
+    const float target = u * total;
     const float before = scan[threadIdx.x] - own;
     if (threadIdx.x == 0) si[0] = amax; // fallback if rounding leaves the target past the end
     __syncthreads();

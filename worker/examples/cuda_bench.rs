@@ -384,15 +384,20 @@ fn main() -> Res<()> {
     let startup = t0.elapsed().as_secs_f64();
     let upload = t1.elapsed().as_secs_f64();
     let wb = b.weight_bytes() as f64;
+    let copy = b.weight_copy();
     println!(
-        "start-up {startup:.2} s (backend {upload:.2} s; kernels {:.2} s from cache: {}); weights {:.2} GB; {} KV blocks",
+        "start-up {startup:.2} s (backend {upload:.2} s; kernels {:.2} s from cache: {}); weights {:.2} GB; \
+         pinned copy {:.2} s = {:.1} GB/s; {} KV blocks",
         b.gpu().kernel_load_s,
         b.gpu().kernels_from_cache,
         wb / 1e9,
+        copy.seconds,
+        copy.gb_per_s(),
         b.num_kv_blocks()
     );
     res.insert("startup".into(), json!({"total_s": startup, "backend_s": upload, "kernels_s": b.gpu().kernel_load_s,
         "kernels_from_cache": b.gpu().kernels_from_cache, "weights_gb": wb / 1e9, "upload_gb_s": wb / 1e9 / upload,
+        "copy_s": copy.seconds, "copy_gb_s": copy.gb_per_s(),
         "kv_blocks": b.num_kv_blocks()}));
 
     dump_logits(&mut b, Path::new(&args[3]), Path::new(&args[4]))?;

@@ -125,8 +125,10 @@ impl SamplingParams {
 
 /// The uniform draw in `[0, 1)` for output token `index` of a request seeded with `seed`.
 ///
-/// `u = (mix64(seed ^ mix64(index + 1)) >> 40) / 2^24`, with SplitMix64's finalizer as `mix64`; a
-/// device sampler that uses the same formula picks the same tokens.
+/// `u = (mix64(seed ^ mix64(index + 1)) >> 40) / 2^24`, with SplitMix64's finalizer as `mix64`. The
+/// CUDA sampler (`kernels/src/sampling.cu`) uses the same formula and also walks the kept tokens in
+/// vocabulary order, so a seeded request picks the same tokens on either (up to a draw landing
+/// within f32 rounding of a CDF boundary).
 pub fn uniform(seed: u64, index: u64) -> f32 {
     let bits = mix64(seed ^ mix64(index.wrapping_add(1)));
     (bits >> 40) as f32 / (1u64 << 24) as f32
@@ -344,7 +346,10 @@ pub fn sample_with(logits: &[f32], params: &SamplingParams, u: f32) -> u32 {
     if params.top_k == 0 && params.top_p >= 1.0 {
         return sample_unsorted(logits, params, u);
     }
-    let cands = filtered(logits, params, false);
+    let mut cands = filtered(logits, params, false);
+    // The inverse CDF walks the kept tokens in vocabulary order, as the device sampler does, so
+    // both pick the same token for the same draw.
+    cands.sort_unstable_by_key(|&(t, _)| t);
     let mut cum = 0.0f64;
     let u = f64::from(u);
     for &(t, p) in &cands {

@@ -203,6 +203,12 @@ impl CudaBackend {
         }
         let gpu = Gpu::new(opts.ordinal)?;
         let weights = weights::upload(&gpu, cfg, ckpt, opts.dtype)?;
+        tracing::info!(
+            gib = weights.copy.bytes as f64 / f64::from(1u32 << 30),
+            seconds = weights.copy.seconds,
+            gb_per_s = weights.copy.gb_per_s(),
+            "weights streamed to the device through pinned buffers"
+        );
         let inv_freq = gpu.upload_f32(&cfg.rope.inv_freq(cfg.head_dim), DType::F32)?;
         let caps = Caps {
             tokens: opts.max_batch_tokens.max(MAX_GRAPH_BATCH),
@@ -280,6 +286,11 @@ impl CudaBackend {
     /// Bytes of weights on the device.
     pub fn weight_bytes(&self) -> usize {
         self.weights.bytes
+    }
+
+    /// The weights' host-to-device copy at load (bytes, seconds).
+    pub fn weight_copy(&self) -> super::staging::CopyStats {
+        self.weights.copy
     }
 
     /// Number of CUDA graphs captured so far.

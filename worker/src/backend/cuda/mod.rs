@@ -4,6 +4,7 @@
 mod backend;
 pub mod device;
 pub mod ops;
+pub mod staging;
 pub mod step;
 mod weights;
 

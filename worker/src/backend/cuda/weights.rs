@@ -1,13 +1,15 @@
 //! Uploading a checkpoint's weights to the device, in the compute type, with q/k/v and gate/up
 //! fused into one matrix each.
 //!
-//! A tensor already in the compute type (bf16 → bf16, f32 → f32) is copied straight from the
-//! memory map; others are converted on the host first (f16/f32 → bf16 rounds to nearest even).
+//! A tensor already in the compute type (bf16 → bf16, f32 → f32) is streamed straight from the
+//! memory map through pinned chunks ([`Staging`]); others are converted on the host first
+//! (f16/f32 → bf16 rounds to nearest even).
 
 use half::{bf16, f16};
 use rayon::prelude::*;
 
 use super::device::{Buf, DType, Gpu};
+use super::staging::{CopyStats, Staging};
 use crate::backend::BackendError;
 use crate::checkpoint::names::{self, layer, layer_tensor};
 use crate::checkpoint::{Checkpoint, Dtype as StoredDtype, TensorView};
@@ -35,6 +37,8 @@ pub struct Weights {
     pub layers: Vec<LayerWeights>,
     /// Bytes uploaded.
     pub bytes: usize,
+    /// The host-to-device copy: bytes and seconds (conversion included).
+    pub copy: CopyStats,
 }
 
 impl Weights {
@@ -85,6 +89,7 @@ fn convert(view: &TensorView<'_>, dtype: DType) -> Vec<u8> {
 /// Uploads the named tensors stacked along their first axis.
 fn upload_stacked(
     gpu: &Gpu,
+    staging: &mut Staging,
     ckpt: &Checkpoint,
     names: &[String],
     dtype: DType,
@@ -103,9 +108,9 @@ fn upload_stacked(
             (StoredDtype::BF16, DType::Bf16) | (StoredDtype::F32, DType::F32)
         );
         if same {
-            gpu.write_bytes_at(&mut buf, offset, v.data)?;
+            staging.write(gpu, &mut buf, offset, v.data)?;
         } else {
-            gpu.write_bytes_at(&mut buf, offset, &convert(v, dtype))?;
+            staging.write(gpu, &mut buf, offset, &convert(v, dtype))?;
         }
         offset += v.numel() * dtype.size();
     }
@@ -120,35 +125,40 @@ pub fn upload(
     dtype: DType,
 ) -> Result<Weights, BackendError> {
     ckpt.validate(config).map_err(weights_err)?;
-    let one = |name: &str| upload_stacked(gpu, ckpt, &[name.to_string()], dtype);
+    let mut staging = Staging::new(gpu)?;
+    let st = &mut staging;
+    let one = |st: &mut Staging, name: &str| {
+        upload_stacked(gpu, st, ckpt, &[name.to_string()], dtype)
+    };
     let mut layers = Vec::with_capacity(config.num_hidden_layers);
     for i in 0..config.num_hidden_layers {
         let t = |s: &str| layer_tensor(i, s);
-        let stacked = |parts: &[&str]| {
+        let stacked = |st: &mut Staging, parts: &[&str]| {
             let names: Vec<String> = parts.iter().map(|p| t(p)).collect();
-            upload_stacked(gpu, ckpt, &names, dtype)
+            upload_stacked(gpu, st, ckpt, &names, dtype)
         };
         layers.push(LayerWeights {
-            input_norm: one(&t(layer::INPUT_NORM))?,
-            post_norm: one(&t(layer::POST_ATTENTION_NORM))?,
-            qkv: stacked(&[layer::Q_PROJ, layer::K_PROJ, layer::V_PROJ])?,
+            input_norm: one(st, &t(layer::INPUT_NORM))?,
+            post_norm: one(st, &t(layer::POST_ATTENTION_NORM))?,
+            qkv: stacked(st, &[layer::Q_PROJ, layer::K_PROJ, layer::V_PROJ])?,
             qkv_bias: if config.qkv_bias {
-                Some(stacked(&[layer::Q_BIAS, layer::K_BIAS, layer::V_BIAS])?)
+                Some(stacked(st, &[layer::Q_BIAS, layer::K_BIAS, layer::V_BIAS])?)
             } else {
                 None
             },
-            o: one(&t(layer::O_PROJ))?,
-            gate_up: stacked(&[layer::GATE_PROJ, layer::UP_PROJ])?,
-            down: one(&t(layer::DOWN_PROJ))?,
+            o: one(st, &t(layer::O_PROJ))?,
+            gate_up: stacked(st, &[layer::GATE_PROJ, layer::UP_PROJ])?,
+            down: one(st, &t(layer::DOWN_PROJ))?,
         });
     }
-    let embed = one(names::EMBED_TOKENS)?;
+    let embed = one(st, names::EMBED_TOKENS)?;
     let lm_head = if config.tie_word_embeddings {
         None
     } else {
-        Some(one(names::LM_HEAD)?)
+        Some(one(st, names::LM_HEAD)?)
     };
-    let final_norm = one(names::FINAL_NORM)?;
+    let final_norm = one(st, names::FINAL_NORM)?;
+    let copy = staging.finish(gpu)?;
     let mut bytes = embed.bytes() + final_norm.bytes() + lm_head.as_ref().map_or(0, Buf::bytes);
     for l in &layers {
         bytes += l.input_norm.bytes()
@@ -165,5 +175,6 @@ pub fn upload(
         final_norm,
         layers,
         bytes,
+        copy,
     })
 }
