@@ -91,14 +91,17 @@ sample_f32(const float* logits, const SampleRow* params, u32* out, int vocab) {
     }
     const float inv_t = 1.f / sp.temperature;
 
+    // As the host sampler (and HF's warpers): top-k, then top-p over the top-k set's mass, then
+    // min-p relative to the most likely token (which no filter drops). Each keeps a prefix of the
+    // descending order, so the kept set is everything at or above the largest threshold.
     float thr = -INFINITY;
-    if (sp.min_p > 0.f) thr = fmaxf(thr, mx + sp.temperature * logf(sp.min_p));
     if (sp.top_k > 0 && (int)sp.top_k < vocab)
-        thr = fmaxf(thr, bisect(lg, vocab, mn, mx, (float)sp.top_k, mx, inv_t, true, red));
+        thr = bisect(lg, vocab, mn, mx, (float)sp.top_k, mx, inv_t, true, red);
     if (sp.top_p < 1.f) {
         const float z = mass_above(lg, vocab, thr, mx, inv_t, false, red);
         thr = fmaxf(thr, bisect(lg, vocab, fmaxf(thr, mn), mx, sp.top_p * z, mx, inv_t, false, red));
     }
+    if (sp.min_p > 0.f) thr = fmaxf(thr, mx + sp.temperature * logf(sp.min_p));
 
     // Inverse CDF over the kept tokens: each thread owns a contiguous chunk.
     const int chunk = (vocab + blockDim.x - 1) / blockDim.x;

@@ -838,10 +838,14 @@ fn device_sampling_matches_the_host_sampler() {
                 total += 1;
                 if host != got[i] {
                     mismatched += 1;
+                    let row_logits = &logits[i * vocab..(i + 1) * vocab];
                     eprintln!(
-                        "vocab {vocab} mode {:?} row {i}: host {host} device {}",
+                        "vocab {vocab} mode {:?} row {i}: u {} host {host} (logit {}) device {} (logit {})",
                         (temperature, top_k, top_p, min_p),
-                        got[i]
+                        uniform(row.seed, row.step),
+                        row_logits[host as usize],
+                        got[i],
+                        row_logits[got[i] as usize]
                     );
                 }
             }

@@ -127,9 +127,8 @@ pub fn upload(
     ckpt.validate(config).map_err(weights_err)?;
     let mut staging = Staging::new(gpu)?;
     let st = &mut staging;
-    let one = |st: &mut Staging, name: &str| {
-        upload_stacked(gpu, st, ckpt, &[name.to_string()], dtype)
-    };
+    let one =
+        |st: &mut Staging, name: &str| upload_stacked(gpu, st, ckpt, &[name.to_string()], dtype);
     let mut layers = Vec::with_capacity(config.num_hidden_layers);
     for i in 0..config.num_hidden_layers {
         let t = |s: &str| layer_tensor(i, s);
