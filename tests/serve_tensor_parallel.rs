@@ -7,13 +7,17 @@
 //! - `serve --workers 2 --tp 2` (one group): rank 1 SIGKILLed; the streams wait for the restarted
 //!   group and resume identically.
 //!
+//! - `ringserve worker` ranks on their own: a follower exits non-zero (no hang) when rank 0 dies;
+//!   bad flag combinations are errors naming the flag.
+//!
 //! No timing assertions: waits are generous so a loaded 2-core machine passes.
 
 mod common;
 
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{Server, greedy_ids, ids_of, runtime, signal, tiny_llama, tiny_llama_cases};
 use protos::v1::FinishReason;
@@ -131,8 +135,8 @@ fn tp2_streams_the_tokens_of_one_worker_and_of_transformers() {
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert_eq!(g, w, "stream {i}: TP=2 vs TP=1");
     }
-    // Each rank of the group sized its KV cache the same way (agreement is required to run at all;
-    // the plans carry rank 0's block ids).
+    // Two processes, one router slot. Both ranks sized their KV cache with the per-rank default
+    // (no --num-kv-blocks): had they disagreed, rank 0's block ids would have failed the follower.
     assert_eq!(tp.metric("ringserve_workers_live"), Some(1.0));
     stop_clean(tp);
 }
@@ -247,4 +251,154 @@ fn a_lone_group_with_a_killed_rank_restarts_and_its_streams_resume() {
             >= 1.0
     );
     stop_clean(server);
+}
+
+/// A child process killed (and reaped) when dropped, so a failing test leaks none.
+struct Proc(std::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Spawns `ringserve worker ARGS` on the fixture.
+fn spawn_worker(args: &[&str]) -> Proc {
+    Proc(
+        Command::new(env!("CARGO_BIN_EXE_ringserve"))
+            .args(["worker", "--model", &model_arg()])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawning ringserve worker"),
+    )
+}
+
+/// Removes this test's segments from /dev/shm (a SIGKILLed rank 0 cannot).
+fn unlink_prefix(prefix: &str) {
+    if let Ok(dir) = std::fs::read_dir("/dev/shm") {
+        for e in dir.flatten() {
+            if e.file_name().to_string_lossy().starts_with(prefix) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+#[test]
+fn a_follower_exits_nonzero_when_rank0_dies() {
+    // This test plays the gateway: it creates rank 0's rings and reads its Hello.
+    let prefix = ringbuf::unique_name("rs-tpw");
+    let group = format!("{prefix}-tp");
+    let req = ringbuf::create(&format!("{prefix}-req"), 1 << 16).expect("request ring");
+    let resp = ringbuf::create(&format!("{prefix}-resp"), 1 << 16).expect("response ring");
+    let _producer = req.producer().expect("producer");
+    let mut consumer = resp.consumer().expect("consumer");
+    let common = ["--tp", "2", "--tp-group", &group, "--num-kv-blocks", "64"];
+    let mut follower = spawn_worker(&[&common[..], &["--rank", "1"]].concat());
+    let mut rank0 = spawn_worker(&[&common[..], &["--rank", "0", "--rings", &prefix]].concat());
+
+    let deadline = Instant::now() + WAIT;
+    let hello = loop {
+        assert!(Instant::now() < deadline, "rank 0 never said hello");
+        if let Some(rec) = consumer
+            .pop_wait(Duration::from_millis(100))
+            .expect("response ring")
+        {
+            break protos::records::Hello::decode(&rec).expect("a hello record");
+        }
+    };
+    assert_eq!(hello.pid, rank0.0.id());
+    assert_eq!(
+        hello.num_kv_blocks, 63,
+        "64 blocks, the null block excluded"
+    );
+    assert!(
+        follower.0.try_wait().expect("follower status").is_none(),
+        "the follower serves while rank 0 lives"
+    );
+
+    rank0.0.kill().expect("SIGKILL rank 0");
+    let _ = rank0.0.wait();
+    let deadline = Instant::now() + WAIT;
+    let status = loop {
+        if let Some(status) = follower.0.try_wait().expect("follower status") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = follower.0.kill();
+            panic!("the follower hangs after rank 0 died");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!status.success(), "the follower must fail: {status}");
+    unlink_prefix(&group);
+}
+
+/// Runs `ringserve ARGS` to its end; returns (success, stderr).
+fn run_cli(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ringserve"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running ringserve");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_tensor_parallel_flags_are_errors_naming_the_flag() {
+    let model = model_arg();
+    // 4 attention heads: 3 ranks cannot shard them (checked before any worker starts).
+    let (ok, err) = run_cli(&[
+        "serve",
+        "--model",
+        &model,
+        "--tp",
+        "3",
+        "--addr",
+        "127.0.0.1:0",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("--tensor-parallel-size 3"), "{err}");
+    let (ok, err) = run_cli(&["serve", "--model", &model, "--workers", "3", "--tp", "2"]);
+    assert!(!ok);
+    assert!(
+        err.contains("multiple of --tensor-parallel-size 2"),
+        "{err}"
+    );
+    let (ok, err) = run_cli(&["serve", "--model", &model, "--device", "cuda", "--tp", "2"]);
+    assert!(!ok);
+    assert!(err.contains("NCCL"), "{err}");
+    let (ok, err) = run_cli(&[
+        "worker",
+        "--model",
+        &model,
+        "--tp",
+        "2",
+        "--rank",
+        "2",
+        "--tp-group",
+        "x",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("--rank 2"), "{err}");
+    let (ok, err) = run_cli(&[
+        "worker",
+        "--model",
+        &model,
+        "--tp",
+        "3",
+        "--rank",
+        "1",
+        "--tp-group",
+        "x",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("--tensor-parallel-size 3"), "{err}");
 }
