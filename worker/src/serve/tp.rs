@@ -201,8 +201,8 @@ fn barrier(comm: &mut ShmComm) -> Result<(), CommError> {
     comm.all_reduce_sum(&mut one)
 }
 
-/// Runs one rank of a tensor-parallel group until the gateway goes away (rank 0) or rank 0 sends
-/// shutdown (followers). Rank 0 dying makes a follower fail with
+/// Runs one rank of a tensor-parallel group until the gateway goes away or `stop` is set (rank 0),
+/// or until rank 0 sends shutdown (followers, which follow rank 0 and ignore `stop`). Rank 0 dying makes a follower fail with
 /// [`ringbuf::Error::PeerDead`] or [`CommError::PeerDead`]; a dead follower makes rank 0's next
 /// step fail the same way.
 pub fn run_rank(opts: &WorkerOptions, stop: Arc<AtomicBool>) -> Result<ServeExit, TpError> {
