@@ -5,6 +5,9 @@
 //! dead one's records), keeps the request ring's producer end and the response ring's consumer end,
 //! and passes the name prefix to the worker. On every exit path the rings are dropped, which
 //! unlinks their segments.
+//!
+//! A slot of several processes (`tensor_parallel_size > 1`) is a tensor-parallel group, supervised
+//! as one unit by [`crate::group`].
 
 use std::path::PathBuf;
 use std::process::Stdio;
