@@ -12,8 +12,10 @@ use gateway::admission::AdmissionLimits;
 use gateway::server::ServerConfig;
 use gateway::supervisor::WorkerCommand;
 use worker::backend::{BackendOptions, Device};
+use worker::config::ModelConfig;
 use worker::engine::EngineConfig;
 use worker::serve::launch::{WorkerDevice, WorkerOptions, run_worker};
+use worker::serve::tp::{TpOptions, check_model};
 
 use crate::engine_cli::{DtypeFlag, compute_dtype};
 
@@ -38,8 +40,10 @@ pub struct ServingEngineFlags {
     /// Fraction of GPU memory a CUDA worker may use.
     #[arg(long, default_value_t = 0.9)]
     pub gpu_memory_utilization: f32,
-    /// GPUs per model replica. Only 1 is supported for now.
-    #[arg(long, default_value_t = 1)]
+    /// Ranks per model replica (tensor parallelism across worker processes; CPU backend only:
+    /// CUDA needs the NCCL communicator, not built yet). Must divide the attention heads and the
+    /// intermediate size.
+    #[arg(long, visible_alias = "tp", default_value_t = 1)]
     pub tensor_parallel_size: usize,
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
@@ -64,19 +68,14 @@ pub struct ServingEngineFlags {
 
 impl ServingEngineFlags {
     fn check(&self) -> anyhow::Result<()> {
-        if self.tensor_parallel_size != 1 {
-            bail!(
-                "--tensor-parallel-size {} is not supported yet: only 1 (run several --workers for more throughput)",
-                self.tensor_parallel_size
-            );
-        }
         if !self.ring_mib.is_power_of_two() {
             bail!("--ring-mib {} must be a power of two", self.ring_mib);
         }
         Ok(())
     }
 
-    /// The same flags as arguments of `ringserve worker`.
+    /// The same flags as arguments of `ringserve worker` (except `--tensor-parallel-size`, which
+    /// the supervisor gives each rank together with `--rank` and `--tp-group`).
     fn to_args(&self) -> Vec<String> {
         let mut a = vec![
             "--device".into(),
@@ -137,9 +136,14 @@ pub struct ServeArgs {
     /// A HuggingFace model folder (default: the built-in demo model, on the CPU).
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Worker processes (each runs a full copy of the model).
-    #[arg(long, default_value_t = 1)]
-    pub workers: usize,
+    /// Worker processes (default: 1, or one group of --tensor-parallel-size, or one per --gpus
+    /// GPU). With tensor parallelism they form workers / T groups of T ranks.
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// GPUs to serve on, comma-separated (e.g. 0,1,2,3): one worker per GPU, each seeing only its
+    /// own through CUDA_VISIBLE_DEVICES (needs --device cuda).
+    #[arg(long, value_delimiter = ',')]
+    pub gpus: Vec<String>,
     /// gRPC listen address (port 0 picks a free port; the bound address is printed).
     #[arg(long, default_value = "127.0.0.1:50051")]
     pub addr: SocketAddr,
@@ -172,8 +176,16 @@ pub struct WorkerArgs {
     #[arg(long)]
     pub model: PathBuf,
     /// Prefix of the ring names (`PREFIX-req`, `PREFIX-resp`); attached, or created if absent.
+    /// Required, except on ranks 1.. of a tensor-parallel group (they have no gateway rings).
     #[arg(long)]
-    pub rings: String,
+    pub rings: Option<String>,
+    /// This worker's rank in its tensor-parallel group (0 schedules and serves the rings).
+    #[arg(long, default_value_t = 0)]
+    pub rank: usize,
+    /// Prefix of the tensor-parallel group's shared-memory segments (plan rings, communicator);
+    /// the same on every rank of a group.
+    #[arg(long)]
+    pub tp_group: Option<String>,
     /// Seed for requests that bring none.
     #[arg(long)]
     pub seed: Option<u64>,
@@ -189,16 +201,74 @@ fn model_dir(model: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     }
 }
 
-pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    args.engine.check()?;
-    if args.workers == 0 {
+/// The number of worker processes `serve` starts: checks `--workers`, `--tensor-parallel-size`,
+/// `--device` and `--gpus` against each other.
+fn serve_workers(
+    workers: Option<usize>,
+    tp: usize,
+    device: WorkerDevice,
+    gpus: &[String],
+) -> anyhow::Result<usize> {
+    if tp == 0 {
+        bail!("--tensor-parallel-size must be at least 1");
+    }
+    let n = if gpus.is_empty() {
+        workers.unwrap_or(tp)
+    } else {
+        match device {
+            WorkerDevice::Model(Device::Cuda(0)) => {}
+            WorkerDevice::Model(Device::Cuda(n)) => bail!(
+                "--gpus: each worker sees its one GPU as cuda:0; use --device cuda, not cuda:{n}"
+            ),
+            _ => bail!("--gpus needs --device cuda"),
+        }
+        for (i, gpu) in gpus.iter().enumerate() {
+            if gpu.trim().is_empty() {
+                bail!("--gpus: entry {} is empty", i + 1);
+            }
+            if gpus[..i].contains(gpu) {
+                bail!("--gpus: GPU {gpu} is listed twice");
+            }
+        }
+        match workers {
+            Some(w) if w != gpus.len() => bail!(
+                "--workers {w} does not match the {} GPUs of --gpus (one worker per GPU)",
+                gpus.len()
+            ),
+            _ => gpus.len(),
+        }
+    };
+    if n == 0 {
         bail!("--workers must be at least 1");
     }
+    if !n.is_multiple_of(tp) {
+        bail!("--workers {n} must be a multiple of --tensor-parallel-size {tp}");
+    }
+    if tp > 1 {
+        // The device rules of a rank (CUDA needs NCCL, null has nothing to shard).
+        TpOptions {
+            world: tp,
+            rank: 0,
+            group: Some("serve".into()),
+        }
+        .check(device, true)?;
+    }
+    Ok(n)
+}
+
+pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    args.engine.check()?;
+    let tp = args.engine.tensor_parallel_size;
+    let workers = serve_workers(args.workers, tp, args.engine.device, &args.gpus)?;
     let demo = args.model.is_none();
     let dir = model_dir(args.model)?;
     let dir = dir
         .canonicalize()
         .with_context(|| format!("model folder {}", dir.display()))?;
+    if tp > 1 {
+        let model = ModelConfig::load(&dir).with_context(|| format!("model {}", dir.display()))?;
+        check_model(tp, &model)?;
+    }
     let model_name = args.served_model_name.unwrap_or_else(|| {
         if demo {
             "demo".to_owned()
@@ -218,12 +288,14 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         model_name,
         addr: args.addr,
         metrics_addr: Some(args.metrics_addr),
-        workers: args.workers,
+        workers,
         worker: WorkerCommand {
             exe: std::env::current_exe().context("locating the ringserve binary")?,
             args: worker_args,
             ring_capacity: args.engine.ring_mib << 20,
             ring_prefix: String::new(),
+            tensor_parallel_size: tp,
+            gpus: args.gpus,
         },
         admission: AdmissionLimits {
             max_in_flight: args.max_in_flight,
@@ -253,6 +325,11 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         },
         rings: args.rings,
         ring_capacity: e.ring_mib << 20,
+        tp: TpOptions {
+            world: e.tensor_parallel_size,
+            rank: args.rank,
+            group: args.tp_group,
+        },
     };
     let exit = run_worker(&opts, Arc::new(AtomicBool::new(false)))
         .with_context(|| format!("worker for {}", args.model.display()))?;
@@ -470,6 +547,89 @@ mod tests {
         assert_eq!(b.dtype, ComputeDtype::Float32);
         assert!(b.enforce_eager && b.batch_invariant);
         assert_eq!(b.gpu_memory_utilization, 0.5);
+    }
+
+    fn gpus(list: &[&str]) -> Vec<String> {
+        list.iter().map(|g| (*g).to_owned()).collect()
+    }
+
+    const CPU: WorkerDevice = WorkerDevice::Model(Device::Cpu);
+    const CUDA: WorkerDevice = WorkerDevice::Model(Device::Cuda(0));
+
+    #[test]
+    fn serve_layouts() {
+        assert_eq!(serve_workers(None, 1, CPU, &[]).unwrap(), 1);
+        assert_eq!(serve_workers(Some(3), 1, CPU, &[]).unwrap(), 3);
+        // One group by default; N must be a multiple of T.
+        assert_eq!(serve_workers(None, 2, CPU, &[]).unwrap(), 2);
+        assert_eq!(serve_workers(Some(4), 2, CPU, &[]).unwrap(), 4);
+        let err = serve_workers(Some(3), 2, CPU, &[]).unwrap_err().to_string();
+        assert!(err.contains("--tensor-parallel-size 2"), "{err}");
+        let err = serve_workers(Some(0), 1, CPU, &[]).unwrap_err().to_string();
+        assert!(err.contains("--workers"), "{err}");
+        let err = serve_workers(None, 0, CPU, &[]).unwrap_err().to_string();
+        assert!(err.contains("--tensor-parallel-size"), "{err}");
+        // One worker per GPU.
+        assert_eq!(
+            serve_workers(None, 1, CUDA, &gpus(&["0", "1", "2", "3"])).unwrap(),
+            4
+        );
+        assert_eq!(
+            serve_workers(Some(2), 1, CUDA, &gpus(&["4", "6"])).unwrap(),
+            2
+        );
+    }
+
+    #[test]
+    fn bad_gpu_and_device_combinations_are_refused() {
+        let err = |w, tp, device, g: &[&str]| {
+            serve_workers(w, tp, device, &gpus(g))
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(err(None, 1, CPU, &["0"]).contains("--device cuda"));
+        assert!(err(None, 1, WorkerDevice::Null, &["0"]).contains("--device cuda"));
+        let e = err(None, 1, WorkerDevice::Model(Device::Cuda(2)), &["0"]);
+        assert!(e.contains("cuda:0"), "{e}");
+        assert!(err(Some(3), 1, CUDA, &["0", "1"]).contains("--workers 3"));
+        assert!(err(None, 1, CUDA, &["0", "0"]).contains("twice"));
+        assert!(err(None, 1, CUDA, &["0", ""]).contains("empty"));
+        // CUDA tensor parallelism needs NCCL, which does not exist yet.
+        let e = err(None, 2, CUDA, &["0", "1"]);
+        assert!(e.contains("NCCL"), "{e}");
+        let e = err(Some(2), 2, CUDA, &[]);
+        assert!(e.contains("NCCL"), "{e}");
+        let e = err(Some(2), 2, WorkerDevice::Null, &[]);
+        assert!(e.contains("--device null"), "{e}");
+    }
+
+    #[derive(Parser)]
+    struct WorkerCli {
+        #[command(flatten)]
+        worker: WorkerArgs,
+    }
+
+    #[test]
+    fn worker_tp_flags_parse() {
+        let w = WorkerCli::try_parse_from([
+            "x",
+            "--model",
+            "m",
+            "--tp",
+            "2",
+            "--rank",
+            "1",
+            "--tp-group",
+            "g",
+        ])
+        .unwrap()
+        .worker;
+        assert_eq!(w.engine.tensor_parallel_size, 2);
+        assert_eq!(w.rank, 1);
+        assert_eq!(w.tp_group.as_deref(), Some("g"));
+        assert_eq!(w.rings, None);
+        // `serve` does not forward the size: the supervisor adds it per rank.
+        assert!(!w.engine.to_args().iter().any(|a| a.contains("tensor")));
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod bench_plot;
 pub mod chat;
 pub mod client;
 pub mod detok;
+pub mod group;
 pub mod health;
 pub mod link;
 pub mod metrics;

@@ -33,7 +33,7 @@ pub struct ServerConfig {
     pub addr: SocketAddr,
     /// Prometheus `/metrics` address, if any.
     pub metrics_addr: Option<SocketAddr>,
-    /// Worker processes.
+    /// Worker processes (with tensor parallelism, `workers / worker.tensor_parallel_size` groups).
     pub workers: usize,
     /// How to start one (`ring_prefix` is filled in by [`run`]).
     pub worker: WorkerCommand,
@@ -93,6 +93,16 @@ pub fn model_eos_ids(dir: &std::path::Path) -> Vec<u32> {
     ids
 }
 
+/// Router slots for `workers` processes in groups of `tensor_parallel_size` (one slot per group).
+fn worker_slots(workers: usize, tensor_parallel_size: usize) -> Result<usize, ServerError> {
+    if tensor_parallel_size == 0 || !workers.is_multiple_of(tensor_parallel_size) {
+        return Err(ServerError::Other(format!(
+            "{workers} workers cannot form groups of tensor-parallel size {tensor_parallel_size}"
+        )));
+    }
+    Ok(workers / tensor_parallel_size)
+}
+
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     match (
@@ -113,6 +123,7 @@ async fn shutdown_signal() {
 
 /// Runs the gateway until SIGTERM/SIGINT, then drains and cleans up.
 pub async fn run(mut config: ServerConfig) -> Result<(), ServerError> {
+    let slots = worker_slots(config.workers, config.worker.tensor_parallel_size)?;
     let dir = config.model_dir.clone();
     let text = tokio::task::spawn_blocking(move || TextModel::load(&dir))
         .await
@@ -148,7 +159,7 @@ pub async fn run(mut config: ServerConfig) -> Result<(), ServerError> {
         config.model_name.clone(),
         eos,
         text,
-        Router::new(config.workers),
+        Router::new(slots),
         Admission::new(config.admission),
         config.failover_timeout,
     ));
@@ -166,7 +177,7 @@ pub async fn run(mut config: ServerConfig) -> Result<(), ServerError> {
     config.worker.ring_prefix = ringbuf::unique_name("ringserve");
     let prefix = config.worker.ring_prefix.clone();
     let (stop_tx, stop_rx) = watch::channel(false);
-    let supervisors: Vec<_> = (0..config.workers)
+    let supervisors: Vec<_> = (0..slots)
         .map(|slot| {
             tokio::spawn(supervise(
                 slot,
@@ -237,4 +248,18 @@ pub async fn run(mut config: ServerConfig) -> Result<(), ServerError> {
     }
     tracing::info!("gateway stopped");
     result.map_err(ServerError::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_router_slot_per_group() {
+        assert_eq!(worker_slots(3, 1).unwrap(), 3);
+        assert_eq!(worker_slots(4, 2).unwrap(), 2);
+        assert_eq!(worker_slots(4, 4).unwrap(), 1);
+        assert!(worker_slots(3, 2).is_err());
+        assert!(worker_slots(2, 0).is_err());
+    }
 }

@@ -5,6 +5,9 @@
 //! dead one's records), keeps the request ring's producer end and the response ring's consumer end,
 //! and passes the name prefix to the worker. On every exit path the rings are dropped, which
 //! unlinks their segments.
+//!
+//! A slot of several processes (`tensor_parallel_size > 1`) is a tensor-parallel group, supervised
+//! as one unit by [`crate::group`].
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -31,19 +34,34 @@ pub struct WorkerCommand {
     pub ring_capacity: usize,
     /// Prefix of the rings' names (unique per gateway process).
     pub ring_prefix: String,
+    /// Ranks per worker group (tensor parallelism); 1: one process per worker slot.
+    pub tensor_parallel_size: usize,
+    /// GPUs (`CUDA_VISIBLE_DEVICES` values) of the worker processes, in process order (group by
+    /// group, rank by rank); empty: the environment is inherited.
+    pub gpus: Vec<String>,
+}
+
+impl WorkerCommand {
+    /// The `CUDA_VISIBLE_DEVICES` setting of worker process `index` (`slot · T + rank`), if
+    /// `gpus` assigns one.
+    pub fn gpu_env(&self, index: usize) -> Option<(&'static str, &str)> {
+        self.gpus
+            .get(index)
+            .map(|gpu| ("CUDA_VISIBLE_DEVICES", gpu.as_str()))
+    }
 }
 
 /// Backoff between restarts: doubles from 100 ms up to 5 s, reset after a worker lived 30 s.
 #[derive(Debug, Clone, Copy)]
-struct Backoff {
-    next: Duration,
+pub(crate) struct Backoff {
+    pub(crate) next: Duration,
 }
 
 impl Backoff {
-    const MIN: Duration = Duration::from_millis(100);
+    pub(crate) const MIN: Duration = Duration::from_millis(100);
     const MAX: Duration = Duration::from_secs(5);
 
-    fn after(&mut self, lived: Duration) -> Duration {
+    pub(crate) fn after(&mut self, lived: Duration) -> Duration {
         if lived > Duration::from_secs(30) {
             self.next = Self::MIN;
         }
@@ -61,6 +79,9 @@ pub async fn supervise(
     health: Health,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    if cmd.tensor_parallel_size > 1 {
+        return crate::group::supervise_group(slot, cmd, shared, health, shutdown).await;
+    }
     let mut backoff = Backoff { next: Backoff::MIN };
     let mut generation = 0u32;
     loop {
@@ -84,7 +105,7 @@ pub async fn supervise(
     }
 }
 
-enum Stop {
+pub(crate) enum Stop {
     Shutdown,
     Died,
 }
@@ -108,6 +129,7 @@ async fn run_once(
         .args(&cmd.args)
         .arg("--rings")
         .arg(&prefix)
+        .envs(cmd.gpu_env(slot))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
@@ -199,7 +221,7 @@ async fn run_once(
     Ok(result)
 }
 
-async fn kill(child: &mut Child) {
+pub(crate) async fn kill(child: &mut Child) {
     let _ = child.start_kill();
     let _ = child.wait().await;
 }

@@ -48,6 +48,8 @@ pub struct Server {
     lines: mpsc::Receiver<String>,
     /// Worker pids by slot, as announced.
     pub worker_pids: Vec<u32>,
+    /// With tensor parallelism: every rank's pid by slot (rank 0 first), as announced.
+    pub group_pids: Vec<Vec<u32>>,
 }
 
 impl Server {
@@ -89,6 +91,7 @@ impl Server {
             rings: String::new(),
             lines: rx,
             worker_pids: vec![0; workers],
+            group_pids: vec![Vec::new(); workers],
         };
         let listening = server
             .wait_line(|l| l.starts_with("listening "), Duration::from_secs(120))
@@ -108,7 +111,7 @@ impl Server {
         server
     }
 
-    /// Waits for a `worker N ready pid=P` line; returns (N, P).
+    /// Waits for a `worker N ready pid=P [ranks=P0,P1,..]` line; returns (N, P).
     pub fn wait_worker_ready(&mut self, timeout: Duration) -> (usize, u32) {
         let line = self
             .wait_line(|l| l.starts_with("worker "), timeout)
@@ -120,6 +123,14 @@ impl Server {
             self.worker_pids.resize(slot + 1, 0);
         }
         self.worker_pids[slot] = pid;
+        if slot >= self.group_pids.len() {
+            self.group_pids.resize(slot + 1, Vec::new());
+        }
+        self.group_pids[slot] = parts
+            .iter()
+            .find_map(|p| p.strip_prefix("ranks="))
+            .map(|r| r.split(',').map(|p| p.parse().unwrap()).collect())
+            .unwrap_or_default();
         (slot, pid)
     }
 

@@ -7,6 +7,7 @@ use crate::backend::cpu::{CpuBackend, CpuOptions};
 use crate::backend::{Backend, BackendError};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
+use crate::tp::TpShard;
 
 /// Where the model runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -98,6 +99,22 @@ pub const CPU_DEFAULT_KV_BYTES: usize = 1 << 30;
 #[cfg(feature = "cuda")]
 pub const CUDA_WORKSPACE_TOKENS: usize = 8192;
 
+/// KV blocks the CPU backend of `shard` takes when `num_kv_blocks` is not given: as many as fit
+/// [`CPU_DEFAULT_KV_BYTES`] with the KV heads this rank holds (`K / T`, or one replicated head when
+/// `T > K`). It depends only on the model, the block size and the group size, so every rank of a
+/// tensor-parallel group computes the same number, as the plans from rank 0 require.
+pub fn cpu_default_kv_blocks(config: &ModelConfig, block_size: usize, shard: TpShard) -> usize {
+    let world = shard.world.max(1);
+    let heads = (config.num_key_value_heads / world).max(1);
+    let per_block = block_size
+        .saturating_mul(heads)
+        .saturating_mul(config.head_dim)
+        .saturating_mul(config.num_hidden_layers)
+        .saturating_mul(2 * 4)
+        .max(1);
+    (CPU_DEFAULT_KV_BYTES / per_block).max(2)
+}
+
 /// Builds the backend `options.device` names, with the checkpoint's weights.
 pub fn load_backend(
     config: &ModelConfig,
@@ -106,18 +123,9 @@ pub fn load_backend(
 ) -> Result<Box<dyn Backend>, BackendError> {
     match options.device {
         Device::Cpu => {
-            let num_kv_blocks = match options.num_kv_blocks {
-                Some(n) => n,
-                None => {
-                    let per_block = options
-                        .block_size
-                        .saturating_mul(config.kv_dim())
-                        .saturating_mul(config.num_hidden_layers)
-                        .saturating_mul(2 * 4)
-                        .max(1);
-                    (CPU_DEFAULT_KV_BYTES / per_block).max(2)
-                }
-            };
+            let num_kv_blocks = options.num_kv_blocks.unwrap_or_else(|| {
+                cpu_default_kv_blocks(config, options.block_size, TpShard::SOLO)
+            });
             let cpu = CpuOptions {
                 block_size: options.block_size,
                 num_kv_blocks,

@@ -15,7 +15,10 @@ pub mod cpu;
 mod load;
 pub mod null;
 
-pub use load::{BackendOptions, ComputeDtype, Device, ParseDeviceError, load_backend};
+pub use load::{
+    BackendOptions, CPU_DEFAULT_KV_BYTES, ComputeDtype, Device, ParseDeviceError,
+    cpu_default_kv_blocks, load_backend,
+};
 
 /// One sequence's share of a step.
 #[derive(Debug, Clone, Copy)]

@@ -7,6 +7,7 @@ use std::sync::atomic::AtomicBool;
 
 use thiserror::Error;
 
+use super::tp::{TpError, TpOptions, run_rank};
 use super::{ServeConfig, ServeError, ServeExit, serve};
 use crate::backend::null::NullBackend;
 use crate::backend::{BackendOptions, Device};
@@ -56,8 +57,12 @@ pub struct WorkerOptions {
     pub device: WorkerDevice,
     pub backend: BackendOptions,
     pub engine: EngineConfig,
-    pub rings: String,
+    /// Prefix of the gateway's rings; only rank 0 of a tensor-parallel group has them.
+    pub rings: Option<String>,
+    /// Capacity of each ring the worker creates (gateway rings if absent, plan rings), in bytes.
     pub ring_capacity: usize,
+    /// This worker's place in a tensor-parallel group (the default: a group of one).
+    pub tp: TpOptions,
 }
 
 /// A worker could not start or stopped with an error.
@@ -71,10 +76,18 @@ pub enum LaunchError {
     Engine(#[from] EngineError),
     #[error(transparent)]
     Serve(#[from] ServeError),
+    #[error(transparent)]
+    Tp(#[from] TpError),
 }
 
-/// Opens the model and serves it until the gateway goes away or `stop` is set.
+/// Opens the model and serves it until the gateway goes away or `stop` is set. A rank of a
+/// tensor-parallel group (`opts.tp.world > 1`) runs [`run_rank`] instead.
 pub fn run_worker(opts: &WorkerOptions, stop: Arc<AtomicBool>) -> Result<ServeExit, LaunchError> {
+    opts.tp.check(opts.device, opts.rings.is_some())?;
+    if opts.tp.is_parallel() {
+        return Ok(run_rank(opts, stop)?);
+    }
+    let rings = opts.rings.clone().ok_or(TpError::MissingRings)?;
     let (engine, vocab) = match opts.device {
         WorkerDevice::Model(device) => {
             let backend = BackendOptions {
@@ -104,7 +117,7 @@ pub fn run_worker(opts: &WorkerOptions, stop: Arc<AtomicBool>) -> Result<ServeEx
         "engine ready"
     );
     let config = ServeConfig {
-        rings: opts.rings.clone(),
+        rings,
         ring_capacity: opts.ring_capacity,
         vocab_size: vocab,
         stop,

@@ -12,6 +12,7 @@
 //! — rather than dropping tokens. The loop ends when the gateway dies or the rings turn corrupt.
 
 pub mod launch;
+pub mod tp;
 
 use std::collections::HashMap;
 use std::sync::Arc;
