@@ -13,9 +13,10 @@ use gateway::server::ServerConfig;
 use gateway::supervisor::WorkerCommand;
 use worker::backend::{BackendOptions, Device};
 use worker::engine::EngineConfig;
-use worker::serve::launch::{WorkerDevice, WorkerOptions, run_worker};
+use worker::serve::launch::{WorkerDevice, WorkerOptions, run_joined_worker, run_worker};
 
 use crate::engine_cli::{DtypeFlag, compute_dtype};
+use crate::scale_cli::{ServeScaleFlags, WorkerLifeFlags};
 
 /// Engine knobs shared by `serve` and `worker` (vLLM's flag names).
 #[derive(Args, Debug, Clone)]
@@ -163,6 +164,10 @@ pub struct ServeArgs {
     pub failover_timeout: f64,
     #[command(flatten)]
     pub engine: ServingEngineFlags,
+    #[command(flatten)]
+    pub scale: ServeScaleFlags,
+    #[command(flatten)]
+    pub life: WorkerLifeFlags,
 }
 
 /// `ringserve worker`: one engine on one device, serving a gateway's rings.
@@ -172,13 +177,19 @@ pub struct WorkerArgs {
     #[arg(long)]
     pub model: PathBuf,
     /// Prefix of the ring names (`PREFIX-req`, `PREFIX-resp`); attached, or created if absent.
-    #[arg(long)]
-    pub rings: String,
+    #[arg(long, required_unless_present = "join", conflicts_with = "join")]
+    pub rings: Option<String>,
+    /// Join the running gateway started with `serve --name NAME` (its model loaded first); the
+    /// gateway creates the rings and routes to this worker until it leaves.
+    #[arg(long, value_name = "NAME")]
+    pub join: Option<String>,
     /// Seed for requests that bring none.
     #[arg(long)]
     pub seed: Option<u64>,
     #[command(flatten)]
     pub engine: ServingEngineFlags,
+    #[command(flatten)]
+    pub life: WorkerLifeFlags,
 }
 
 /// The model folder to serve: `--model`, or the demo model (created on first use).
@@ -213,6 +224,8 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         dir.display().to_string(),
     ];
     worker_args.extend(args.engine.to_args());
+    worker_args.extend(args.life.to_args());
+    args.life.lifecycle()?;
     let config = ServerConfig {
         model_dir: dir,
         model_name,
@@ -224,6 +237,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             args: worker_args,
             ring_capacity: args.engine.ring_mib << 20,
             ring_prefix: String::new(),
+            heartbeat_timeout: args.scale.heartbeat_timeout()?,
         },
         admission: AdmissionLimits {
             max_in_flight: args.max_in_flight,
@@ -231,6 +245,8 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         },
         drain_timeout: Duration::from_secs_f64(args.drain_timeout.max(0.0)),
         failover_timeout: Duration::from_secs_f64(args.failover_timeout.max(0.0)),
+        name: args.scale.name.clone(),
+        affinity: args.scale.affinity()?,
     };
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(gateway::server::run(config))?;
@@ -251,11 +267,19 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<()> {
             enable_prefix_caching: e.enable_prefix_caching,
             seed: args.seed,
         },
-        rings: args.rings,
+        rings: args.rings.clone().unwrap_or_default(),
         ring_capacity: e.ring_mib << 20,
+        lifecycle: args.life.lifecycle()?,
     };
-    let exit = run_worker(&opts, Arc::new(AtomicBool::new(false)))
-        .with_context(|| format!("worker for {}", args.model.display()))?;
+    // SIGTERM drains (finish the streams, tell the gateway, exit 0) instead of killing.
+    worker::serve::lifecycle::install_sigterm_drain().context("installing the SIGTERM handler")?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let exit = match &args.join {
+        Some(name) => run_joined_worker(&opts, name, stop)
+            .with_context(|| format!("worker for {} joining {name:?}", args.model.display()))?,
+        None => run_worker(&opts, stop)
+            .with_context(|| format!("worker for {}", args.model.display()))?,
+    };
     tracing::info!(?exit, "worker stopped");
     Ok(())
 }

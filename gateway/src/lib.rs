@@ -14,6 +14,7 @@ pub mod chat;
 pub mod client;
 pub mod detok;
 pub mod health;
+pub mod join;
 pub mod link;
 pub mod metrics;
 pub mod router;

@@ -164,7 +164,7 @@ impl Inference for InferenceService {
         })?;
         let link = s
             .router
-            .pick()
+            .pick(&valid.prompt)
             .ok_or_else(|| Status::unavailable("no worker is ready"))?;
         let id = s.next_id.fetch_add(1, Ordering::Relaxed);
         let request_id = if valid.request_id.is_empty() {

@@ -58,6 +58,8 @@ pub struct WorkerOptions {
     pub engine: EngineConfig,
     pub rings: String,
     pub ring_capacity: usize,
+    /// Heartbeats and draining.
+    pub lifecycle: super::lifecycle::Lifecycle,
 }
 
 /// A worker could not start or stopped with an error.
@@ -71,10 +73,50 @@ pub enum LaunchError {
     Engine(#[from] EngineError),
     #[error(transparent)]
     Serve(#[from] ServeError),
+    #[error(transparent)]
+    Join(#[from] super::join::JoinClientError),
 }
 
 /// Opens the model and serves it until the gateway goes away or `stop` is set.
 pub fn run_worker(opts: &WorkerOptions, stop: Arc<AtomicBool>) -> Result<ServeExit, LaunchError> {
+    let (engine, vocab) = build_engine(opts)?;
+    serve_rings(engine, vocab, opts, opts.rings.clone(), stop)
+}
+
+/// Opens the model, then registers with the running gateway `name` (`serve --name NAME`) and serves
+/// the rings it created for this worker until the gateway goes away, `stop` is set, or the worker
+/// drained.
+pub fn run_joined_worker(
+    opts: &WorkerOptions,
+    name: &str,
+    stop: Arc<AtomicBool>,
+) -> Result<ServeExit, LaunchError> {
+    let (engine, vocab) = build_engine(opts)?;
+    let (slot, rings) = super::join::register(name)?;
+    tracing::info!(gateway = name, slot, %rings, "joined");
+    serve_rings(engine, vocab, opts, rings, stop)
+}
+
+fn serve_rings(
+    engine: Engine,
+    vocab: usize,
+    opts: &WorkerOptions,
+    rings: String,
+    stop: Arc<AtomicBool>,
+) -> Result<ServeExit, LaunchError> {
+    let config = ServeConfig {
+        rings,
+        ring_capacity: opts.ring_capacity,
+        vocab_size: vocab,
+        stop,
+        lifecycle: opts.lifecycle.clone(),
+    };
+    Ok(serve(engine, &config)?)
+}
+
+/// Opens the model on its device (or the null device) and builds the engine; returns it and the
+/// model's vocabulary size.
+fn build_engine(opts: &WorkerOptions) -> Result<(Engine, usize), LaunchError> {
     let (engine, vocab) = match opts.device {
         WorkerDevice::Model(device) => {
             let backend = BackendOptions {
@@ -103,11 +145,5 @@ pub fn run_worker(opts: &WorkerOptions, stop: Arc<AtomicBool>) -> Result<ServeEx
         max_model_len = engine.max_model_len(),
         "engine ready"
     );
-    let config = ServeConfig {
-        rings: opts.rings.clone(),
-        ring_capacity: opts.ring_capacity,
-        vocab_size: vocab,
-        stop,
-    };
-    Ok(serve(engine, &config)?)
+    Ok((engine, vocab))
 }
