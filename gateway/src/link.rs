@@ -456,6 +456,8 @@ pub fn reader(
         if draining && !link.is_draining() {
             tracing::info!(worker = link.slot, "worker is draining");
             link.set_draining();
+            // Tests and tools read this line.
+            println!("worker {} draining", link.slot);
         }
         if let Some(g) = last {
             let w = slot.clone();
