@@ -99,7 +99,12 @@ fn a_sigstopped_worker_is_declared_hung_replaced_and_loses_no_token() {
     assert!(server.metric("ringserve_workers_hung_total").unwrap_or(0.0) >= 1.0);
     // Its streams were cut mid-way and resumed (all streams advance together, so when stream 0
     // has `after` < MAX_TOKENS tokens every stream is unfinished).
-    assert!(server.metric("ringserve_requests_resumed_total").unwrap_or(0.0) >= 1.0);
+    assert!(
+        server
+            .metric("ringserve_requests_resumed_total")
+            .unwrap_or(0.0)
+            >= 1.0
+    );
     // The replacement serves.
     let again = rt.block_on(run_all(&server, None));
     assert_eq!(again, want);
