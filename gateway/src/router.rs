@@ -162,14 +162,6 @@ impl Router {
             .forget_slot(slot);
     }
 
-    /// The first empty slot at or after `from`.
-    pub fn free_slot(&self, from: usize) -> usize {
-        let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
-        (from..)
-            .find(|&i| slots.get(i).is_none_or(Option::is_none))
-            .unwrap_or(from)
-    }
-
     /// The worker for a request with this prompt: its prefix's worker when that one is live, not
     /// draining and within the slack of the least loaded; otherwise the least loaded (ties: the
     /// lowest slot). `None` when no worker takes requests.
@@ -227,16 +219,6 @@ impl Router {
     pub fn live(&self) -> usize {
         let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
         slots.iter().flatten().filter(|l| l.is_alive()).count()
-    }
-
-    /// Number of workers that take new requests.
-    pub fn accepting(&self) -> usize {
-        let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
-        slots
-            .iter()
-            .flatten()
-            .filter(|l| l.takes_requests())
-            .count()
     }
 
     /// Any worker that takes requests (for the model's limits).

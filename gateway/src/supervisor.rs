@@ -75,7 +75,15 @@ pub async fn supervise(
             Ok(Stop::Shutdown) => return,
             Ok(Stop::Died) => {}
             // Drained on request (SIGTERM) and exited cleanly: replace it without delay.
-            Ok(Stop::Left) => backoff.next = Backoff::MIN,
+            Ok(Stop::Left) => {
+                // Relaxed: a plain flag. The whole service is going down (SIGTERM to the process
+                // group drains the workers too): do not replace a worker that left on purpose.
+                if shared.draining.load(Ordering::Relaxed) {
+                    let _ = shutdown.changed().await;
+                    return;
+                }
+                backoff.next = Backoff::MIN;
+            }
             Err(e) => tracing::error!(worker = slot, error = %e, "worker failed to start"),
         }
         generation += 1;
