@@ -297,3 +297,47 @@ fn a_draining_worker_finishes_its_streams_and_leaves() {
             .contains("ringserve_requests_total{outcome=\"finished_length\"}")
     );
 }
+
+#[test]
+fn a_sigtermed_supervised_worker_drains_and_is_replaced() {
+    let model = tiny_llama();
+    let mut args = vec!["--model", model.to_str().unwrap(), "--workers", "2"];
+    args.extend_from_slice(NULL);
+    let mut server = Server::start(&args, 2);
+    let victim = server.worker_pids[0];
+    let rt = runtime();
+    rt.block_on(async {
+        let mut streams = Vec::new();
+        for i in 0..4 {
+            let mut client = server.client().await;
+            let mut stream = client
+                .generate(greedy_ids(&prompt(i), LONG))
+                .await
+                .unwrap()
+                .into_inner();
+            let first = stream.message().await.unwrap().unwrap();
+            streams.push((first.token_ids, stream));
+        }
+        signal(victim, "TERM");
+        server
+            .wait_line(|l| l == "worker 0 draining", Duration::from_secs(60))
+            .expect("the worker announced its drain");
+        let mut client = server.client().await;
+        let msgs = collect(&mut client, greedy_ids(&prompt(50), 8))
+            .await
+            .unwrap();
+        assert_eq!(ids_of(&msgs).len(), 8);
+        for (mut ids, mut stream) in streams {
+            while let Some(msg) = stream.message().await.expect("the stream finishes") {
+                ids.extend(msg.token_ids.iter());
+            }
+            assert_eq!(ids.len(), LONG as usize);
+        }
+    });
+    // It left cleanly and the supervisor started a replacement in its slot.
+    let (slot, pid) = server.wait_worker_ready(Duration::from_secs(120));
+    assert_eq!(slot, 0);
+    assert_ne!(pid, victim);
+    assert_eq!(server.metric("ringserve_requests_resumed_total"), None);
+    assert_eq!(server.metric("ringserve_workers_drained_total"), Some(1.0));
+}

@@ -210,6 +210,7 @@ impl Loop {
 
     fn run(&mut self) -> Result<ServeExit, ServeError> {
         let mut last_beat = Instant::now();
+        let mut gateway_seen = false;
         loop {
             // Relaxed: a plain flag; nothing is published through it.
             if self.stop.load(Ordering::Relaxed) {
@@ -242,9 +243,14 @@ impl Loop {
                 self.tx.heartbeat();
                 last_beat = Instant::now();
                 // The gateway let go of this worker (it was found hung, or it was removed): leave.
-                if self.rx.peer_state() == ringbuf::PeerState::Absent {
-                    tracing::warn!("the gateway released this worker's rings");
-                    return Ok(ServeExit::GatewayGone);
+                // (A worker that created its rings waits for a gateway to attach first.)
+                match self.rx.peer_state() {
+                    ringbuf::PeerState::Absent if gateway_seen => {
+                        tracing::warn!("the gateway released this worker's rings");
+                        return Ok(ServeExit::GatewayGone);
+                    }
+                    ringbuf::PeerState::Absent => {}
+                    _ => gateway_seen = true,
                 }
             }
         }
