@@ -190,6 +190,10 @@ fn a_worker_joined_at_run_time_serves_and_fails_over_when_it_dies() {
         "{:?}",
         server.leftover_segments()
     );
+    // Shutdown removes the join socket.
+    server.sigterm();
+    assert!(server.wait_exit(Duration::from_secs(60)).is_some());
+    assert!(!sock.exists());
 }
 
 /// Null-device flags (deterministic tokens, long requests) shared by the server and the joiner.

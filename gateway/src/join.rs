@@ -78,10 +78,16 @@ impl JoinListener {
     /// Binds `RUNTIME_DIR/NAME.sock` (see [`protos::join::runtime_dir`]). A stale socket of a
     /// gateway that died is replaced; a live one is an error.
     pub fn bind(name: &str) -> Result<Self, JoinServerError> {
+        let uid = current_uid().map_err(io_err(Path::new("/proc/self")))?;
+        Self::bind_in(&protos::join::runtime_dir(uid), name)
+    }
+
+    /// Binds `DIR/NAME.sock`, creating `DIR` (mode 0700) if needed; `DIR` must belong to this user.
+    pub fn bind_in(dir: &Path, name: &str) -> Result<Self, JoinServerError> {
         protos::join::check_name(name)?;
         let uid = current_uid().map_err(io_err(Path::new("/proc/self")))?;
-        let path = protos::join::socket_path(name, uid)?;
-        let dir = path.parent().unwrap_or(Path::new("/")).to_owned();
+        let path = dir.join(format!("{name}.sock"));
+        let dir = dir.to_owned();
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
@@ -439,4 +445,49 @@ async fn run_joined(a: Admitted, ctx: &JoinContext, mut shutdown: watch::Receive
     // Dropping the link and the rings unlinks both segments.
     drop(link);
     drop(rings);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir() -> PathBuf {
+        let d = std::env::temp_dir().join(ringbuf::unique_name("rs-join-test"));
+        std::fs::create_dir(&d).unwrap();
+        d
+    }
+
+    #[tokio::test]
+    async fn binds_privately_refuses_a_live_name_and_replaces_a_stale_one() {
+        let root = temp_dir();
+        let dir = root.join("run");
+        let a = JoinListener::bind_in(&dir, "gw").unwrap();
+        let dir_mode = std::fs::metadata(&dir).unwrap().mode() & 0o777;
+        assert_eq!(dir_mode, 0o700);
+        let sock_mode = std::fs::metadata(a.path()).unwrap().mode() & 0o777;
+        assert_eq!(sock_mode, 0o600);
+        assert!(matches!(
+            JoinListener::bind_in(&dir, "gw"),
+            Err(JoinServerError::NameInUse { .. })
+        ));
+        assert!(matches!(
+            JoinListener::bind_in(&dir, "../gw"),
+            Err(JoinServerError::Name(_))
+        ));
+        // Dropped: the socket file goes.
+        let path = a.path().to_owned();
+        drop(a);
+        assert!(!path.exists());
+        // A stale socket (nobody listening) is replaced.
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        assert!(path.exists());
+        let b = JoinListener::bind_in(&dir, "gw").unwrap();
+        drop(b);
+        // A folder with loose permissions is tightened.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let c = JoinListener::bind_in(&dir, "gw").unwrap();
+        assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
+        drop(c);
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 }
