@@ -6,6 +6,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 mod engine_cli;
+mod scale_cli;
 mod serve_cli;
 
 #[derive(Parser)]
@@ -25,7 +26,8 @@ enum Command {
     Generate(engine_cli::GenerateArgs),
     /// Serve a model over gRPC: the gateway plus worker processes (default: the demo model on the CPU).
     Serve(serve_cli::ServeArgs),
-    /// One worker process serving a gateway's rings (started by `serve`).
+    /// One worker process serving a gateway's rings (started by `serve`, or joining a running one
+    /// with --join NAME). SIGTERM drains it: it finishes its streams, then exits 0.
     Worker(serve_cli::WorkerArgs),
     /// Stream a completion from a running server to the terminal.
     Client(serve_cli::ClientArgs),

@@ -14,10 +14,11 @@ use gateway::supervisor::WorkerCommand;
 use worker::backend::{BackendOptions, Device};
 use worker::config::ModelConfig;
 use worker::engine::EngineConfig;
-use worker::serve::launch::{WorkerDevice, WorkerOptions, run_worker};
+use worker::serve::launch::{WorkerDevice, WorkerOptions, run_joined_worker, run_worker};
 use worker::serve::tp::{TpOptions, check_model};
 
 use crate::engine_cli::{DtypeFlag, compute_dtype};
+use crate::scale_cli::{ServeScaleFlags, WorkerLifeFlags};
 
 /// Engine knobs shared by `serve` and `worker` (vLLM's flag names).
 #[derive(Args, Debug, Clone)]
@@ -167,6 +168,10 @@ pub struct ServeArgs {
     pub failover_timeout: f64,
     #[command(flatten)]
     pub engine: ServingEngineFlags,
+    #[command(flatten)]
+    pub scale: ServeScaleFlags,
+    #[command(flatten)]
+    pub life: WorkerLifeFlags,
 }
 
 /// `ringserve worker`: one engine on one device, serving a gateway's rings.
@@ -177,7 +182,7 @@ pub struct WorkerArgs {
     pub model: PathBuf,
     /// Prefix of the ring names (`PREFIX-req`, `PREFIX-resp`); attached, or created if absent.
     /// Required, except on ranks 1.. of a tensor-parallel group (they have no gateway rings).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "join")]
     pub rings: Option<String>,
     /// This worker's rank in its tensor-parallel group (0 schedules and serves the rings).
     #[arg(long, default_value_t = 0)]
@@ -186,11 +191,17 @@ pub struct WorkerArgs {
     /// the same on every rank of a group.
     #[arg(long)]
     pub tp_group: Option<String>,
+    /// Join the running gateway started with `serve --name NAME` (its model loaded first); the
+    /// gateway creates the rings and routes to this worker until it leaves.
+    #[arg(long, value_name = "NAME")]
+    pub join: Option<String>,
     /// Seed for requests that bring none.
     #[arg(long)]
     pub seed: Option<u64>,
     #[command(flatten)]
     pub engine: ServingEngineFlags,
+    #[command(flatten)]
+    pub life: WorkerLifeFlags,
 }
 
 /// The model folder to serve: `--model`, or the demo model (created on first use).
@@ -283,6 +294,8 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         dir.display().to_string(),
     ];
     worker_args.extend(args.engine.to_args());
+    worker_args.extend(args.life.to_args());
+    args.life.lifecycle()?;
     let config = ServerConfig {
         model_dir: dir,
         model_name,
@@ -296,6 +309,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             ring_prefix: String::new(),
             tensor_parallel_size: tp,
             gpus: args.gpus,
+            heartbeat_timeout: args.scale.heartbeat_timeout()?,
         },
         admission: AdmissionLimits {
             max_in_flight: args.max_in_flight,
@@ -303,6 +317,8 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         },
         drain_timeout: Duration::from_secs_f64(args.drain_timeout.max(0.0)),
         failover_timeout: Duration::from_secs_f64(args.failover_timeout.max(0.0)),
+        name: args.scale.name.clone(),
+        affinity: args.scale.affinity()?,
     };
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(gateway::server::run(config))?;
@@ -323,16 +339,24 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<()> {
             enable_prefix_caching: e.enable_prefix_caching,
             seed: args.seed,
         },
-        rings: args.rings,
+        rings: args.rings.clone(),
         ring_capacity: e.ring_mib << 20,
         tp: TpOptions {
             world: e.tensor_parallel_size,
             rank: args.rank,
             group: args.tp_group,
         },
+        lifecycle: args.life.lifecycle()?,
     };
-    let exit = run_worker(&opts, Arc::new(AtomicBool::new(false)))
-        .with_context(|| format!("worker for {}", args.model.display()))?;
+    // SIGTERM drains (finish the streams, tell the gateway, exit 0) instead of killing.
+    worker::serve::lifecycle::install_sigterm_drain().context("installing the SIGTERM handler")?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let exit = match &args.join {
+        Some(name) => run_joined_worker(&opts, name, stop)
+            .with_context(|| format!("worker for {} joining {name:?}", args.model.display()))?,
+        None => run_worker(&opts, stop)
+            .with_context(|| format!("worker for {}", args.model.display()))?,
+    };
     tracing::info!(?exit, "worker stopped");
     Ok(())
 }

@@ -45,6 +45,16 @@ pub async fn supervise_group(
         match run_group_once(slot, generation, &cmd, &shared, &health, &mut shutdown).await {
             Ok(Stop::Shutdown) => return,
             Ok(Stop::Died) => {}
+            // Rank 0 drained on request (SIGTERM) and the group exited cleanly: replace it at
+            // once, unless the whole service is going down.
+            Ok(Stop::Left) => {
+                // Relaxed: a plain flag.
+                if shared.draining.load(Ordering::Relaxed) {
+                    let _ = shutdown.changed().await;
+                    return;
+                }
+                backoff.next = Backoff::MIN;
+            }
             Err(e) => tracing::error!(group = slot, error = %e, "worker group failed to start"),
         }
         generation += 1;
@@ -94,6 +104,27 @@ fn remove_segments(dir: &Path, prefix: &str) -> usize {
 }
 
 /// Waits until one of `ranks` exits; returns its rank and status. Cancel-safe.
+/// How a group ended when its first rank exited: cleanly after a drain (rank 0 exits 0 once the
+/// gateway released it; the followers follow its shutdown record), or not.
+fn group_exited(slot: usize, rank: usize, status: std::io::Result<ExitStatus>) -> Stop {
+    match status {
+        Ok(s) if s.success() => {
+            tracing::info!(group = slot, rank, "worker group left (drained)");
+            metrics::counter!(m::WORKERS_DRAINED).increment(1);
+            Stop::Left
+        }
+        status => {
+            tracing::warn!(
+                group = slot,
+                rank,
+                ?status,
+                "a rank exited: stopping its group"
+            );
+            Stop::Died
+        }
+    }
+}
+
 async fn first_exit(ranks: &mut [Child]) -> (usize, std::io::Result<ExitStatus>) {
     loop {
         for (rank, child) in ranks.iter_mut().enumerate() {
@@ -179,6 +210,8 @@ async fn run_group_once(
     let stop = Arc::new(AtomicBool::new(false));
     let (hello_tx, hello_rx) = oneshot::channel();
     let (link_tx, link_rx) = std::sync::mpsc::channel::<Arc<WorkerLink>>();
+    let (end_tx, mut end_rx) = oneshot::channel();
+    let heartbeat_timeout = cmd.heartbeat_timeout;
     let thread_stop = stop.clone();
     let reader = std::thread::Builder::new()
         .name(format!("ring-reader-{slot}"))
@@ -187,7 +220,7 @@ async fn run_group_once(
             let ok = matches!(hello, Ok(Some(_)));
             let _ = hello_tx.send(hello);
             if ok && let Ok(link) = link_rx.recv() {
-                link::reader(link, consumer, thread_stop);
+                let _ = end_tx.send(link::reader(link, consumer, thread_stop, heartbeat_timeout));
             }
         })
         .map_err(|e| e.to_string())?;
@@ -238,10 +271,21 @@ async fn run_group_once(
     println!("worker {slot} ready pid={} ranks={pids}", info.pid);
 
     let result = tokio::select! {
-        (rank, status) = first_exit(&mut ranks) => {
-            tracing::warn!(group = slot, rank, ?status, "a rank exited: stopping its group");
-            Stop::Died
-        }
+        (rank, status) = first_exit(&mut ranks) => group_exited(slot, rank, status),
+        end = &mut end_rx => match end {
+            // Rank 0's heartbeat went stale (a stopped or stuck rank 0; a stuck follower stalls
+            // rank 0's collectives, so it shows up the same way once `--long-step-timeout`
+            // passes) or it wrote garbage: the whole group is killed below.
+            Ok(link::ReaderEnd::Hung | link::ReaderEnd::Corrupt) => {
+                tracing::warn!(group = slot, pids = %pids, ?end, "killing the worker group");
+                Stop::Died
+            }
+            // Rank 0 left its ring or died: its exit follows.
+            _ => {
+                let (rank, status) = first_exit(&mut ranks).await;
+                group_exited(slot, rank, status)
+            }
+        },
         _ = shutdown.changed() => Stop::Shutdown,
     };
     // The group cannot compute without every rank: take it out of rotation (its in-flight
@@ -325,6 +369,7 @@ mod tests {
             ring_prefix: "p".into(),
             tensor_parallel_size: 1,
             gpus: vec!["2".into(), "5".into()],
+            heartbeat_timeout: Duration::from_secs(1),
         };
         assert_eq!(cmd.gpu_env(0), Some(("CUDA_VISIBLE_DEVICES", "2")));
         assert_eq!(cmd.gpu_env(1), Some(("CUDA_VISIBLE_DEVICES", "5")));

@@ -15,6 +15,7 @@ pub mod client;
 pub mod detok;
 pub mod group;
 pub mod health;
+pub mod join;
 pub mod link;
 pub mod metrics;
 pub mod router;

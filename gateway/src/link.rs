@@ -18,10 +18,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use protos::records::{
-    Cancel, EngineGauges, ErrorCode, Finish, HelloInfo, RecordKind, Submit, Tokens, WireError,
-    peek_kind,
+    Cancel, Draining, EngineGauges, ErrorCode, Finish, HelloInfo, RecordKind, Release, Submit,
+    Tokens, WireError, peek_kind,
 };
-use ringbuf::{Consumer, Producer};
+use ringbuf::{Consumer, PeerState, Producer};
 use tokio::sync::mpsc;
 
 use crate::metrics as m;
@@ -45,6 +45,8 @@ pub struct Event {
 pub enum LinkError {
     #[error("the worker is gone")]
     WorkerGone,
+    #[error("the worker is draining")]
+    Draining,
     #[error("ring: {0}")]
     Ring(#[from] ringbuf::Error),
     #[error("record: {0}")]
@@ -62,6 +64,10 @@ pub struct WorkerLink {
     producer: Mutex<Producer>,
     table: Mutex<Table>,
     alive: AtomicBool,
+    /// The worker announced it is draining: no new requests; its own finish normally.
+    draining: AtomicBool,
+    /// The Release record (the worker may leave) was written.
+    released: AtomicBool,
     /// Outstanding work, in tokens: prompt tokens not yet prefilled plus tokens still to generate.
     outstanding: AtomicI64,
 }
@@ -90,6 +96,8 @@ impl WorkerLink {
             producer: Mutex::new(producer),
             table: Mutex::new(HashMap::new()),
             alive: AtomicBool::new(true),
+            draining: AtomicBool::new(false),
+            released: AtomicBool::new(false),
             outstanding: AtomicI64::new(0),
         })
     }
@@ -99,6 +107,17 @@ impl WorkerLink {
         // Acquire: pairs with the Release in `mark_dead`, so a reader that sees `false` also sees the
         // emptied table.
         self.alive.load(Ordering::Acquire)
+    }
+
+    /// Whether the worker announced that it is draining.
+    pub fn is_draining(&self) -> bool {
+        // Acquire: pairs with the Release in `set_draining`.
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// Whether new requests may go to this worker (alive and not draining).
+    pub fn takes_requests(&self) -> bool {
+        self.is_alive() && !self.is_draining()
     }
 
     /// Outstanding work in tokens (for routing).
@@ -126,13 +145,87 @@ impl WorkerLink {
         if !self.is_alive() {
             return Err(LinkError::WorkerGone);
         }
+        if self.is_draining() {
+            return Err(LinkError::Draining);
+        }
         table.insert(id, tx);
         Ok(rx)
     }
 
-    /// Forgets a request (it finished, or its client went away).
-    pub fn unregister(&self, id: u64) {
-        lock(&self.table).remove(&id);
+    /// Forgets a request (it finished, or its client went away). The last one of a draining
+    /// worker lets it leave.
+    pub fn unregister(self: &Arc<Self>, id: u64) {
+        let empty = {
+            let mut table = lock(&self.table);
+            table.remove(&id);
+            table.is_empty()
+        };
+        if empty && self.is_draining() {
+            self.release_detached();
+        }
+    }
+
+    /// Marks the worker draining (it said so): the router sends it nothing new, and once its last
+    /// request is unregistered the gateway writes a Release record so it may exit.
+    pub fn set_draining(&self) {
+        let empty = {
+            // Under the table lock, so a concurrent `register` either lands before (and is waited
+            // for) or sees the flag and fails.
+            let table = lock(&self.table);
+            // Release: pairs with the Acquire in `is_draining`.
+            self.draining.store(true, Ordering::Release);
+            table.is_empty()
+        };
+        if empty {
+            self.release_blocking();
+        }
+    }
+
+    /// Whether the Release record was written.
+    pub fn is_released(&self) -> bool {
+        // Relaxed: informational.
+        self.released.load(Ordering::Relaxed)
+    }
+
+    fn take_release(&self) -> bool {
+        // AcqRel: exactly one caller writes the record.
+        !self.released.swap(true, Ordering::AcqRel)
+    }
+
+    /// Writes the Release record from a plain thread (the reader).
+    fn release_blocking(&self) {
+        if !self.take_release() {
+            return;
+        }
+        let fill = |out: &mut [u8]| Release::new().encode(out);
+        if let Err(e) = self.write_blocking(Release::LEN, RecordKind::Release, &fill) {
+            tracing::debug!(worker = self.slot, error = %e, "release not written");
+        }
+    }
+
+    /// Writes the Release record from async code or a `Drop` (never blocks the runtime).
+    fn release_detached(self: &Arc<Self>) {
+        if !self.take_release() {
+            return;
+        }
+        let fill = |out: &mut [u8]| Release::new().encode(out);
+        match self.try_write(Release::LEN, RecordKind::Release, &fill) {
+            Ok(true) => {}
+            Ok(false) => {
+                let link = self.clone();
+                let write = move || {
+                    if let Err(e) = link.write_blocking(Release::LEN, RecordKind::Release, &fill) {
+                        tracing::debug!(worker = link.slot, error = %e, "release not written");
+                    }
+                };
+                match tokio::runtime::Handle::try_current() {
+                    Ok(rt) => drop(rt.spawn_blocking(write)),
+                    Err(_) => write(),
+                }
+            }
+            Err(e) => tracing::debug!(worker = self.slot, error = %e, "release not written"),
+        }
+        tracing::info!(worker = self.slot, "draining worker released");
     }
 
     /// Marks the worker dead and closes every in-flight request's channel.
@@ -277,13 +370,23 @@ impl WorkerLink {
 /// How long a worker may take to announce readiness.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// Waits for the worker's Hello on its response ring (blocking).
+/// Waits up to [`READY_TIMEOUT`] for the worker's Hello on its response ring (blocking).
 pub fn wait_hello(
     consumer: &mut Consumer,
     give_up: &AtomicBool,
 ) -> Result<Option<HelloInfo>, LinkError> {
+    wait_hello_within(consumer, give_up, READY_TIMEOUT)
+}
+
+/// Waits up to `timeout` for the worker's Hello on its response ring (blocking); `Ok(None)` on
+/// timeout or when `give_up` is set.
+pub fn wait_hello_within(
+    consumer: &mut Consumer,
+    give_up: &AtomicBool,
+    timeout: Duration,
+) -> Result<Option<HelloInfo>, LinkError> {
     let start = std::time::Instant::now();
-    while start.elapsed() < READY_TIMEOUT {
+    while start.elapsed() < timeout {
         // Relaxed: a plain stop flag.
         if give_up.load(Ordering::Relaxed) {
             return Ok(None);
@@ -295,21 +398,50 @@ pub fn wait_hello(
     Ok(None)
 }
 
-/// The reader loop of one response ring: runs on its own thread until the worker dies or `stop` is
-/// set, then marks the link dead.
-pub fn reader(link: Arc<WorkerLink>, mut consumer: Consumer, stop: Arc<AtomicBool>) {
+/// Why a reader loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReaderEnd {
+    /// The gateway asked it to stop.
+    Stopped,
+    /// The worker's process died or let go of its ring.
+    WorkerGone,
+    /// The worker's process lives but its heartbeat is older than the limit: it is hung (or
+    /// stopped) and must be killed.
+    Hung,
+    /// The worker wrote something unreadable: it is unusable and must be killed.
+    Corrupt,
+}
+
+/// The reader loop of one response ring: runs on its own thread until the worker dies, hangs
+/// (heartbeat older than `heartbeat_limit`), writes garbage, or `stop` is set; then marks the link
+/// dead, which resumes its requests elsewhere.
+pub fn reader(
+    link: Arc<WorkerLink>,
+    mut consumer: Consumer,
+    stop: Arc<AtomicBool>,
+    heartbeat_limit: Duration,
+) -> ReaderEnd {
+    consumer.set_wait_config(ringbuf::WaitConfig {
+        heartbeat_limit,
+        ..ringbuf::WaitConfig::default()
+    });
     let slot = link.slot.to_string();
-    loop {
+    let end = loop {
         // Relaxed: a plain stop flag.
         if stop.load(Ordering::Relaxed) || !link.is_alive() {
-            break;
+            break ReaderEnd::Stopped;
         }
         let mut last = None;
         let mut bad = None;
+        let mut draining = false;
         let r = consumer.pop_batch_wait(64, Duration::from_millis(100), |rec| {
             match peek_kind(rec.payload) {
                 Ok(RecordKind::Tokens) => match link.dispatch(rec.payload) {
                     Ok(g) => last = Some(g),
+                    Err(e) => bad = Some(e),
+                },
+                Ok(RecordKind::Draining) => match Draining::decode(rec.payload) {
+                    Ok(()) => draining = true,
                     Err(e) => bad = Some(e),
                 },
                 Ok(other) => tracing::warn!(?other, "unexpected record on a response ring"),
@@ -319,7 +451,13 @@ pub fn reader(link: Arc<WorkerLink>, mut consumer: Consumer, stop: Arc<AtomicBoo
         if let Some(e) = bad {
             // A corrupt Tokens record cannot be attributed to one request: the worker is unusable.
             tracing::error!(worker = link.slot, error = %e, "corrupt record from worker");
-            break;
+            break ReaderEnd::Corrupt;
+        }
+        if draining && !link.is_draining() {
+            tracing::info!(worker = link.slot, "worker is draining");
+            link.set_draining();
+            // Tests and tools read this line.
+            println!("worker {} draining", link.slot);
         }
         if let Some(g) = last {
             let w = slot.clone();
@@ -331,16 +469,35 @@ pub fn reader(link: Arc<WorkerLink>, mut consumer: Consumer, stop: Arc<AtomicBoo
                 .set(f64::from(g.response_ring_stalls));
         }
         match r {
-            Ok(_) => {}
+            Ok(0) => {}
+            Ok(_) => continue,
             Err(ringbuf::Error::PeerDead { pid }) => {
                 tracing::warn!(worker = link.slot, pid, "worker died");
-                break;
+                break ReaderEnd::WorkerGone;
             }
             Err(e) => {
                 tracing::error!(worker = link.slot, error = %e, "response ring failed");
-                break;
+                break ReaderEnd::Corrupt;
             }
         }
-    }
+        // Nothing arrived for a while: is the worker still there, and still beating?
+        match consumer.peer_state() {
+            PeerState::Alive { .. } => {}
+            PeerState::Absent => {
+                tracing::info!(worker = link.slot, "worker left its ring");
+                break ReaderEnd::WorkerGone;
+            }
+            PeerState::Dead { pid } => {
+                tracing::warn!(worker = link.slot, pid, "worker died");
+                break ReaderEnd::WorkerGone;
+            }
+            PeerState::Unresponsive { pid, silent_for } => {
+                tracing::error!(worker = link.slot, pid, ?silent_for, "worker is hung");
+                metrics::counter!(m::WORKERS_HUNG).increment(1);
+                break ReaderEnd::Hung;
+            }
+        }
+    };
     link.mark_dead();
+    end
 }

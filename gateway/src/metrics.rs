@@ -42,6 +42,18 @@ pub const WORKERS_LIVE: &str = "ringserve_workers_live";
 pub const WORKER_RESTARTS: &str = "ringserve_worker_restarts_total";
 /// Requests resumed on another worker after theirs died (counter).
 pub const RESUMED: &str = "ringserve_requests_resumed_total";
+/// Requests routed to the worker that holds their prompt prefix (counter).
+pub const AFFINITY_HITS: &str = "ringserve_prefix_affinity_hits_total";
+/// Requests (and resumed requests) routed to each worker (counter, label `worker`).
+pub const ROUTED: &str = "ringserve_worker_requests_routed_total";
+/// Workers found hung: alive but with a stale heartbeat (counter).
+pub const WORKERS_HUNG: &str = "ringserve_workers_hung_total";
+/// Workers that joined at run time (counter).
+pub const WORKERS_JOINED: &str = "ringserve_workers_joined_total";
+/// Join registrations refused (counter).
+pub const JOINS_REFUSED: &str = "ringserve_join_refused_total";
+/// Workers that drained and left (counter).
+pub const WORKERS_DRAINED: &str = "ringserve_workers_drained_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -91,6 +103,15 @@ fn describe() {
     );
     describe_gauge!(WORKERS_LIVE, "Live worker processes");
     describe_counter!(WORKER_RESTARTS, "Worker processes restarted");
+    describe_counter!(
+        AFFINITY_HITS,
+        "Requests routed to the worker holding their prompt prefix"
+    );
+    describe_counter!(ROUTED, "Requests routed to each worker");
+    describe_counter!(WORKERS_HUNG, "Workers found hung (stale heartbeat)");
+    describe_counter!(WORKERS_JOINED, "Workers that joined at run time");
+    describe_counter!(JOINS_REFUSED, "Join registrations refused");
+    describe_counter!(WORKERS_DRAINED, "Workers that drained and left");
 }
 
 /// Answers every HTTP request on `listener` with the rendered metrics (until the task is dropped).

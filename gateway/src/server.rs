@@ -17,7 +17,8 @@ use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::admission::{Admission, AdmissionLimits};
 use crate::health::Health;
-use crate::router::Router;
+use crate::join::{JoinContext, JoinListener};
+use crate::router::{AffinityConfig, Router};
 use crate::service::{InferenceService, Shared};
 use crate::supervisor::{WorkerCommand, supervise};
 use crate::tokenizer::TextModel;
@@ -42,6 +43,11 @@ pub struct ServerConfig {
     pub drain_timeout: Duration,
     /// How long a request whose worker died waits for a live worker before `UNAVAILABLE`.
     pub failover_timeout: Duration,
+    /// The name workers join by (`ringserve worker --join NAME`); default `ringserve-PORT` with
+    /// the bound gRPC port.
+    pub name: Option<String>,
+    /// How prefix affinity trades cache hits against load balance.
+    pub affinity: AffinityConfig,
 }
 
 /// The server could not start.
@@ -60,6 +66,8 @@ pub enum ServerError {
     Reflection(String),
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("join socket: {0}")]
+    Join(#[from] crate::join::JoinServerError),
     #[error("{0}")]
     Other(String),
 }
@@ -159,7 +167,7 @@ pub async fn run(mut config: ServerConfig) -> Result<(), ServerError> {
         config.model_name.clone(),
         eos,
         text,
-        Router::new(slots),
+        Router::with_affinity(slots, config.affinity),
         Admission::new(config.admission),
         config.failover_timeout,
     ));
@@ -174,9 +182,25 @@ pub async fn run(mut config: ServerConfig) -> Result<(), ServerError> {
         .build_v1alpha()
         .map_err(|e| ServerError::Reflection(e.to_string()))?;
 
+    let name = config
+        .name
+        .clone()
+        .unwrap_or_else(|| format!("ringserve-{}", grpc_bound.port()));
+    let join_listener = JoinListener::bind(&name)?;
+    let join_path = join_listener.path().display().to_string();
+
     config.worker.ring_prefix = ringbuf::unique_name("ringserve");
     let prefix = config.worker.ring_prefix.clone();
     let (stop_tx, stop_rx) = watch::channel(false);
+    let join_ctx = Arc::new(JoinContext::new(
+        shared.clone(),
+        health.clone(),
+        prefix.clone(),
+        config.worker.ring_capacity,
+        config.worker.heartbeat_timeout,
+        slots,
+    ));
+    let joins = tokio::spawn(crate::join::serve(join_listener, join_ctx, stop_rx.clone()));
     let supervisors: Vec<_> = (0..slots)
         .map(|slot| {
             tokio::spawn(supervise(
@@ -191,10 +215,10 @@ pub async fn run(mut config: ServerConfig) -> Result<(), ServerError> {
 
     // Tests and tools read this line.
     println!(
-        "listening grpc={grpc_bound} metrics={} rings={prefix}",
+        "listening grpc={grpc_bound} metrics={} rings={prefix} name={name} join={join_path}",
         metrics_bound.map_or_else(|| "off".to_owned(), |a| a.to_string())
     );
-    tracing::info!(%grpc_bound, ?metrics_bound, workers = config.workers, "gateway listening");
+    tracing::info!(%grpc_bound, ?metrics_bound, workers = config.workers, %name, "gateway listening");
 
     let (server_stop_tx, server_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let drain = {
@@ -219,6 +243,7 @@ pub async fn run(mut config: ServerConfig) -> Result<(), ServerError> {
             for s in supervisors {
                 let _ = s.await;
             }
+            let _ = joins.await;
             // Give the streams a moment to send their last message before the server stops.
             let start = Instant::now();
             while shared.admission.in_flight() > 0 && start.elapsed() < Duration::from_secs(2) {

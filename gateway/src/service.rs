@@ -25,6 +25,9 @@ use crate::stream::{Failover, RequestTask, run_request};
 use crate::tokenizer::TextModel;
 use crate::validate::{self, ModelLimits, Prompt};
 
+/// Picks tried per request when the picked worker died or began draining meanwhile.
+const MAX_ROUTE_ATTEMPTS: usize = 4;
+
 /// What every request handler shares.
 #[derive(Debug)]
 pub struct Shared {
@@ -162,19 +165,28 @@ impl Inference for InferenceService {
             outcome("rejected_overload");
             Status::resource_exhausted(e.to_string())
         })?;
-        let link = s
-            .router
-            .pick()
-            .ok_or_else(|| Status::unavailable("no worker is ready"))?;
         let id = s.next_id.fetch_add(1, Ordering::Relaxed);
         let request_id = if valid.request_id.is_empty() {
             format!("req-{id}")
         } else {
             valid.request_id.clone()
         };
-        let events = link
-            .register(id, valid.max_tokens)
-            .map_err(|e| Status::unavailable(e.to_string()))?;
+        // A worker may die or start draining between the pick and the registration: pick again.
+        let mut attempt = 0;
+        let (link, events) = loop {
+            let link = s
+                .router
+                .pick(&valid.prompt)
+                .ok_or_else(|| Status::unavailable("no worker is ready"))?;
+            match link.register(id, valid.max_tokens) {
+                Ok(events) => break (link, events),
+                Err(e) if attempt >= MAX_ROUTE_ATTEMPTS => {
+                    outcome("worker_unavailable");
+                    return Err(Status::unavailable(e.to_string()));
+                }
+                Err(_) => attempt += 1,
+            }
+        };
         let prompt_len = valid.prompt.len();
         let work = (prompt_len + valid.max_tokens as usize) as i64;
         link.add_outstanding(work);

@@ -260,7 +260,7 @@ async fn failover(t: &mut RequestTask, p: &mut Progress) -> Resumed {
             );
             return Resumed::No(Some(status), End::WorkerLost);
         }
-        let Some(link) = t.failover.shared.router.pick() else {
+        let Some(link) = t.failover.shared.router.pick(&prompt) else {
             tokio::time::sleep(FAILOVER_POLL).await;
             continue;
         };

@@ -1,5 +1,6 @@
 //! The supervisor: starts each worker process (re-executing the `ringserve` binary), waits until it
-//! is ready, hands it to the router, and restarts it with backoff when it dies.
+//! is ready, hands it to the router, and restarts it with backoff when it dies. A worker found hung
+//! (alive, heartbeat stale: see [`link::reader`]) is SIGKILLed and restarted the same way.
 //!
 //! The gateway creates both rings of a worker under fresh names (so a restarted worker never sees a
 //! dead one's records), keeps the request ring's producer end and the response ring's consumer end,
@@ -19,7 +20,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::{oneshot, watch};
 
 use crate::health::Health;
-use crate::link::{self, WorkerLink};
+use crate::link::{self, ReaderEnd, WorkerLink};
 use crate::metrics as m;
 use crate::service::Shared;
 
@@ -39,6 +40,8 @@ pub struct WorkerCommand {
     /// GPUs (`CUDA_VISIBLE_DEVICES` values) of the worker processes, in process order (group by
     /// group, rank by rank); empty: the environment is inherited.
     pub gpus: Vec<String>,
+    /// A live worker whose heartbeat is older than this is hung: it is killed and restarted.
+    pub heartbeat_timeout: Duration,
 }
 
 impl WorkerCommand {
@@ -92,6 +95,16 @@ pub async fn supervise(
         match run_once(slot, generation, &cmd, &shared, &health, &mut shutdown).await {
             Ok(Stop::Shutdown) => return,
             Ok(Stop::Died) => {}
+            // Drained on request (SIGTERM) and exited cleanly: replace it without delay.
+            Ok(Stop::Left) => {
+                // Relaxed: a plain flag. The whole service is going down (SIGTERM to the process
+                // group drains the workers too): do not replace a worker that left on purpose.
+                if shared.draining.load(Ordering::Relaxed) {
+                    let _ = shutdown.changed().await;
+                    return;
+                }
+                backoff.next = Backoff::MIN;
+            }
             Err(e) => tracing::error!(worker = slot, error = %e, "worker failed to start"),
         }
         generation += 1;
@@ -108,6 +121,8 @@ pub async fn supervise(
 pub(crate) enum Stop {
     Shutdown,
     Died,
+    /// Exited with status 0 (after draining).
+    Left,
 }
 
 async fn run_once(
@@ -143,6 +158,8 @@ async fn run_once(
     let stop = Arc::new(AtomicBool::new(false));
     let (hello_tx, hello_rx) = oneshot::channel();
     let (link_tx, link_rx) = std::sync::mpsc::channel::<Arc<WorkerLink>>();
+    let (end_tx, mut end_rx) = oneshot::channel();
+    let heartbeat_timeout = cmd.heartbeat_timeout;
     let thread_stop = stop.clone();
     let reader = std::thread::Builder::new()
         .name(format!("ring-reader-{slot}"))
@@ -151,7 +168,7 @@ async fn run_once(
             let ok = matches!(hello, Ok(Some(_)));
             let _ = hello_tx.send(hello);
             if ok && let Ok(link) = link_rx.recv() {
-                link::reader(link, consumer, thread_stop);
+                let _ = end_tx.send(link::reader(link, consumer, thread_stop, heartbeat_timeout));
             }
         })
         .map_err(|e| e.to_string())?;
@@ -199,10 +216,17 @@ async fn run_once(
     println!("worker {slot} ready pid={}", info.pid);
 
     let result = tokio::select! {
-        status = child.wait() => {
-            tracing::warn!(worker = slot, ?status, "worker exited");
-            Stop::Died
-        }
+        status = child.wait() => exited(slot, status),
+        end = &mut end_rx => match end {
+            Ok(ReaderEnd::Hung | ReaderEnd::Corrupt) => {
+                // Its requests already resume elsewhere (the reader marked the link dead).
+                tracing::warn!(worker = slot, pid, ?end, "killing the worker");
+                kill(&mut child).await;
+                Stop::Died
+            }
+            // It left its ring or died: its exit follows.
+            _ => exited(slot, child.wait().await),
+        },
         _ = shutdown.changed() => {
             kill(&mut child).await;
             Stop::Shutdown
@@ -221,6 +245,21 @@ async fn run_once(
     Ok(result)
 }
 
+fn exited(slot: usize, status: std::io::Result<std::process::ExitStatus>) -> Stop {
+    match status {
+        Ok(s) if s.success() => {
+            tracing::info!(worker = slot, "worker left (drained)");
+            metrics::counter!(m::WORKERS_DRAINED).increment(1);
+            Stop::Left
+        }
+        status => {
+            tracing::warn!(worker = slot, ?status, "worker exited");
+            Stop::Died
+        }
+    }
+}
+
+/// SIGKILLs the child (a stopped or hung process included) and reaps it.
 pub(crate) async fn kill(child: &mut Child) {
     let _ = child.start_kill();
     let _ = child.wait().await;

@@ -1,8 +1,9 @@
 //! Wire types: the gRPC `ringserve.v1` API (tonic/prost, generated into `OUT_DIR` at build time) and
 //! the fixed-layout shared-memory records ([`records`]) exchanged between gateway and workers over
-//! the rings.
+//! the rings, and the text lines of the join rendezvous ([`join`]).
 #![forbid(unsafe_code)]
 
+pub mod join;
 pub mod records;
 
 /// The `ringserve.v1` gRPC API, generated from `proto/inference.proto`.

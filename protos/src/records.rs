@@ -7,15 +7,19 @@
 //! borrowed ring slice; the bytes come from another process, so decoding checks the version, the kind
 //! and every count against the slice's length, and returns a [`WireError`] instead of panicking.
 //!
-//! Direction: gateway → worker carries [`Submit`] and [`Cancel`]; worker → gateway carries [`Hello`]
-//! (once, when the worker is ready) and one [`Tokens`] record per engine step.
+//! Direction: gateway → worker carries [`Submit`], [`Cancel`] and [`Release`] (a draining worker
+//! may leave); worker → gateway carries [`Hello`] (once, when the worker is ready), one [`Tokens`]
+//! record per engine step, and [`Draining`] (once, when it was told to leave).
+//!
+//! Version history: 2 → 3 added [`Draining`] and [`Release`]. A peer of another version is refused
+//! at its first record ([`WireError::Version`] names both), never misread.
 
 use thiserror::Error;
 use zerocopy::byteorder::native_endian::U32;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// The layout version written into every record; a record with another version is rejected.
-pub const WIRE_VERSION: u16 = 2;
+pub const WIRE_VERSION: u16 = 3;
 
 /// Largest number of top logprobs a request may ask for per token.
 pub const MAX_TOP_LOGPROBS: u32 = 20;
@@ -32,6 +36,10 @@ pub enum RecordKind {
     Cancel = 3,
     /// Worker → gateway: one engine step's new tokens for every sequence, plus engine gauges.
     Tokens = 4,
+    /// Worker → gateway: the worker is draining; route it nothing new.
+    Draining = 5,
+    /// Gateway → worker: nothing more will come; a draining worker may exit once idle.
+    Release = 6,
 }
 
 impl RecordKind {
@@ -42,6 +50,8 @@ impl RecordKind {
             2 => Some(Self::Submit),
             3 => Some(Self::Cancel),
             4 => Some(Self::Tokens),
+            5 => Some(Self::Draining),
+            6 => Some(Self::Release),
             _ => None,
         }
     }
@@ -536,6 +546,89 @@ impl Cancel {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Draining and Release
+
+/// Worker → gateway: the worker was asked to leave (SIGTERM). It keeps serving what it has and
+/// what is already on its way, and exits once the gateway's [`Release`] came and it is idle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+pub struct Draining {
+    preamble: Preamble,
+}
+const _: () = assert!(size_of::<Draining>() == 8);
+
+impl Draining {
+    /// Encoded size.
+    pub const LEN: usize = size_of::<Draining>();
+
+    /// A draining record.
+    pub fn new() -> Self {
+        Self {
+            preamble: preamble(RecordKind::Draining, 0),
+        }
+    }
+
+    /// Writes the record into `out`, returning its length.
+    pub fn encode(&self, out: &mut [u8]) -> Result<usize, WireError> {
+        out_of(out, Self::LEN)?.copy_from_slice(self.as_bytes());
+        Ok(Self::LEN)
+    }
+
+    /// Decodes and checks a draining record.
+    pub fn decode(bytes: &[u8]) -> Result<(), WireError> {
+        let d: Draining = read_header(bytes, "draining")?;
+        check_preamble(&d.preamble, RecordKind::Draining)?;
+        check_exact(bytes, Self::LEN, "draining")
+    }
+}
+
+impl Default for Draining {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Gateway → worker: the gateway routes nothing more to this draining worker and every request
+/// it sent has ended on the gateway's side; the worker exits once its engine is idle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+pub struct Release {
+    preamble: Preamble,
+}
+const _: () = assert!(size_of::<Release>() == 8);
+
+impl Release {
+    /// Encoded size.
+    pub const LEN: usize = size_of::<Release>();
+
+    /// A release record.
+    pub fn new() -> Self {
+        Self {
+            preamble: preamble(RecordKind::Release, 0),
+        }
+    }
+
+    /// Writes the record into `out`, returning its length.
+    pub fn encode(&self, out: &mut [u8]) -> Result<usize, WireError> {
+        out_of(out, Self::LEN)?.copy_from_slice(self.as_bytes());
+        Ok(Self::LEN)
+    }
+
+    /// Decodes and checks a release record.
+    pub fn decode(bytes: &[u8]) -> Result<(), WireError> {
+        let r: Release = read_header(bytes, "release")?;
+        check_preamble(&r.preamble, RecordKind::Release)?;
+        check_exact(bytes, Self::LEN, "release")
+    }
+}
+
+impl Default for Release {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Tokens
 
 /// Why a request finished, as carried in a [`TokenEntry`].
@@ -975,6 +1068,30 @@ mod tests {
         // 8-byte padding after the record is tolerated, more is not.
         assert_eq!(Submit::decode(&buf[..n.next_multiple_of(8)]).unwrap(), s);
         assert!(Submit::decode(&buf[..n + 8]).is_err());
+    }
+
+    #[test]
+    fn draining_and_release_round_trip_and_check_their_kind() {
+        let mut buf = [0u8; 16];
+        assert_eq!(Draining::new().encode(&mut buf).unwrap(), Draining::LEN);
+        assert_eq!(peek_kind(&buf[..8]).unwrap(), RecordKind::Draining);
+        Draining::decode(&buf[..8]).unwrap();
+        assert!(matches!(
+            Release::decode(&buf[..8]),
+            Err(WireError::Kind { got: 5, .. })
+        ));
+        assert_eq!(Release::new().encode(&mut buf).unwrap(), Release::LEN);
+        assert_eq!(peek_kind(&buf[..8]).unwrap(), RecordKind::Release);
+        Release::decode(&buf[..8]).unwrap();
+        assert!(Release::decode(&buf[..4]).is_err());
+        assert!(Release::decode(&buf[..16]).is_err());
+        // A record of the previous layout version is refused, naming it.
+        buf[0..2].copy_from_slice(&2u16.to_ne_bytes());
+        assert_eq!(
+            Release::decode(&buf[..8]),
+            Err(WireError::Version { got: 2 })
+        );
+        assert_eq!(peek_kind(&buf[..8]), Err(WireError::Version { got: 2 }));
     }
 
     #[test]

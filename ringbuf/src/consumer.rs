@@ -186,6 +186,11 @@ impl<M: Memory> Consumer<M> {
             .store(liveness::now_ns(), Ordering::Relaxed);
     }
 
+    /// A handle that publishes this side's heartbeat from another thread.
+    pub fn heartbeat_handle(&self) -> crate::ring::Heartbeat<M> {
+        crate::ring::Heartbeat::new(Arc::clone(&self.mem), Role::Consumer)
+    }
+
     /// The producer's liveness.
     pub fn peer_state(&self) -> PeerState {
         let side = &self.mem.header().prod_side;

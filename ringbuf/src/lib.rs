@@ -22,7 +22,7 @@ pub use error::{Error, Result, Role};
 pub use liveness::PeerState;
 pub use memory::{HeapMemory, Memory};
 pub use producer::{Batch, Producer, WriteGrant};
-pub use ring::{Ring, WaitConfig};
+pub use ring::{Heartbeat, Ring, WaitConfig};
 #[cfg(not(loom))]
 pub use shm::{Segment, attach, create, reap, unique_name};
 

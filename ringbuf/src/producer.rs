@@ -178,6 +178,11 @@ impl<M: Memory> Producer<M> {
             .store(liveness::now_ns(), Ordering::Relaxed);
     }
 
+    /// A handle that publishes this side's heartbeat from another thread.
+    pub fn heartbeat_handle(&self) -> crate::ring::Heartbeat<M> {
+        crate::ring::Heartbeat::new(Arc::clone(&self.mem), crate::error::Role::Producer)
+    }
+
     /// The consumer's liveness.
     pub fn peer_state(&self) -> PeerState {
         let side = &self.mem.header().cons_side;

@@ -178,3 +178,33 @@ impl Ring<HeapMemory> {
         Ok(Ring::from_memory(mem))
     }
 }
+
+/// Publishes one side's heartbeat from any thread, independently of the `Producer`/`Consumer` that
+/// holds the role (for example a process's watchdog thread while its main loop computes). It keeps
+/// the memory mapped while it lives; beating after the role was released only writes a timestamp
+/// nobody reads.
+pub struct Heartbeat<M: Memory = crate::DefaultMemory> {
+    mem: Arc<M>,
+    role: Role,
+}
+
+impl<M: Memory> Heartbeat<M> {
+    pub(crate) fn new(mem: Arc<M>, role: Role) -> Self {
+        Heartbeat { mem, role }
+    }
+
+    /// Publishes the side's heartbeat (CLOCK_MONOTONIC), as the role holder's `heartbeat` does.
+    pub fn beat(&self) {
+        let hdr = self.mem.header();
+        let side = match self.role {
+            Role::Producer => &hdr.prod_side,
+            Role::Consumer => &hdr.cons_side,
+        };
+        side.heartbeat.store(liveness::now_ns(), Ordering::Relaxed);
+    }
+
+    /// Which side it beats for.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+}

@@ -247,3 +247,30 @@ fn silent_peer_is_unresponsive() {
     p.heartbeat();
     assert!(matches!(c.peer_state(), PeerState::Alive { .. }));
 }
+
+#[test]
+fn a_heartbeat_handle_beats_from_another_thread() {
+    let ring = Ring::heap(64).unwrap();
+    let p = ring.producer().unwrap();
+    let mut c = ring.consumer().unwrap();
+    c.set_wait_config(WaitConfig {
+        heartbeat_limit: Duration::from_millis(20),
+        ..WaitConfig::default()
+    });
+    let beat = p.heartbeat_handle();
+    assert_eq!(beat.role(), Role::Producer);
+    std::thread::sleep(Duration::from_millis(40));
+    assert!(matches!(c.peer_state(), PeerState::Unresponsive { .. }));
+    std::thread::spawn(move || beat.beat()).join().unwrap();
+    assert!(matches!(c.peer_state(), PeerState::Alive { .. }));
+    // The consumer's handle beats the consumer side (what the producer watches).
+    let mut p = p;
+    p.set_wait_config(WaitConfig {
+        heartbeat_limit: Duration::from_millis(20),
+        ..WaitConfig::default()
+    });
+    std::thread::sleep(Duration::from_millis(40));
+    assert!(matches!(p.peer_state(), PeerState::Unresponsive { .. }));
+    c.heartbeat_handle().beat();
+    assert!(matches!(p.peer_state(), PeerState::Alive { .. }));
+}

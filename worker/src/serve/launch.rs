@@ -63,6 +63,8 @@ pub struct WorkerOptions {
     pub ring_capacity: usize,
     /// This worker's place in a tensor-parallel group (the default: a group of one).
     pub tp: TpOptions,
+    /// Heartbeats and draining.
+    pub lifecycle: super::lifecycle::Lifecycle,
 }
 
 /// A worker could not start or stopped with an error.
@@ -78,6 +80,13 @@ pub enum LaunchError {
     Serve(#[from] ServeError),
     #[error(transparent)]
     Tp(#[from] TpError),
+    #[error(transparent)]
+    Join(#[from] super::join::JoinClientError),
+    /// Joining registers one process; a tensor-parallel group is started by `serve --tp`.
+    #[error(
+        "--join does not take --tensor-parallel-size above 1 (start tensor-parallel groups with serve --tp)"
+    )]
+    JoinTensorParallel,
 }
 
 /// Opens the model and serves it until the gateway goes away or `stop` is set. A rank of a
@@ -88,6 +97,47 @@ pub fn run_worker(opts: &WorkerOptions, stop: Arc<AtomicBool>) -> Result<ServeEx
         return Ok(run_rank(opts, stop)?);
     }
     let rings = opts.rings.clone().ok_or(TpError::MissingRings)?;
+    let (engine, vocab) = build_engine(opts)?;
+    serve_rings(engine, vocab, opts, rings, stop)
+}
+
+/// Opens the model, then registers with the running gateway `name` (`serve --name NAME`) and serves
+/// the rings it created for this worker until the gateway goes away, `stop` is set, or the worker
+/// drained.
+pub fn run_joined_worker(
+    opts: &WorkerOptions,
+    name: &str,
+    stop: Arc<AtomicBool>,
+) -> Result<ServeExit, LaunchError> {
+    if opts.tp.is_parallel() {
+        return Err(LaunchError::JoinTensorParallel);
+    }
+    let (engine, vocab) = build_engine(opts)?;
+    let (slot, rings) = super::join::register(name)?;
+    tracing::info!(gateway = name, slot, %rings, "joined");
+    serve_rings(engine, vocab, opts, rings, stop)
+}
+
+fn serve_rings(
+    engine: Engine,
+    vocab: usize,
+    opts: &WorkerOptions,
+    rings: String,
+    stop: Arc<AtomicBool>,
+) -> Result<ServeExit, LaunchError> {
+    let config = ServeConfig {
+        rings,
+        ring_capacity: opts.ring_capacity,
+        vocab_size: vocab,
+        stop,
+        lifecycle: opts.lifecycle.clone(),
+    };
+    Ok(serve(engine, &config)?)
+}
+
+/// Opens the model on its device (or the null device) and builds the engine; returns it and the
+/// model's vocabulary size.
+fn build_engine(opts: &WorkerOptions) -> Result<(Engine, usize), LaunchError> {
     let (engine, vocab) = match opts.device {
         WorkerDevice::Model(device) => {
             let backend = BackendOptions {
@@ -116,11 +166,5 @@ pub fn run_worker(opts: &WorkerOptions, stop: Arc<AtomicBool>) -> Result<ServeEx
         max_model_len = engine.max_model_len(),
         "engine ready"
     );
-    let config = ServeConfig {
-        rings,
-        ring_capacity: opts.ring_capacity,
-        vocab_size: vocab,
-        stop,
-    };
-    Ok(serve(engine, &config)?)
+    Ok((engine, vocab))
 }

@@ -9,9 +9,12 @@
 //!
 //! A record that does not decode fails that request (an error entry in the next Tokens record), not
 //! the worker. A full response ring makes the step wait — counted in the gauges' `response_ring_stalls`
-//! — rather than dropping tokens. The loop ends when the gateway dies or the rings turn corrupt.
+//! — rather than dropping tokens. The loop ends when the gateway dies or the rings turn corrupt, or,
+//! asked to drain ([`lifecycle`]), once the gateway released it and its engine is idle.
 
+pub mod join;
 pub mod launch;
+pub mod lifecycle;
 pub mod tp;
 
 use std::collections::HashMap;
@@ -20,8 +23,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use protos::records::{
-    Cancel, EngineGauges, EntryLogprobs, ErrorCode, Finish, Hello, HelloInfo, RecordKind, Submit,
-    TokenEntry, TokensWriter, WireError, peek_kind,
+    Cancel, Draining, EngineGauges, EntryLogprobs, ErrorCode, Finish, Hello, HelloInfo, RecordKind,
+    Release, Submit, TokenEntry, TokensWriter, WireError, peek_kind,
 };
 use ringbuf::{Consumer, Producer, Ring};
 use thiserror::Error;
@@ -61,6 +64,8 @@ pub struct ServeConfig {
     pub vocab_size: usize,
     /// Set to make the loop return [`ServeExit::Stopped`] (checked at least every 100 ms).
     pub stop: Arc<AtomicBool>,
+    /// Heartbeats and draining.
+    pub lifecycle: lifecycle::Lifecycle,
 }
 
 /// Why the loop stopped with an error.
@@ -72,6 +77,8 @@ pub enum ServeError {
     Engine(#[from] EngineError),
     #[error("encoding a record: {0}")]
     Wire(#[from] WireError),
+    #[error("starting the heartbeat thread: {0}")]
+    Pulse(#[source] std::io::Error),
 }
 
 /// Why the loop stopped without an error.
@@ -81,6 +88,8 @@ pub enum ServeExit {
     GatewayGone,
     /// [`ServeConfig::stop`] was set.
     Stopped,
+    /// Asked to drain: it finished its requests and the gateway released it.
+    Drained,
 }
 
 fn attach_or_create(name: &str, capacity: usize) -> Result<Ring, ringbuf::Error> {
@@ -107,6 +116,12 @@ struct Loop {
     step: u64,
     vocab_size: usize,
     stop: Arc<AtomicBool>,
+    lifecycle: lifecycle::Lifecycle,
+    pulse: lifecycle::Pulse,
+    /// The Draining record was sent.
+    draining: bool,
+    /// The gateway's Release record came.
+    released: bool,
 }
 
 /// Runs the serving loop over `engine` until the gateway goes away.
@@ -116,6 +131,12 @@ pub fn serve(engine: Engine, config: &ServeConfig) -> Result<ServeExit, ServeErr
     let resp_ring = attach_or_create(&names.response, config.ring_capacity)?;
     let rx = req_ring.consumer()?;
     let tx = resp_ring.producer()?;
+    let pulse = lifecycle::Pulse::start(
+        vec![tx.heartbeat_handle(), rx.heartbeat_handle()],
+        config.lifecycle.long_step_timeout,
+    )
+    .map_err(ServeError::Pulse)?;
+    pulse.progress();
     let mut state = Loop {
         engine,
         rx,
@@ -128,6 +149,10 @@ pub fn serve(engine: Engine, config: &ServeConfig) -> Result<ServeExit, ServeErr
         step: 0,
         vocab_size: config.vocab_size,
         stop: config.stop.clone(),
+        lifecycle: config.lifecycle.clone(),
+        pulse,
+        draining: false,
+        released: false,
     };
     state.hello()?;
     tracing::info!(rings = %config.rings, "worker ready");
@@ -178,20 +203,34 @@ impl Loop {
                     stalled = true;
                     self.stalls = self.stalls.wrapping_add(1);
                 }
-                None => {}
+                // Waiting for the gateway to read is not a hang of this loop.
+                None => self.pulse.progress(),
             }
         }
     }
 
     fn run(&mut self) -> Result<ServeExit, ServeError> {
         let mut last_beat = Instant::now();
+        let mut gateway_seen = false;
         loop {
             // Relaxed: a plain flag; nothing is published through it.
             if self.stop.load(Ordering::Relaxed) {
                 return Ok(ServeExit::Stopped);
             }
+            self.pulse.progress();
+            if !self.draining && self.lifecycle.drain_requested() {
+                tracing::info!("draining: no new requests; leaving once the in-flight ones end");
+                self.write(Draining::LEN, RecordKind::Draining, |out| {
+                    Draining::new().encode(out)
+                })?;
+                self.draining = true;
+            }
             if let Some(exit) = self.drain()? {
                 return Ok(exit);
+            }
+            if self.released && !self.engine.has_unfinished() {
+                tracing::info!("drained: leaving");
+                return Ok(ServeExit::Drained);
             }
             let events = if self.engine.has_unfinished() {
                 self.step += 1;
@@ -204,6 +243,16 @@ impl Loop {
                 self.rx.heartbeat();
                 self.tx.heartbeat();
                 last_beat = Instant::now();
+                // The gateway let go of this worker (it was found hung, or it was removed): leave.
+                // (A worker that created its rings waits for a gateway to attach first.)
+                match self.rx.peer_state() {
+                    ringbuf::PeerState::Absent if gateway_seen => {
+                        tracing::warn!("the gateway released this worker's rings");
+                        return Ok(ServeExit::GatewayGone);
+                    }
+                    ringbuf::PeerState::Absent => {}
+                    _ => gateway_seen = true,
+                }
             }
         }
     }
@@ -243,6 +292,11 @@ impl Loop {
             Some(RecordKind::Submit) => match Submit::decode(payload) {
                 Ok(submit) => self.submit(submit)?,
                 Err(e) => self.corrupt(payload, &e),
+            },
+            Some(RecordKind::Release) => match Release::decode(payload) {
+                Ok(()) if self.draining => self.released = true,
+                Ok(()) => tracing::warn!("ignoring a release: this worker is not draining"),
+                Err(e) => tracing::warn!(error = %e, "dropping a corrupt release record"),
             },
             Some(RecordKind::Cancel) => match Cancel::decode(payload) {
                 Ok(id) => {

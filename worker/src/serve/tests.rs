@@ -14,6 +14,7 @@ struct Harness {
     tx: Producer,
     rx: Consumer,
     stop: Arc<AtomicBool>,
+    drain: Arc<AtomicBool>,
     worker: Option<std::thread::JoinHandle<Result<ServeExit, ServeError>>>,
     _rings: (Ring, Ring),
 }
@@ -27,11 +28,14 @@ impl Harness {
         let tx = req.producer().unwrap();
         let rx = resp.consumer().unwrap();
         let stop = Arc::new(AtomicBool::new(false));
+        let life = lifecycle::Lifecycle::default();
+        let drain = life.drain.clone();
         let config = ServeConfig {
             rings: prefix,
             ring_capacity: 64 * 1024,
             vocab_size: 64,
             stop: stop.clone(),
+            lifecycle: life,
         };
         let worker = std::thread::spawn(move || {
             let (backend, model) = ToyBackend::with_config(64, 16, 64);
@@ -50,6 +54,7 @@ impl Harness {
             tx,
             rx,
             stop,
+            drain,
             worker: Some(worker),
             _rings: (req, resp),
         };
@@ -183,4 +188,63 @@ fn a_corrupt_submit_fails_that_request_only() {
     // The worker goes on serving.
     h.submit(10, vec![3, 4], 2);
     assert_eq!(h.collect(10).1, Finish::Length);
+}
+
+#[test]
+fn a_draining_worker_finishes_its_requests_and_leaves_once_released() {
+    use protos::records::{Draining, Release};
+    let mut h = Harness::start();
+    h.submit(1, vec![1, 2, 3], 40);
+    h.drain.store(true, Ordering::Relaxed);
+    // Until the Draining record: tokens of request 1 may come first.
+    let mut tokens = Vec::new();
+    let mut finished = false;
+    loop {
+        let rec =
+            h.rx.pop_wait(Duration::from_secs(10))
+                .unwrap()
+                .expect("a record within 10 s");
+        let (kind, bytes) = (rec.kind(), rec.to_vec());
+        if kind == RecordKind::Draining as u16 {
+            Draining::decode(&bytes).unwrap();
+            break;
+        }
+        assert_eq!(kind, RecordKind::Tokens as u16);
+        Tokens::decode(&bytes, |e| {
+            tokens.extend(e.tokens.iter());
+            finished |= e.finish == Finish::Length;
+        })
+        .unwrap();
+    }
+    // A request already on its way when the gateway learned of the drain is still served.
+    h.submit(2, vec![4, 5], 3);
+    let mut second = Vec::new();
+    let mut second_done = false;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !(finished && second_done) {
+        assert!(Instant::now() < deadline, "requests did not finish");
+        let rec = h.next_record(RecordKind::Tokens);
+        Tokens::decode(&rec, |e| match e.request_id {
+            1 => {
+                tokens.extend(e.tokens.iter());
+                finished |= e.finish == Finish::Length;
+            }
+            2 => {
+                second.extend(e.tokens.iter());
+                second_done |= e.finish == Finish::Length;
+            }
+            other => panic!("unexpected request {other}"),
+        })
+        .unwrap();
+    }
+    assert_eq!(tokens.len(), 40);
+    assert_eq!(second.len(), 3);
+    // Not released yet: the worker stays.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!h.worker.as_ref().unwrap().is_finished());
+    let mut buf = [0u8; Release::LEN];
+    Release::new().encode(&mut buf).unwrap();
+    h.send(&buf, RecordKind::Release);
+    let exit = h.worker.take().unwrap().join().unwrap().unwrap();
+    assert_eq!(exit, ServeExit::Drained);
 }

@@ -263,6 +263,7 @@ pub fn run_rank(opts: &WorkerOptions, stop: Arc<AtomicBool>) -> Result<ServeExit
             ring_capacity: opts.ring_capacity,
             vocab_size: config.vocab_size,
             stop,
+            lifecycle: opts.lifecycle.clone(),
         };
         Ok(serve(engine, &serve_config)?)
     } else {

@@ -87,6 +87,7 @@ fn run_worker_refuses_cuda_tp_before_reading_the_model() {
         rings: Some("unused".into()),
         ring_capacity: 1 << 16,
         tp: tp(2, 0, Some("unused")),
+        lifecycle: Default::default(),
     };
     let stop = Arc::new(AtomicBool::new(false));
     let err = run_worker(&opts, stop).unwrap_err();
