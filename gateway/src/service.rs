@@ -25,6 +25,9 @@ use crate::stream::{Failover, RequestTask, run_request};
 use crate::tokenizer::TextModel;
 use crate::validate::{self, ModelLimits, Prompt};
 
+/// How often a request waiting for a ready worker looks for one.
+const WORKER_POLL: Duration = Duration::from_millis(50);
+
 /// Picks tried per request when the picked worker died or began draining meanwhile.
 const MAX_ROUTE_ATTEMPTS: usize = 4;
 
@@ -65,6 +68,27 @@ impl Shared {
             admission,
             draining: AtomicBool::new(false),
             next_id: AtomicU64::new(1),
+        }
+    }
+
+    /// Waits until a worker is ready (every 50 ms), at most until `give_up`; then, or when the
+    /// server starts shutting down, `UNAVAILABLE`. Health says NOT_SERVING meanwhile.
+    async fn wait_for_worker(&self, give_up: Instant) -> Result<(), Status> {
+        loop {
+            if self.router.any().is_some() {
+                return Ok(());
+            }
+            // Relaxed: a plain flag.
+            if self.draining.load(Ordering::Relaxed) {
+                return Err(Status::unavailable("the server is shutting down"));
+            }
+            if Instant::now() >= give_up {
+                return Err(Status::unavailable(format!(
+                    "no worker became ready within {:.1} s (--failover-timeout)",
+                    self.failover_timeout.as_secs_f64()
+                )));
+            }
+            tokio::time::sleep(WORKER_POLL).await;
         }
     }
 
@@ -155,6 +179,14 @@ impl Inference for InferenceService {
         let checked = validate::check(request.into_inner(), rand::random()).inspect_err(|_| {
             outcome("invalid");
         })?;
+        // With no worker ready (all dead, restarting), wait up to the failover timeout (or the
+        // call's deadline) for one rather than failing at once.
+        let give_up = deadline.map_or(arrived + s.failover_timeout, |d| {
+            d.min(arrived + s.failover_timeout)
+        });
+        s.wait_for_worker(give_up)
+            .await
+            .inspect_err(|_| outcome("no_worker"))?;
         let limits = s.limits()?;
         let prompt = tokenize(s.text.clone(), checked.prompt.clone())
             .await
@@ -174,10 +206,12 @@ impl Inference for InferenceService {
         // A worker may die or start draining between the pick and the registration: pick again.
         let mut attempt = 0;
         let (link, events) = loop {
-            let link = s
-                .router
-                .pick(&valid.prompt)
-                .ok_or_else(|| Status::unavailable("no worker is ready"))?;
+            let Some(link) = s.router.pick(&valid.prompt) else {
+                s.wait_for_worker(give_up)
+                    .await
+                    .inspect_err(|_| outcome("no_worker"))?;
+                continue;
+            };
             match link.register(id, valid.max_tokens) {
                 Ok(events) => break (link, events),
                 Err(e) if attempt >= MAX_ROUTE_ATTEMPTS => {
