@@ -1,7 +1,7 @@
 //! End to end, no worker alive: while the only worker cannot come back (its model file is gone, so
 //! every restart fails), health says NOT_SERVING and a new request waits up to `--failover-timeout`
 //! for a ready worker, then ends with UNAVAILABLE; once the worker can start again, a waiting
-//! request is served by it.
+//! request is served by it. And while the only worker drains, health says NOT_SERVING.
 
 mod common;
 
@@ -139,4 +139,52 @@ fn a_request_waiting_for_a_worker_is_served_once_one_is_ready() {
         let (_, new) = server.wait_worker_ready(Duration::from_secs(120));
         assert_ne!(new, old);
     });
+}
+
+#[test]
+fn health_is_not_serving_while_the_only_worker_drains_and_serving_once_replaced() {
+    let model = tiny_llama();
+    let mut server = Server::start(
+        &[
+            "--model",
+            model.to_str().unwrap(),
+            "--device",
+            "null",
+            "--max-model-len",
+            "200000",
+            "--num-kv-blocks",
+            "20000",
+        ],
+        1,
+    );
+    let old = server.worker_pids[0];
+    let rt = runtime();
+    rt.block_on(async {
+        wait_health(&server, ServingStatus::Serving).await;
+        let mut client = server.client().await;
+        // A long stream keeps the worker draining for a while after SIGTERM.
+        let mut stream = client
+            .generate(greedy_ids(&[1, 2, 3], 190_000))
+            .await
+            .unwrap()
+            .into_inner();
+        let mut n = stream.message().await.unwrap().unwrap().token_ids.len();
+        signal(old, "TERM");
+        // It takes no new requests while it drains: nothing does, so the server is not serving.
+        wait_health(&server, ServingStatus::NotServing).await;
+        // ... while it is still alive: its request is unfinished until this client reads it all
+        // (the gateway holds at most a few dozen messages of it), so it cannot have left yet.
+        let stat = std::fs::read_to_string(format!("/proc/{old}/stat")).unwrap_or_default();
+        assert!(
+            !stat.is_empty() && !stat.contains(") Z"),
+            "the draining worker is still running: {stat:?}"
+        );
+        while let Some(m) = stream.message().await.unwrap() {
+            n += m.token_ids.len();
+        }
+        assert_eq!(n, 190_000, "the draining worker finished its stream");
+    });
+    let (_, new) = server.wait_worker_ready(Duration::from_secs(120));
+    assert_ne!(new, old);
+    rt.block_on(wait_health(&server, ServingStatus::Serving));
 }

@@ -213,6 +213,8 @@ pub async fn run(mut config: ServerConfig) -> Result<(), ServerError> {
         })
         .collect();
 
+    let refresher = tokio::spawn(health.clone().refresh(shared.clone(), stop_rx.clone()));
+
     // Tests and tools read this line.
     println!(
         "listening grpc={grpc_bound} metrics={} rings={prefix} name={name} join={join_path}",
@@ -244,6 +246,7 @@ pub async fn run(mut config: ServerConfig) -> Result<(), ServerError> {
                 let _ = s.await;
             }
             let _ = joins.await;
+            let _ = refresher.await;
             // Give the streams a moment to send their last message before the server stops.
             let start = Instant::now();
             while shared.admission.in_flight() > 0 && start.elapsed() < Duration::from_secs(2) {

@@ -114,7 +114,10 @@ impl Server {
     /// Waits for a `worker N ready pid=P [ranks=P0,P1,..]` line; returns (N, P).
     pub fn wait_worker_ready(&mut self, timeout: Duration) -> (usize, u32) {
         let line = self
-            .wait_line(|l| l.starts_with("worker "), timeout)
+            .wait_line(
+                |l| l.starts_with("worker ") && l.contains(" ready pid="),
+                timeout,
+            )
             .expect("a worker became ready");
         let parts: Vec<&str> = line.split_whitespace().collect();
         let slot: usize = parts[1].parse().unwrap();
