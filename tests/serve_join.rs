@@ -226,8 +226,10 @@ fn a_draining_worker_finishes_its_streams_and_leaves() {
         .expect("the worker joined");
     let rt = runtime();
     rt.block_on(async {
-        // Long streams on both workers, read only up to their first message: their tokens wait in
-        // the gateway, so they stay in flight (and on their worker) until read.
+        // Long streams on both workers, read only up to their first message. Whether the joined
+        // worker is still generating them when it drains or has already handed every token to
+        // the gateway (HTTP/2 windows and the gateway's buffers can hold them), the assertions
+        // below hold: they finish whole, nothing is resumed, and no new request reaches it.
         let mut streams = Vec::new();
         for i in 0..6 {
             let mut client = server.client().await;
