@@ -1,9 +1,11 @@
 //! Wire types: the gRPC `ringserve.v1` API (tonic/prost, generated into `OUT_DIR` at build time) and
 //! the fixed-layout shared-memory records ([`records`]) exchanged between gateway and workers over
-//! the rings, and the text lines of the join rendezvous ([`join`]).
+//! the rings, the tensor-parallel step-plan record between worker ranks ([`plan`]), and the text
+//! lines of the join rendezvous ([`join`]).
 #![forbid(unsafe_code)]
 
 pub mod join;
+pub mod plan;
 pub mod records;
 
 /// The `ringserve.v1` gRPC API, generated from `proto/inference.proto`.

@@ -106,11 +106,17 @@ fn every_truncation_is_a_typed_error() {
     assert!(decode(&buf).is_ok());
     for len in 0..buf.len() {
         let err = decode(&buf[..len]).expect_err("truncated");
-        assert!(matches!(err, PlanError::Truncated { .. }), "{len}: {err}");
+        assert!(
+            matches!(err, PlanError::Wire(PlanWireError::Truncated { .. })),
+            "{len}: {err}"
+        );
     }
     let mut long = buf.clone();
     long.extend_from_slice(&[0; 4]);
-    assert_eq!(decode(&long), Err(PlanError::TrailingBytes(4)));
+    assert_eq!(
+        decode(&long),
+        Err(PlanError::Wire(PlanWireError::TrailingBytes(4)))
+    );
 }
 
 #[test]
@@ -121,20 +127,32 @@ fn corrupt_fields_are_typed_errors() {
         b[word * 4..word * 4 + 4].copy_from_slice(&v.to_le_bytes());
         decode(&b)
     };
-    assert!(matches!(with(0, 0xdead), Err(PlanError::BadMagic(_))));
-    assert!(matches!(with(1, 99), Err(PlanError::Version(99))));
-    assert!(matches!(with(2, 7), Err(PlanError::Invalid { .. })));
+    assert!(matches!(
+        with(0, 0xdead),
+        Err(PlanError::Wire(PlanWireError::BadMagic(_)))
+    ));
+    assert!(matches!(
+        with(1, 99),
+        Err(PlanError::Wire(PlanWireError::Version(99)))
+    ));
+    assert!(matches!(
+        with(2, 7),
+        Err(PlanError::Wire(PlanWireError::Invalid { .. }))
+    ));
     // Absurd counts fail on length before allocating.
     assert!(matches!(
         with(5, u32::MAX),
-        Err(PlanError::Truncated { .. })
+        Err(PlanError::Wire(PlanWireError::Truncated { .. }))
     ));
     assert!(matches!(
         with(6, u32::MAX),
-        Err(PlanError::Truncated { .. })
+        Err(PlanError::Wire(PlanWireError::Truncated { .. }))
     ));
     // Sample flag of the first sequence (after 8 header words and 2 ids of 2 words).
-    assert!(matches!(with(8 + 4 + 4, 2), Err(PlanError::Invalid { .. })));
+    assert!(matches!(
+        with(8 + 4 + 4, 2),
+        Err(PlanError::Wire(PlanWireError::Invalid { .. }))
+    ));
     // Every single-byte flip decodes or fails cleanly, never panics.
     for i in 0..buf.len() {
         let mut b = buf.clone();
