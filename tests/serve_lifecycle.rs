@@ -122,7 +122,6 @@ fn overload_is_resource_exhausted_while_admitted_requests_complete() {
 #[test]
 fn sigterm_drains_in_flight_streams_and_leaves_no_segments() {
     use tonic_health::pb::health_check_response::ServingStatus;
-    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
     let mut server = null_server(&["--drain-timeout", "60"]);
     assert_eq!(
@@ -142,28 +141,7 @@ fn sigterm_drains_in_flight_streams_and_leaves_no_segments() {
         let mut n = first.token_ids.len();
         server.sigterm();
         // Draining: health says NOT_SERVING and new requests are refused.
-        let channel = tonic::transport::Channel::from_shared(server.url.clone())
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        let mut health = HealthClient::new(channel);
-        let mut status = ServingStatus::Serving as i32;
-        for _ in 0..200 {
-            status = health
-                .check(HealthCheckRequest {
-                    service: String::new(),
-                })
-                .await
-                .unwrap()
-                .into_inner()
-                .status;
-            if status == ServingStatus::NotServing as i32 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        assert_eq!(status, ServingStatus::NotServing as i32);
+        common::wait_health(&server, ServingStatus::NotServing, Duration::from_secs(5)).await;
         let err = collect(&mut client, greedy_ids(&[1], 2)).await.unwrap_err();
         assert_eq!(err.code(), Code::Unavailable);
         // The in-flight stream finishes whole.

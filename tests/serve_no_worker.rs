@@ -8,10 +8,9 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{Server, collect, greedy_ids, ids_of, runtime, signal, tiny_llama};
+use common::{Server, collect, greedy_ids, ids_of, runtime, signal, tiny_llama, wait_health};
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
-use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
 /// A copy of the tiny-llama fixture whose weights the test can take away and give back.
 fn model_copy() -> tempfile::TempDir {
@@ -28,32 +27,6 @@ fn weights(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
         dir.join("model.safetensors"),
         dir.join("model.safetensors.away"),
     )
-}
-
-async fn wait_health(server: &Server, want: ServingStatus) {
-    let channel = tonic::transport::Channel::from_shared(server.url.clone())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut health = HealthClient::new(channel);
-    let mut status = None;
-    for _ in 0..2400 {
-        let s = health
-            .check(HealthCheckRequest {
-                service: String::new(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .status;
-        if s == want as i32 {
-            return;
-        }
-        status = Some(s);
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("health stayed {status:?}, never {want:?}");
 }
 
 /// Kills the only worker with its weights gone: no restart can succeed.
@@ -88,7 +61,7 @@ fn with_no_worker_a_request_waits_for_the_failover_timeout_then_is_unavailable()
             4
         );
         kill_for_good(&server, dir.path());
-        wait_health(&server, ServingStatus::NotServing).await;
+        wait_health(&server, ServingStatus::NotServing, Duration::from_secs(60)).await;
         let asked = Instant::now();
         let err = collect(&mut client, greedy_ids(&[1, 2, 3], 4))
             .await
@@ -123,7 +96,7 @@ fn a_request_waiting_for_a_worker_is_served_once_one_is_ready() {
         assert_eq!(want.len(), 8);
         let old = server.worker_pids[0];
         kill_for_good(&server, dir.path());
-        wait_health(&server, ServingStatus::NotServing).await;
+        wait_health(&server, ServingStatus::NotServing, Duration::from_secs(60)).await;
         let waiting = tokio::spawn(async move {
             collect(&mut client, greedy_ids(&[5, 6, 7], 8))
                 .await
@@ -135,7 +108,7 @@ fn a_request_waiting_for_a_worker_is_served_once_one_is_ready() {
         let (present, away) = weights(dir.path());
         std::fs::rename(&away, &present).unwrap();
         assert_eq!(waiting.await.unwrap().unwrap(), want);
-        wait_health(&server, ServingStatus::Serving).await;
+        wait_health(&server, ServingStatus::Serving, Duration::from_secs(60)).await;
         let (_, new) = server.wait_worker_ready(Duration::from_secs(120));
         assert_ne!(new, old);
     });
@@ -160,7 +133,7 @@ fn health_is_not_serving_while_the_only_worker_drains_and_serving_once_replaced(
     let old = server.worker_pids[0];
     let rt = runtime();
     rt.block_on(async {
-        wait_health(&server, ServingStatus::Serving).await;
+        wait_health(&server, ServingStatus::Serving, Duration::from_secs(60)).await;
         let mut client = server.client().await;
         // A long stream keeps the worker draining for a while after SIGTERM.
         let mut stream = client
@@ -171,7 +144,7 @@ fn health_is_not_serving_while_the_only_worker_drains_and_serving_once_replaced(
         let mut n = stream.message().await.unwrap().unwrap().token_ids.len();
         signal(old, "TERM");
         // It takes no new requests while it drains: nothing does, so the server is not serving.
-        wait_health(&server, ServingStatus::NotServing).await;
+        wait_health(&server, ServingStatus::NotServing, Duration::from_secs(60)).await;
         // ... while it is still alive: its request is unfinished until this client reads it all
         // (the gateway holds at most a few dozen messages of it), so it cannot have left yet.
         let stat = std::fs::read_to_string(format!("/proc/{old}/stat")).unwrap_or_default();
@@ -186,5 +159,9 @@ fn health_is_not_serving_while_the_only_worker_drains_and_serving_once_replaced(
     });
     let (_, new) = server.wait_worker_ready(Duration::from_secs(120));
     assert_ne!(new, old);
-    rt.block_on(wait_health(&server, ServingStatus::Serving));
+    rt.block_on(wait_health(
+        &server,
+        ServingStatus::Serving,
+        Duration::from_secs(60),
+    ));
 }

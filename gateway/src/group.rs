@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::process::{Child, Command};
 use tokio::sync::{oneshot, watch};
@@ -21,52 +21,10 @@ use crate::health::Health;
 use crate::link::{self, WorkerLink};
 use crate::metrics as m;
 use crate::service::Shared;
-use crate::supervisor::{Backoff, Stop, WorkerCommand, kill};
+use crate::supervisor::{Stop, WorkerCommand, kill};
 
 /// How often the ranks' exit status is polled.
 const POLL: Duration = Duration::from_millis(50);
-
-/// Runs tensor-parallel group `slot` (of `cmd.tensor_parallel_size` ranks) until `shutdown` turns
-/// true, restarting the whole group whenever one of its ranks dies.
-pub async fn supervise_group(
-    slot: usize,
-    cmd: WorkerCommand,
-    shared: Arc<Shared>,
-    health: Health,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let mut backoff = Backoff { next: Backoff::MIN };
-    let mut generation = 0u32;
-    loop {
-        if *shutdown.borrow() {
-            return;
-        }
-        let started = Instant::now();
-        match run_group_once(slot, generation, &cmd, &shared, &health, &mut shutdown).await {
-            Ok(Stop::Shutdown) => return,
-            Ok(Stop::Died) => {}
-            // Rank 0 drained on request (SIGTERM) and the group exited cleanly: replace it at
-            // once, unless the whole service is going down.
-            Ok(Stop::Left) => {
-                // Relaxed: a plain flag.
-                if shared.draining.load(Ordering::Relaxed) {
-                    let _ = shutdown.changed().await;
-                    return;
-                }
-                backoff.next = Backoff::MIN;
-            }
-            Err(e) => tracing::error!(group = slot, error = %e, "worker group failed to start"),
-        }
-        generation += 1;
-        metrics::counter!(m::WORKER_RESTARTS).increment(1);
-        let wait = backoff.after(started.elapsed());
-        tracing::warn!(group = slot, ?wait, "restarting worker group");
-        tokio::select! {
-            () = tokio::time::sleep(wait) => {}
-            _ = shutdown.changed() => return,
-        }
-    }
-}
 
 /// The group's shared-memory segments (plan rings, communicator): unlinked when dropped, after
 /// the ranks are gone (a SIGKILLed rank 0 cannot unlink its own).
@@ -164,7 +122,9 @@ fn rank_args(world: usize, rank: usize, group: &str, rings: &str) -> Vec<String>
     args
 }
 
-async fn run_group_once(
+/// Starts group `slot` (generation `generation`), serves until a rank exits or `shutdown` turns
+/// true, then stops every rank; [`crate::supervisor::supervise`] restarts it.
+pub(crate) async fn run_group_once(
     slot: usize,
     generation: u32,
     cmd: &WorkerCommand,

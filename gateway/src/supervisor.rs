@@ -56,15 +56,15 @@ impl WorkerCommand {
 
 /// Backoff between restarts: doubles from 100 ms up to 5 s, reset after a worker lived 30 s.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Backoff {
-    pub(crate) next: Duration,
+struct Backoff {
+    next: Duration,
 }
 
 impl Backoff {
-    pub(crate) const MIN: Duration = Duration::from_millis(100);
+    const MIN: Duration = Duration::from_millis(100);
     const MAX: Duration = Duration::from_secs(5);
 
-    pub(crate) fn after(&mut self, lived: Duration) -> Duration {
+    fn after(&mut self, lived: Duration) -> Duration {
         if lived > Duration::from_secs(30) {
             self.next = Self::MIN;
         }
@@ -82,9 +82,8 @@ pub async fn supervise(
     health: Health,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    if cmd.tensor_parallel_size > 1 {
-        return crate::group::supervise_group(slot, cmd, shared, health, shutdown).await;
-    }
+    // A tensor-parallel group is started, watched and restarted as one unit (`group`).
+    let group = cmd.tensor_parallel_size > 1;
     let mut backoff = Backoff { next: Backoff::MIN };
     let mut generation = 0u32;
     loop {
@@ -92,10 +91,17 @@ pub async fn supervise(
             return;
         }
         let started = Instant::now();
-        match run_once(slot, generation, &cmd, &shared, &health, &mut shutdown).await {
+        let run = if group {
+            crate::group::run_group_once(slot, generation, &cmd, &shared, &health, &mut shutdown)
+                .await
+        } else {
+            run_once(slot, generation, &cmd, &shared, &health, &mut shutdown).await
+        };
+        match run {
             Ok(Stop::Shutdown) => return,
             Ok(Stop::Died) => {}
-            // Drained on request (SIGTERM) and exited cleanly: replace it without delay.
+            // Drained on request (SIGTERM) and exited cleanly (for a group: rank 0 drained and the
+            // followers followed its shutdown record): replace it without delay.
             Ok(Stop::Left) => {
                 // Relaxed: a plain flag. The whole service is going down (SIGTERM to the process
                 // group drains the workers too): do not replace a worker that left on purpose.
@@ -105,12 +111,12 @@ pub async fn supervise(
                 }
                 backoff.next = Backoff::MIN;
             }
-            Err(e) => tracing::error!(worker = slot, error = %e, "worker failed to start"),
+            Err(e) => tracing::error!(worker = slot, group, error = %e, "worker failed to start"),
         }
         generation += 1;
         metrics::counter!(m::WORKER_RESTARTS).increment(1);
         let wait = backoff.after(started.elapsed());
-        tracing::warn!(worker = slot, ?wait, "restarting worker");
+        tracing::warn!(worker = slot, group, ?wait, "restarting worker");
         tokio::select! {
             () = tokio::time::sleep(wait) => {}
             _ = shutdown.changed() => return,

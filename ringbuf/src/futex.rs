@@ -8,7 +8,7 @@ use std::time::Duration;
 
 /// Sleeps while `*word == expected`, for at most `timeout`; returns on wake, timeout, signal, or at
 /// once if the word already differs.
-pub(crate) fn wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+pub fn wait(word: &AtomicU32, expected: u32, timeout: Duration) {
     let ts = libc::timespec {
         tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
         tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
@@ -31,7 +31,16 @@ pub(crate) fn wait(word: &AtomicU32, expected: u32, timeout: Duration) {
 }
 
 /// Wakes the (at most one) process sleeping on `word`.
-pub(crate) fn wake(word: &AtomicU32) {
+pub fn wake(word: &AtomicU32) {
+    wake_n(word, 1);
+}
+
+/// Wakes every process sleeping on `word`.
+pub fn wake_all(word: &AtomicU32) {
+    wake_n(word, i32::MAX);
+}
+
+fn wake_n(word: &AtomicU32, n: i32) {
     // SAFETY: `word` is a live, aligned u32; FUTEX_WAKE does not access memory through it, it only
     // uses its address as the wait-queue key. The remaining arguments are unused by FUTEX_WAKE.
     unsafe {
@@ -39,7 +48,7 @@ pub(crate) fn wake(word: &AtomicU32) {
             libc::SYS_futex,
             word.as_ptr(),
             libc::FUTEX_WAKE,
-            1i32,
+            n,
             std::ptr::null::<libc::timespec>(),
             std::ptr::null::<u32>(),
             0u32,

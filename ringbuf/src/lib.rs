@@ -4,7 +4,7 @@ mod barrier;
 #[cfg(not(loom))]
 pub mod bench;
 #[cfg(not(loom))]
-mod futex;
+pub mod futex;
 
 mod consumer;
 mod error;
@@ -19,7 +19,7 @@ mod sync;
 
 pub use consumer::{Consumer, ReadGrant, Record};
 pub use error::{Error, Result, Role};
-pub use liveness::PeerState;
+pub use liveness::{PeerState, process_alive};
 pub use memory::{HeapMemory, Memory};
 pub use producer::{Batch, Producer, WriteGrant};
 pub use ring::{Heartbeat, Ring, WaitConfig};

@@ -76,6 +76,11 @@ pub(crate) fn holder(word: u64) -> Holder {
     }
 }
 
+/// Whether `pid` names a live process (a zombie, killed but not yet reaped, counts as dead).
+pub fn process_alive(pid: u32) -> bool {
+    matches!(holder(u64::from(pid)), Holder::Alive(_))
+}
+
 /// The fields of `/proc/<pid>/stat` liveness needs.
 struct ProcStat {
     start: u64,

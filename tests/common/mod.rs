@@ -293,3 +293,37 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .build()
         .unwrap()
 }
+
+/// Polls the server's `grpc.health.v1` status for the whole server until it is `want` (every
+/// 25 ms, for at most `timeout`); panics with the last status otherwise.
+pub async fn wait_health(
+    server: &Server,
+    want: tonic_health::pb::health_check_response::ServingStatus,
+    timeout: Duration,
+) {
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let channel = Channel::from_shared(server.url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    let mut status = None;
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        let s = health
+            .check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status;
+        if s == want as i32 {
+            return;
+        }
+        status = Some(s);
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("health stayed {status:?}, never {want:?}");
+}

@@ -382,7 +382,7 @@ impl ShmComm {
             .pid
             .compare_exchange(0, me, Ordering::AcqRel, Ordering::Acquire)
         {
-            if process_alive(pid) {
+            if ringbuf::process_alive(pid) {
                 return Err(CommError::RankTaken {
                     name: self.name.clone(),
                     rank: self.rank,
@@ -411,7 +411,7 @@ impl ShmComm {
         // it, or its futex_wait sees the bumped word and returns at once.
         h.wake.fetch_add(1, Ordering::SeqCst);
         if h.sleepers.load(Ordering::SeqCst) > 0 {
-            futex_wake_all(&h.wake);
+            ringbuf::futex::wake_all(&h.wake);
         }
     }
 
@@ -438,7 +438,7 @@ impl ShmComm {
             }
             h.sleepers.fetch_add(1, Ordering::SeqCst);
             if !ready(self, waiting) {
-                futex_wait(&h.wake, seen, self.options.poll);
+                ringbuf::futex::wait(&h.wake, seen, self.options.poll);
             }
             h.sleepers.fetch_sub(1, Ordering::SeqCst);
             if ready(self, waiting) {
@@ -451,7 +451,7 @@ impl ShmComm {
                     if check_pids {
                         return Err(CommError::PeerLeft { rank: r });
                     }
-                } else if !process_alive(pid) {
+                } else if !ringbuf::process_alive(pid) {
                     return Err(CommError::PeerDead { rank: r, pid });
                 }
             }
@@ -612,65 +612,6 @@ fn check_private(name: &str) -> Result<Option<u64>, CommError> {
         });
     }
     Ok(Some(meta.size()))
-}
-
-/// Whether `pid` names a live, non-zombie process.
-pub(crate) fn process_alive(pid: u32) -> bool {
-    let Ok(p) = libc::pid_t::try_from(pid) else {
-        return false;
-    };
-    // SAFETY: kill with signal 0 only checks for existence and permission; no signal is sent.
-    let rc = unsafe { libc::kill(p, 0) };
-    if rc != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EPERM) {
-        return false;
-    }
-    // A zombie (killed, not yet reaped) still answers kill(0): read its state.
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X"),
-        Err(_) => false,
-    }
-}
-
-/// Sleeps while `*word == expected`, for at most `timeout`.
-fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
-    let ts = libc::timespec {
-        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
-        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
-    };
-    // SAFETY: `word` is a live, 4-byte-aligned u32 in a mapping that outlives the call; FUTEX_WAIT
-    // (shared, no PRIVATE flag: the waker is another process) only reads it atomically. `ts` is a
-    // valid timespec for the call. Errors (EAGAIN, EINTR, ETIMEDOUT) return to the caller's loop,
-    // which re-checks its condition.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT,
-            expected,
-            &ts as *const libc::timespec,
-            std::ptr::null::<u32>(),
-            0u32,
-        );
-    }
-}
-
-/// Wakes every process sleeping on `word`.
-fn futex_wake_all(word: &AtomicU32) {
-    // SAFETY: `word` is a live, aligned u32; FUTEX_WAKE only uses its address as the queue key.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAKE,
-            i32::MAX,
-            std::ptr::null::<libc::timespec>(),
-            std::ptr::null::<u32>(),
-            0u32,
-        );
-    }
 }
 
 #[cfg(test)]
