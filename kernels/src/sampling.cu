@@ -121,10 +121,13 @@ sample_f32(const float* logits, const SampleRow* params, u32* out, int vocab) {
     const u64 bits = mix64(sp.seed ^ mix64(sp.step + 1));
     const float u = (float)(bits >> 40) * (1.0f / 16777216.0f); // exact: a 24-bit integer / 2^24
     const float target = u * total;
-    const float before = scan[threadIdx.x] - own;
+    // Thread i owns [scan[i-1], scan[i]): neighbouring intervals share their bounds exactly, so at
+    // most one thread claims the target (scan[i] - own could round into a neighbour's interval).
+    const float before = threadIdx.x > 0 ? scan[threadIdx.x - 1] : 0.f;
+    const float after = scan[threadIdx.x];
     if (threadIdx.x == 0) si[0] = amax; // fallback if rounding leaves the target past the end
     __syncthreads();
-    if (own > 0.f && target >= before && target < before + own) {
+    if (own > 0.f && target >= before && target < after) {
         float run = before;
         int pick = -1;
         for (int i = lo; i < hi; i++) {
