@@ -16,6 +16,7 @@ use worker::config::ModelConfig;
 use worker::engine::EngineConfig;
 use worker::serve::launch::{WorkerDevice, WorkerOptions, run_joined_worker, run_worker};
 use worker::serve::tp::{TpOptions, check_model};
+use worker::tp::TpCollectives;
 
 use crate::engine_cli::{DtypeFlag, compute_dtype};
 use crate::scale_cli::{ServeScaleFlags, WorkerLifeFlags};
@@ -41,11 +42,15 @@ pub struct ServingEngineFlags {
     /// Fraction of GPU memory a CUDA worker may use.
     #[arg(long, default_value_t = 0.9)]
     pub gpu_memory_utilization: f32,
-    /// Ranks per model replica (tensor parallelism across worker processes; CPU backend only:
-    /// CUDA needs the NCCL communicator, not built yet). Must divide the attention heads and the
-    /// intermediate size.
+    /// Ranks per model replica (tensor parallelism across worker processes). Must divide the
+    /// attention heads and the intermediate size.
     #[arg(long, visible_alias = "tp", default_value_t = 1)]
     pub tensor_parallel_size: usize,
+    /// How CUDA tensor-parallel ranks exchange activations: nccl (one GPU per rank, CUDA graphs)
+    /// or host (through host memory; slow, ranks may share a GPU). The CPU backend always uses
+    /// shared memory.
+    #[arg(long, default_value = "nccl")]
+    pub tp_collectives: TpCollectives,
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
@@ -93,6 +98,8 @@ impl ServingEngineFlags {
             self.block_size.to_string(),
             "--ring-mib".into(),
             self.ring_mib.to_string(),
+            "--tp-collectives".into(),
+            self.tp_collectives.to_string(),
         ];
         if let Some(n) = self.max_model_len {
             a.extend(["--max-model-len".into(), n.to_string()]);
@@ -256,21 +263,50 @@ fn serve_workers(
         bail!("--workers {n} must be a multiple of --tensor-parallel-size {tp}");
     }
     if tp > 1 {
-        // The device rules of a rank (CUDA needs NCCL, null has nothing to shard).
+        // The device rules of a rank (null has nothing to shard).
         TpOptions {
             world: tp,
             rank: 0,
             group: Some("serve".into()),
+            ..TpOptions::default()
         }
         .check(device, true)?;
     }
     Ok(n)
 }
 
+/// NCCL needs one GPU per rank: a CUDA group with NCCL collectives must place its ranks with
+/// `--gpus` (without it every worker would open `cuda:0`).
+fn check_cuda_tp(
+    tp: usize,
+    device: WorkerDevice,
+    collectives: TpCollectives,
+    gpus: &[String],
+) -> anyhow::Result<()> {
+    if tp > 1
+        && matches!(device, WorkerDevice::Model(Device::Cuda(_)))
+        && collectives == TpCollectives::Nccl
+        && gpus.is_empty()
+    {
+        bail!(
+            "--tensor-parallel-size {tp} with --device cuda: NCCL needs one GPU per rank; list them \
+             with --gpus (e.g. --gpus 0,1), or use --tp-collectives host to run the ranks through \
+             host memory (they may then share a GPU)"
+        );
+    }
+    Ok(())
+}
+
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     args.engine.check()?;
     let tp = args.engine.tensor_parallel_size;
     let workers = serve_workers(args.workers, tp, args.engine.device, &args.gpus)?;
+    check_cuda_tp(
+        tp,
+        args.engine.device,
+        args.engine.tp_collectives,
+        &args.gpus,
+    )?;
     let demo = args.model.is_none();
     let dir = model_dir(args.model)?;
     let dir = dir
@@ -345,6 +381,7 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<()> {
             world: e.tensor_parallel_size,
             rank: args.rank,
             group: args.tp_group,
+            collectives: e.tp_collectives,
         },
         lifecycle: args.life.lifecycle()?,
     };
@@ -618,11 +655,15 @@ mod tests {
         assert!(err(Some(3), 1, CUDA, &["0", "1"]).contains("--workers 3"));
         assert!(err(None, 1, CUDA, &["0", "0"]).contains("twice"));
         assert!(err(None, 1, CUDA, &["0", ""]).contains("empty"));
-        // CUDA tensor parallelism needs NCCL, which does not exist yet.
-        let e = err(None, 2, CUDA, &["0", "1"]);
-        assert!(e.contains("NCCL"), "{e}");
-        let e = err(Some(2), 2, CUDA, &[]);
-        assert!(e.contains("NCCL"), "{e}");
+        // CUDA tensor parallelism: NCCL needs a GPU per rank; the host path may share one.
+        assert_eq!(serve_workers(None, 2, CUDA, &gpus(&["0", "1"])).unwrap(), 2);
+        let nccl = TpCollectives::Nccl;
+        check_cuda_tp(2, CUDA, nccl, &gpus(&["0", "1"])).unwrap();
+        let e = check_cuda_tp(2, CUDA, nccl, &[]).unwrap_err().to_string();
+        assert!(e.contains("--gpus") && e.contains("NCCL"), "{e}");
+        check_cuda_tp(2, CUDA, TpCollectives::Host, &[]).unwrap();
+        check_cuda_tp(1, CUDA, nccl, &[]).unwrap();
+        check_cuda_tp(2, CPU, nccl, &[]).unwrap();
         let e = err(Some(2), 2, WorkerDevice::Null, &[]);
         assert!(e.contains("--device null"), "{e}");
     }

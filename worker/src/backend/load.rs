@@ -115,6 +115,25 @@ pub fn cpu_default_kv_blocks(config: &ModelConfig, block_size: usize, shard: TpS
     (CPU_DEFAULT_KV_BYTES / per_block).max(2)
 }
 
+/// The CUDA backend's options for GPU `ordinal` from `options`.
+#[cfg(feature = "cuda")]
+pub fn cuda_options(options: &BackendOptions, ordinal: usize) -> crate::backend::cuda::CudaOptions {
+    use crate::backend::cuda::{CudaOptions, DType};
+    CudaOptions {
+        ordinal,
+        dtype: match options.dtype {
+            ComputeDtype::Float32 => DType::F32,
+            ComputeDtype::BFloat16 => DType::Bf16,
+        },
+        block_size: options.block_size,
+        num_kv_blocks: options.num_kv_blocks,
+        gpu_memory_utilization: options.gpu_memory_utilization,
+        enforce_eager: options.enforce_eager,
+        max_batch_tokens: CUDA_WORKSPACE_TOKENS,
+        batch_invariant: options.batch_invariant,
+    }
+}
+
 /// Builds the backend `options.device` names, with the checkpoint's weights.
 pub fn load_backend(
     config: &ModelConfig,
@@ -134,20 +153,8 @@ pub fn load_backend(
         }
         #[cfg(feature = "cuda")]
         Device::Cuda(ordinal) => {
-            use crate::backend::cuda::{CudaBackend, CudaOptions, DType};
-            let opts = CudaOptions {
-                ordinal,
-                dtype: match options.dtype {
-                    ComputeDtype::Float32 => DType::F32,
-                    ComputeDtype::BFloat16 => DType::Bf16,
-                },
-                block_size: options.block_size,
-                num_kv_blocks: options.num_kv_blocks,
-                gpu_memory_utilization: options.gpu_memory_utilization,
-                enforce_eager: options.enforce_eager,
-                max_batch_tokens: CUDA_WORKSPACE_TOKENS,
-                batch_invariant: options.batch_invariant,
-            };
+            use crate::backend::cuda::CudaBackend;
+            let opts = cuda_options(options, ordinal);
             Ok(Box::new(CudaBackend::new(config, checkpoint, &opts)?))
         }
         #[cfg(not(feature = "cuda"))]

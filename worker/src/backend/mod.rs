@@ -15,6 +15,8 @@ pub mod cpu;
 mod load;
 pub mod null;
 
+#[cfg(feature = "cuda")]
+pub use load::cuda_options;
 pub use load::{
     BackendOptions, CPU_DEFAULT_KV_BYTES, ComputeDtype, Device, ParseDeviceError,
     cpu_default_kv_blocks, load_backend,

@@ -1,16 +1,22 @@
 //! Tensor parallelism in `ringserve worker`: one rank of a group of `T` worker processes.
 //!
 //! Rank 0 owns the gateway's rings and the one scheduler: it creates one plan ring per follower
-//! (`{group}-plan{r}`) and the communicator segment (`{group}-comm`), builds its shard of the CPU
+//! (`{group}-plan{r}`) and the communicator segment (`{group}-comm`), builds its shard of the
 //! backend, plugs a [`RingPlanSink`] into the engine and runs the ordinary serving loop. Ranks
 //! 1..T-1 attach their plan ring and the communicator, build their shard and run
 //! [`run_follower`] until rank 0 sends shutdown. Both sides meet in one barrier (a one-float
 //! all-reduce) once every follower has claimed its ring, so rank 0 never writes a plan that no
 //! consumer can see.
 //!
+//! The CPU backend's collectives go through the shared-memory communicator. The CUDA backend's go
+//! through NCCL (`--tp-collectives nccl`, one GPU per rank) or through host memory
+//! (`--tp-collectives host`, ranks may share a GPU); the shared-memory communicator then carries
+//! NCCL's unique id and the start-up agreements.
+//!
 //! KV blocks: every rank must have the same count (block ids come from rank 0's scheduler). When
-//! `--num-kv-blocks` is not given, each rank computes [`cpu_default_kv_blocks`] for its shard; that
-//! depends only on the model, the block size and `T`, so all ranks agree.
+//! `--num-kv-blocks` is not given, each CPU rank computes [`cpu_default_kv_blocks`] for its shard
+//! (it depends only on the model, the block size and `T`, so all ranks agree); CUDA ranks size
+//! from their free memory and take the smallest count of the group.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -21,12 +27,12 @@ use thiserror::Error;
 use super::launch::{WorkerDevice, WorkerOptions};
 use super::{ServeConfig, ServeError, ServeExit, serve};
 use crate::backend::cpu::{CpuBackend, CpuOptions, CpuTp};
-use crate::backend::{BackendError, Device, cpu_default_kv_blocks};
+use crate::backend::{Backend, BackendError, BackendOptions, Device, cpu_default_kv_blocks};
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::ModelConfig;
 use crate::engine::{Engine, EngineError};
 use crate::tp::follower::{FollowerError, RingPlanSink, run_follower};
-use crate::tp::{CommError, CommOptions, Communicator, ShmComm, TpShard};
+use crate::tp::{CommError, CommOptions, Communicator, ShmComm, TpCollectives, TpShard};
 
 /// How long rank 0 waits for a follower's plan ring to have room.
 const PLAN_PUSH_TIMEOUT: Duration = Duration::from_secs(60);
@@ -41,6 +47,8 @@ pub struct TpOptions {
     pub rank: usize,
     /// Prefix of the group's shared-memory segments (needed when `world > 1`).
     pub group: Option<String>,
+    /// How CUDA ranks exchange activations (the CPU backend always uses shared memory).
+    pub collectives: TpCollectives,
 }
 
 impl Default for TpOptions {
@@ -49,6 +57,7 @@ impl Default for TpOptions {
             world: 1,
             rank: 0,
             group: None,
+            collectives: TpCollectives::Nccl,
         }
     }
 }
@@ -60,12 +69,6 @@ pub enum TpError {
     ZeroSize,
     #[error("--rank {rank} must be below --tensor-parallel-size {world}")]
     RankOutOfRange { rank: usize, world: usize },
-    #[error(
-        "--tensor-parallel-size {world} with --device cuda: CUDA tensor parallelism needs the NCCL \
-         communicator, which is not built yet (use --device cpu, or several --workers with \
-         --tensor-parallel-size 1)"
-    )]
-    CudaNeedsNccl { world: usize },
     #[error(
         "--tensor-parallel-size {world} with --device null: the null device has nothing to shard \
          (use --tensor-parallel-size 1)"
@@ -136,12 +139,8 @@ impl TpOptions {
             });
         }
         if self.world > 1 {
-            match device {
-                WorkerDevice::Model(Device::Cuda(_)) => {
-                    return Err(TpError::CudaNeedsNccl { world: self.world });
-                }
-                WorkerDevice::Null => return Err(TpError::NullDevice { world: self.world }),
-                WorkerDevice::Model(Device::Cpu) => {}
+            if device == WorkerDevice::Null {
+                return Err(TpError::NullDevice { world: self.world });
             }
             if self.group.is_none() {
                 return Err(TpError::MissingGroup { world: self.world });
@@ -214,12 +213,13 @@ pub fn run_rank(opts: &WorkerOptions, stop: Arc<AtomicBool>) -> Result<ServeExit
         .ok_or(TpError::MissingGroup { world: tp.world })?;
     let (config, checkpoint) = Checkpoint::load(&opts.model)?;
     check_model(tp.world, &config)?;
-    let cpu = CpuOptions {
-        block_size: opts.backend.block_size,
-        num_kv_blocks: opts
-            .backend
-            .num_kv_blocks
-            .unwrap_or_else(|| cpu_default_kv_blocks(&config, opts.backend.block_size, tp.shard())),
+    let device = match opts.device {
+        WorkerDevice::Model(d) => d,
+        WorkerDevice::Null => return Err(TpError::NullDevice { world: tp.world }),
+    };
+    let backend_opts = BackendOptions {
+        device,
+        ..opts.backend.clone()
     };
     if tp.rank == 0 {
         let rings = opts.rings.clone().ok_or(TpError::MissingRings)?;
@@ -238,23 +238,16 @@ pub fn run_rank(opts: &WorkerOptions, stop: Arc<AtomicBool>) -> Result<ServeExit
         let mut comm = ShmComm::create(&comm_name(group), tp.world, comm_options())?;
         barrier(&mut comm)?;
         tracing::info!(group, world = tp.world, "tensor-parallel group joined");
-        let backend = CpuBackend::new_sharded(
-            &config,
-            &checkpoint,
-            cpu,
-            Some(CpuTp {
-                shard: tp.shard(),
-                comm: Box::new(comm),
-            }),
-        )?;
-        let mut engine = Engine::new(Box::new(backend), &config, opts.engine.clone())?;
+        let backend = shard_backend(&config, &checkpoint, &backend_opts, tp, comm)?;
+        let kv_blocks = backend.num_kv_blocks();
+        let mut engine = Engine::new(backend, &config, opts.engine.clone())?;
         engine.set_plan_sink(Box::new(RingPlanSink::new(producers, PLAN_PUSH_TIMEOUT)));
         // The producers keep the plan rings mapped (and their names linked) while rank 0 lives.
         drop(creators);
         tracing::info!(
             model = %opts.model.display(),
             world = tp.world,
-            kv_blocks = cpu.num_kv_blocks,
+            kv_blocks,
             max_model_len = engine.max_model_len(),
             "rank 0 ready"
         );
@@ -277,22 +270,14 @@ pub fn run_rank(opts: &WorkerOptions, stop: Arc<AtomicBool>) -> Result<ServeExit
         let ring = ringbuf::attach(&name).map_err(ring_err)?;
         let mut consumer = ring.consumer().map_err(ring_err)?;
         barrier(&mut comm)?;
-        let mut backend = CpuBackend::new_sharded(
-            &config,
-            &checkpoint,
-            cpu,
-            Some(CpuTp {
-                shard: tp.shard(),
-                comm: Box::new(comm),
-            }),
-        )?;
+        let mut backend = shard_backend(&config, &checkpoint, &backend_opts, tp, comm)?;
         tracing::info!(
             group,
             rank = tp.rank,
-            kv_blocks = cpu.num_kv_blocks,
+            kv_blocks = backend.num_kv_blocks(),
             "follower ready"
         );
-        let steps = run_follower(&mut consumer, &mut backend, None).map_err(|source| {
+        let steps = run_follower(&mut consumer, backend.as_mut(), None).map_err(|source| {
             TpError::Follower {
                 rank: tp.rank,
                 source,
@@ -300,6 +285,57 @@ pub fn run_rank(opts: &WorkerOptions, stop: Arc<AtomicBool>) -> Result<ServeExit
         })?;
         tracing::info!(rank = tp.rank, steps, "rank 0 sent shutdown");
         Ok(ServeExit::Stopped)
+    }
+}
+
+/// This rank's shard of the backend `opts.device` names, joined to the group through `comm`.
+fn shard_backend(
+    config: &ModelConfig,
+    checkpoint: &Checkpoint,
+    opts: &BackendOptions,
+    tp: &TpOptions,
+    comm: ShmComm,
+) -> Result<Box<dyn Backend>, TpError> {
+    match opts.device {
+        Device::Cpu => {
+            let cpu = CpuOptions {
+                block_size: opts.block_size,
+                num_kv_blocks: opts
+                    .num_kv_blocks
+                    .unwrap_or_else(|| cpu_default_kv_blocks(config, opts.block_size, tp.shard())),
+            };
+            let tp = CpuTp {
+                shard: tp.shard(),
+                comm: Box::new(comm),
+            };
+            Ok(Box::new(CpuBackend::new_sharded(
+                config,
+                checkpoint,
+                cpu,
+                Some(tp),
+            )?))
+        }
+        #[cfg(feature = "cuda")]
+        Device::Cuda(ordinal) => {
+            use crate::backend::cuda::{CudaBackend, CudaTp};
+            let cuda = crate::backend::cuda_options(opts, ordinal);
+            let tp = CudaTp {
+                shard: tp.shard(),
+                host: Box::new(comm),
+                collectives: tp.collectives,
+            };
+            Ok(Box::new(CudaBackend::new_sharded(
+                config,
+                checkpoint,
+                &cuda,
+                Some(tp),
+            )?))
+        }
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => {
+            drop(comm);
+            Err(BackendError::NotCompiled("cuda").into())
+        }
     }
 }
 

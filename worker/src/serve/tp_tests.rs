@@ -16,6 +16,7 @@ fn tp(world: usize, rank: usize, group: Option<&str>) -> TpOptions {
         world,
         rank,
         group: group.map(str::to_owned),
+        ..TpOptions::default()
     }
 }
 
@@ -58,17 +59,11 @@ fn bad_layouts_are_typed_errors_naming_the_flag() {
 }
 
 #[test]
-fn cuda_tp_needs_nccl_and_null_refuses() {
+fn cuda_ranks_pass_and_null_refuses() {
     for device in [Device::Cuda(0), Device::Cuda(3)] {
-        let err = tp(2, 0, Some("g"))
+        tp(2, 0, Some("g"))
             .check(WorkerDevice::Model(device), true)
-            .unwrap_err();
-        assert!(matches!(err, TpError::CudaNeedsNccl { world: 2 }));
-        let msg = err.to_string();
-        assert!(
-            msg.contains("NCCL") && msg.contains("--tensor-parallel-size 2"),
-            "{msg}"
-        );
+            .expect("CUDA ranks");
     }
     let err = tp(4, 1, Some("g"))
         .check(WorkerDevice::Null, false)
@@ -78,7 +73,7 @@ fn cuda_tp_needs_nccl_and_null_refuses() {
 }
 
 #[test]
-fn run_worker_refuses_cuda_tp_before_reading_the_model() {
+fn a_cuda_rank_reads_the_model_before_touching_the_gpu() {
     let opts = WorkerOptions {
         model: PathBuf::from("/nonexistent/model"),
         device: WorkerDevice::Model(Device::Cuda(0)),
@@ -91,7 +86,7 @@ fn run_worker_refuses_cuda_tp_before_reading_the_model() {
     };
     let stop = Arc::new(AtomicBool::new(false));
     let err = run_worker(&opts, stop).unwrap_err();
-    assert!(err.to_string().contains("NCCL"), "{err}");
+    assert!(err.to_string().contains("/nonexistent/model"), "{err}");
 }
 
 #[test]

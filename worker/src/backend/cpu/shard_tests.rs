@@ -5,9 +5,11 @@
 use std::path::Path;
 
 use super::*;
+use crate::backend::BackendError;
 use crate::backend::cpu::{CpuBackend, CpuOptions};
 use crate::backend::{Backend, ForwardBatch, SeqInput};
 use crate::checkpoint::Checkpoint;
+use crate::config::ModelConfig;
 use crate::tp::{CommOptions, ShmComm};
 
 fn fixture() -> (ModelConfig, Checkpoint, serde_json::Value) {

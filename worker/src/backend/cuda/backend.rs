@@ -6,7 +6,12 @@
 //! GEMV kernel for up to 8 rows and cuBLAS above. Logits are computed only for sampling rows.
 //! Decode steps (every sequence one token, all sampling) replay a CUDA graph captured per
 //! (batch bucket, block-table width), with inputs copied into fixed device buffers first.
+//!
+//! In a tensor-parallel group ([`CudaTp`]) the backend holds its rank's shard ([`LocalDims`]) and
+//! all-reduces the outputs of `o_proj` and `down_proj`; only rank 0 holds the LM head and computes
+//! logits (the other ranks return none).
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 
 use cudarc::driver::CudaGraph;
@@ -15,10 +20,12 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use super::device::{Buf, DType, Gpu, dev_err};
 use super::ops::{self, AddRmsNorm, Attention, Linear, RopeKv, SampleRow};
 use super::step::{self, DECODE_SPLIT, HostStep, Limits};
+use super::tp::{CudaTp, DeviceGroup};
 use super::weights::{self, Weights};
 use crate::backend::{Backend, BackendError, DeviceSampling, ForwardBatch, Logits};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
+use crate::tp::{LocalDims, TpShard, all_min};
 
 /// How to build a [`CudaBackend`].
 #[derive(Debug, Clone)]
@@ -82,17 +89,19 @@ struct Workspace {
 }
 
 impl Workspace {
-    fn new(gpu: &Gpu, cfg: &ModelConfig, dt: DType, caps: Caps) -> Result<Self, BackendError> {
+    fn new(
+        gpu: &Gpu,
+        cfg: &ModelConfig,
+        dims: &LocalDims,
+        dt: DType,
+        caps: Caps,
+    ) -> Result<Self, BackendError> {
         // Whole GEMM blocks of rows, for batch-invariant mode's padding rows.
         let t = caps.tokens.next_multiple_of(INVARIANT_CHUNK);
         let s = caps.seqs.next_multiple_of(INVARIANT_CHUNK);
         let h = cfg.hidden_size;
-        let (qd, kvd, inter) = (cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size);
-        let tile = ops::attention_tile_tokens(
-            dt,
-            cfg.head_dim,
-            cfg.num_attention_heads / cfg.num_key_value_heads,
-        );
+        let (qd, kvd, inter) = (dims.q_dim, dims.kv_dim, dims.inter);
+        let tile = ops::attention_tile_tokens(dt, cfg.head_dim, dims.heads / dims.kv_heads);
         Ok(Self {
             caps,
             x: gpu.alloc(dt, t * h)?,
@@ -115,11 +124,8 @@ impl Workspace {
             items_decode: gpu.alloc(DType::I32, 2 * s)?,
             tables: gpu.alloc(DType::U32, s * caps.stride)?,
             sample_idx: gpu.alloc(DType::U32, s)?,
-            part_o: gpu.alloc(
-                DType::F32,
-                s * cfg.num_attention_heads * caps.splits * cfg.head_dim,
-            )?,
-            part_ml: gpu.alloc(DType::F32, s * cfg.num_attention_heads * caps.splits * 2)?,
+            part_o: gpu.alloc(DType::F32, s * dims.heads * caps.splits * cfg.head_dim)?,
+            part_ml: gpu.alloc(DType::F32, s * dims.heads * caps.splits * 2)?,
         })
     }
 }
@@ -135,6 +141,13 @@ unsafe impl Send for Graph {}
 pub struct CudaBackend {
     gpu: Gpu,
     cfg: ModelConfig,
+    /// This rank's share of the model (all of it without tensor parallelism).
+    dims: LocalDims,
+    /// The other ranks (`None` alone). In a RefCell because the forward pass is queued through
+    /// `&self` (also while capturing a graph).
+    group: RefCell<Option<DeviceGroup>>,
+    /// Whether this backend computes logits (rank 0).
+    samples: bool,
     dtype: DType,
     weights: Weights,
     inv_freq: Buf,
@@ -176,6 +189,20 @@ impl CudaBackend {
         ckpt: &Checkpoint,
         opts: &CudaOptions,
     ) -> Result<Self, BackendError> {
+        Self::new_sharded(cfg, ckpt, opts, None)
+    }
+
+    /// Like [`CudaBackend::new`], holding only `tp.shard`'s share of the weights and KV heads and
+    /// running every forward pass together with the group's other ranks. Every rank allocates the
+    /// smallest KV block count any rank's memory allows.
+    pub fn new_sharded(
+        cfg: &ModelConfig,
+        ckpt: &Checkpoint,
+        opts: &CudaOptions,
+        tp: Option<CudaTp>,
+    ) -> Result<Self, BackendError> {
+        let shard = tp.as_ref().map_or(TpShard::SOLO, |t| t.shard);
+        let dims = LocalDims::new(cfg, shard)?;
         if !matches!(opts.dtype, DType::F32 | DType::Bf16) {
             return Err(BackendError::InvalidOptions(format!(
                 "dtype {:?}",
@@ -194,7 +221,7 @@ impl CudaBackend {
                 kernels::ATTN_MAX_HEAD_DIM
             )));
         }
-        let group = cfg.num_attention_heads / cfg.num_key_value_heads;
+        let group = dims.heads / dims.kv_heads;
         if group > kernels::ATTN_ROWS {
             return Err(BackendError::InvalidOptions(format!(
                 "{group} query heads per KV head (at most {})",
@@ -202,7 +229,9 @@ impl CudaBackend {
             )));
         }
         let gpu = Gpu::new(opts.ordinal)?;
-        let weights = weights::upload(&gpu, cfg, ckpt, opts.dtype)?;
+        let mut group = tp.map(|tp| DeviceGroup::new(&gpu, tp)).transpose()?;
+        let samples = shard.rank == 0;
+        let weights = weights::upload(&gpu, cfg, ckpt, opts.dtype, &dims, samples)?;
         tracing::info!(
             gib = weights.copy.bytes as f64 / f64::from(1u32 << 30),
             seconds = weights.copy.seconds,
@@ -216,7 +245,7 @@ impl CudaBackend {
             stride: 64,
             splits: 32,
         };
-        let ws = Workspace::new(&gpu, cfg, opts.dtype, caps)?;
+        let ws = Workspace::new(&gpu, cfg, &dims, opts.dtype, caps)?;
         let blas_ws = gpu.alloc(DType::U32, 8 << 20)?;
         // SAFETY: the handle is live; the 32 MiB workspace outlives it (both owned by the backend,
         // the buffer dropped after the handle's uses end). A fixed workspace keeps cuBLAS from
@@ -232,7 +261,7 @@ impl CudaBackend {
         .map_err(dev_err)?;
 
         let per_block =
-            2 * cfg.num_hidden_layers * opts.block_size * cfg.kv_dim() * opts.dtype.size();
+            2 * cfg.num_hidden_layers * opts.block_size * dims.kv_dim * opts.dtype.size();
         let num_blocks = match opts.num_kv_blocks {
             Some(n) => n,
             None => {
@@ -242,12 +271,17 @@ impl CudaBackend {
                 free.saturating_sub(reserve).saturating_sub(1 << 30) / per_block
             }
         };
+        // Block ids come from rank 0's scheduler: every rank needs the same count.
+        let num_blocks = match group.as_mut() {
+            Some(g) => all_min(g.host(), num_blocks)?,
+            None => num_blocks,
+        };
         if num_blocks < 2 {
             return Err(BackendError::InvalidOptions(format!(
                 "only {num_blocks} KV blocks fit (at least 2 needed); raise gpu_memory_utilization"
             )));
         }
-        let cache_len = num_blocks * cfg.kv_dim() * opts.block_size;
+        let cache_len = num_blocks * dims.kv_dim * opts.block_size;
         let mut k_cache = Vec::new();
         let mut v_cache = Vec::new();
         for _ in 0..cfg.num_hidden_layers {
@@ -255,9 +289,14 @@ impl CudaBackend {
             v_cache.push(gpu.alloc(opts.dtype, cache_len)?);
         }
         gpu.sync()?;
+        // The host path synchronises inside the forward pass, which a graph cannot hold.
+        let enforce_eager = opts.enforce_eager || group.as_ref().is_some_and(|g| !g.capturable());
         Ok(Self {
             gpu,
             cfg: cfg.clone(),
+            dims,
+            group: RefCell::new(group),
+            samples,
             dtype: opts.dtype,
             weights,
             inv_freq,
@@ -267,7 +306,7 @@ impl CudaBackend {
             num_blocks,
             ws,
             graphs: HashMap::new(),
-            enforce_eager: opts.enforce_eager,
+            enforce_eager,
             batch_invariant: opts.batch_invariant,
             gemv_max_rows: if std::env::var(GEMV_ENV).is_ok_and(|v| v == "1") {
                 kernels::GEMV_MAX_BATCH
@@ -306,7 +345,7 @@ impl CudaBackend {
             tile_tokens: ops::attention_tile_tokens(
                 self.dtype,
                 self.cfg.head_dim,
-                self.cfg.num_attention_heads / self.cfg.num_key_value_heads,
+                self.dims.heads / self.dims.kv_heads,
             ),
         }
     }
@@ -329,7 +368,7 @@ impl CudaBackend {
         };
         self.graphs.clear();
         self.gpu.sync()?;
-        self.ws = Workspace::new(&self.gpu, &self.cfg, self.dtype, caps)?;
+        self.ws = Workspace::new(&self.gpu, &self.cfg, &self.dims, self.dtype, caps)?;
         Ok(())
     }
 
@@ -395,16 +434,20 @@ impl CudaBackend {
         }
     }
 
+    /// Sums the first `len` elements of `buf` over the TP group (nothing alone).
+    fn all_reduce(&self, buf: &Buf, len: usize) -> Result<(), BackendError> {
+        match self.group.borrow_mut().as_mut() {
+            Some(group) => group.all_reduce(&self.gpu, buf, len),
+            None => Ok(()),
+        }
+    }
+
     /// Queues the whole forward pass for a step already uploaded.
     fn launch_model(&self, d: Dims) -> Result<(), BackendError> {
-        let (g, ws, cfg) = (&self.gpu, &self.ws, &self.cfg);
+        let (g, ws, cfg, dims) = (&self.gpu, &self.ws, &self.cfg, &self.dims);
         let (h, n) = (cfg.hidden_size, d.n);
-        let (hq, hkv, hd) = (
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            cfg.head_dim,
-        );
-        let (qd, kvd, inter) = (cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size);
+        let (hq, hkv, hd) = (dims.heads, dims.kv_heads, cfg.head_dim);
+        let (qd, kvd, inter) = (dims.q_dim, dims.kv_dim, dims.inter);
         let width = qd + 2 * kvd;
         let eps = cfg.rms_norm_eps;
         // SAFETY: step::build checked every id < vocab.
@@ -490,6 +533,7 @@ impl CudaBackend {
                 n: h,
                 k: qd,
             })?;
+            self.all_reduce(&ws.proj, n * h)?;
             ops::add_rmsnorm(
                 g,
                 &AddRmsNorm {
@@ -519,6 +563,7 @@ impl CudaBackend {
                 n: h,
                 k: inter,
             })?;
+            self.all_reduce(&ws.proj, n * h)?;
         }
         ops::add_rmsnorm(
             g,
@@ -535,11 +580,16 @@ impl CudaBackend {
         if d.rows == 0 {
             return Ok(());
         }
+        let lm_head = self.weights.lm_head().ok_or_else(|| {
+            BackendError::InvalidOptions(
+                "this tensor-parallel rank holds no LM head (only rank 0 computes logits)".into(),
+            )
+        })?;
         // SAFETY: sample_idx entries are token indices < n (step::build).
         unsafe { ops::embedding(g, &ws.last, &ws.normed, &ws.sample_idx, (d.rows, h)) }?;
         let lm = Linear {
             x: &ws.last,
-            w: self.weights.lm_head(),
+            w: lm_head,
             y: &ws.logits,
             m: d.rows,
             n: cfg.vocab_size,
@@ -568,7 +618,8 @@ impl CudaBackend {
         self.gpu.ctx.bind_to_thread().map_err(dev_err)?;
         let lim = self.limits();
         let st = step::build(batch, lim, 0)?;
-        let rows = st.sample_idx.len();
+        // Ranks other than 0 compute no logits (rank 0 samples for the group).
+        let rows = if self.samples { st.sample_idx.len() } else { 0 };
         if let Some(s) = sampling
             && s.len() != rows
         {
@@ -582,7 +633,7 @@ impl CudaBackend {
             && n > 0
             && n <= MAX_GRAPH_BATCH
             && st.items_prefill.is_empty()
-            && rows == n;
+            && st.sample_idx.len() == n;
         if graphable {
             let bucket = n.next_power_of_two();
             let stride = st.stride.next_power_of_two().max(1);
@@ -603,8 +654,8 @@ impl CudaBackend {
                     items_decode: bucket,
                     stride,
                     splits,
-                    rows: bucket,
-                    sample: true,
+                    rows: if self.samples { bucket } else { 0 },
+                    sample: self.samples,
                 };
                 let key = (bucket, stride);
                 if !self.graphs.contains_key(&key) {
@@ -631,7 +682,7 @@ impl CudaBackend {
             stride: st.stride,
             splits,
             rows,
-            sample: sampling.is_some(),
+            sample: sampling.is_some() && rows > 0,
         })?;
         Ok(rows)
     }

@@ -283,6 +283,26 @@ impl Gpu {
         self.stream.memcpy_htod(bytes, &mut view).map_err(dev_err)
     }
 
+    /// Copies `bytes` into the start of `dst` in stream order and waits for the copy, for buffers
+    /// that kernels also write through shared references (activations).
+    pub fn overwrite(&self, dst: &Buf, bytes: &[u8]) -> Result<(), BackendError> {
+        if bytes.len() > dst.mem.len() {
+            return Err(BackendError::InvalidBatch(format!(
+                "write of {} bytes into a {}-byte buffer",
+                bytes.len(),
+                dst.mem.len()
+            )));
+        }
+        // SAFETY: the destination range lies inside `dst`'s allocation (checked above), which
+        // outlives the copy (we synchronise before returning, so `bytes` also outlives it); the
+        // copy is ordered on the one stream after every kernel queued so far.
+        unsafe {
+            cudarc::driver::result::memcpy_htod_async(dst.ptr, bytes, self.stream.cu_stream())
+        }
+        .map_err(dev_err)?;
+        self.sync()
+    }
+
     /// Downloads the first `len` elements as raw bytes.
     pub fn download_bytes(&self, buf: &Buf, len: usize) -> Result<Vec<u8>, BackendError> {
         let n = (len * buf.dtype.size()).min(buf.mem.len());

@@ -6,7 +6,9 @@ pub mod device;
 pub mod ops;
 pub mod staging;
 pub mod step;
+mod tp;
 mod weights;
 
 pub use backend::{CudaBackend, CudaOptions, GEMV_ENV, INVARIANT_CHUNK, MAX_GRAPH_BATCH};
 pub use device::{Buf, DType, Gpu};
+pub use tp::CudaTp;

@@ -1,9 +1,13 @@
 //! Uploading a checkpoint's weights to the device, in the compute type, with q/k/v and gate/up
-//! fused into one matrix each.
+//! fused into one matrix each, and only this rank's share of them in a tensor-parallel group
+//! ([`LocalDims`]: row slices of q/k/v and gate/up, column slices of o and down).
 //!
-//! A tensor already in the compute type (bf16 → bf16, f32 → f32) is streamed straight from the
-//! memory map through pinned chunks ([`Staging`]); others are converted on the host first
-//! (f16/f32 → bf16 rounds to nearest even).
+//! A tensor (or row slice) already in the compute type (bf16 → bf16, f32 → f32) is streamed
+//! straight from the memory map through pinned chunks ([`Staging`]); column slices are gathered on
+//! the host, and other types converted there first (f16/f32 → bf16 rounds to nearest even).
+
+use std::borrow::Cow;
+use std::ops::Range;
 
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -14,6 +18,7 @@ use crate::backend::BackendError;
 use crate::checkpoint::names::{self, layer, layer_tensor};
 use crate::checkpoint::{Checkpoint, Dtype as StoredDtype, TensorView};
 use crate::config::ModelConfig;
+use crate::tp::LocalDims;
 
 /// One decoder layer on the device (HF `[out, in]` layout).
 pub struct LayerWeights {
@@ -28,11 +33,13 @@ pub struct LayerWeights {
     pub down: Buf,
 }
 
-/// The whole model on the device.
+/// The whole model (or this rank's share of it) on the device.
 pub struct Weights {
     pub embed: Buf,
-    /// `None` when tied to `embed`.
+    /// `None` when tied to `embed` or not loaded (ranks other than 0 compute no logits).
     pub lm_head: Option<Buf>,
+    /// Whether the output projection is `embed`.
+    pub tied: bool,
     pub final_norm: Buf,
     pub layers: Vec<LayerWeights>,
     /// Bytes uploaded.
@@ -42,9 +49,11 @@ pub struct Weights {
 }
 
 impl Weights {
-    /// The output projection.
-    pub fn lm_head(&self) -> &Buf {
-        self.lm_head.as_ref().unwrap_or(&self.embed)
+    /// The output projection, if this rank holds one.
+    pub fn lm_head(&self) -> Option<&Buf> {
+        self.lm_head
+            .as_ref()
+            .or(if self.tied { Some(&self.embed) } else { None })
     }
 }
 
@@ -52,19 +61,18 @@ fn weights_err(e: impl std::fmt::Display) -> BackendError {
     BackendError::Weights(e.to_string())
 }
 
-/// A tensor's elements as little-endian bytes of `dtype`.
-fn convert(view: &TensorView<'_>, dtype: DType) -> Vec<u8> {
+/// Elements stored as `stored` converted to little-endian bytes of `dtype`.
+fn convert(data: &[u8], stored: StoredDtype, dtype: DType) -> Vec<u8> {
     let widen = |c: &[u8]| -> f32 {
-        match view.dtype {
+        match stored {
             StoredDtype::F32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]),
             StoredDtype::BF16 => bf16::from_le_bytes([c[0], c[1]]).to_f32(),
             StoredDtype::F16 => f16::from_le_bytes([c[0], c[1]]).to_f32(),
         }
     };
-    let size = view.dtype.size();
+    let size = stored.size();
     match dtype {
-        DType::Bf16 => view
-            .data
+        DType::Bf16 => data
             .par_chunks(size * 4096)
             .flat_map_iter(|block| {
                 block
@@ -73,8 +81,7 @@ fn convert(view: &TensorView<'_>, dtype: DType) -> Vec<u8> {
                     .collect::<Vec<u8>>()
             })
             .collect(),
-        _ => view
-            .data
+        _ => data
             .par_chunks(size * 4096)
             .flat_map_iter(|block| {
                 block
@@ -86,77 +93,146 @@ fn convert(view: &TensorView<'_>, dtype: DType) -> Vec<u8> {
     }
 }
 
-/// Uploads the named tensors stacked along their first axis.
+/// Which part of a tensor (rows are the first axis; a 1-D tensor is a column of rows) to upload.
+#[derive(Debug, Clone)]
+enum Part {
+    All,
+    Rows(Range<usize>),
+    Cols(Range<usize>),
+}
+
+/// The bytes of `part` of `view`, borrowed from the memory map when contiguous.
+fn part_bytes<'a>(
+    view: &TensorView<'a>,
+    part: &Part,
+) -> Result<(Cow<'a, [u8]>, usize), BackendError> {
+    let size = view.dtype.size();
+    let rows = view.shape.first().copied().unwrap_or(1);
+    let width = view.numel().checked_div(rows).unwrap_or(0);
+    let bad = |r: &Range<usize>, of: usize| {
+        BackendError::Weights(format!(
+            "{}: slice {r:?} is outside its {of} {}",
+            view.name,
+            if matches!(part, Part::Cols(_)) {
+                "columns"
+            } else {
+                "rows"
+            }
+        ))
+    };
+    match part {
+        Part::All => Ok((Cow::Borrowed(view.data), view.numel())),
+        Part::Rows(r) => {
+            if r.start > r.end || r.end > rows {
+                return Err(bad(r, rows));
+            }
+            let bytes = &view.data[r.start * width * size..r.end * width * size];
+            Ok((Cow::Borrowed(bytes), r.len() * width))
+        }
+        Part::Cols(r) => {
+            if r.start > r.end || r.end > width {
+                return Err(bad(r, width));
+            }
+            let mut out = Vec::with_capacity(rows * r.len() * size);
+            for row in view.data.chunks_exact(width * size) {
+                out.extend_from_slice(&row[r.start * size..r.end * size]);
+            }
+            Ok((Cow::Owned(out), rows * r.len()))
+        }
+    }
+}
+
+/// Uploads the named tensors' parts stacked along their first axis.
 fn upload_stacked(
     gpu: &Gpu,
     staging: &mut Staging,
     ckpt: &Checkpoint,
-    names: &[String],
+    parts: &[(String, Part)],
     dtype: DType,
 ) -> Result<Buf, BackendError> {
-    let views = names
+    let pieces = parts
         .iter()
-        .map(|n| ckpt.tensor(n))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(weights_err)?;
-    let total: usize = views.iter().map(|v| v.numel()).sum();
+        .map(|(name, part)| {
+            let view = ckpt.tensor(name).map_err(weights_err)?;
+            let (bytes, numel) = part_bytes(&view, part)?;
+            Ok((view.dtype, bytes, numel))
+        })
+        .collect::<Result<Vec<_>, BackendError>>()?;
+    let total: usize = pieces.iter().map(|p| p.2).sum();
     let mut buf = gpu.alloc(dtype, total)?;
     let mut offset = 0;
-    for v in &views {
+    for (stored, bytes, numel) in &pieces {
         let same = matches!(
-            (v.dtype, dtype),
+            (stored, dtype),
             (StoredDtype::BF16, DType::Bf16) | (StoredDtype::F32, DType::F32)
         );
         if same {
-            staging.write(gpu, &mut buf, offset, v.data)?;
+            staging.write(gpu, &mut buf, offset, bytes)?;
         } else {
-            staging.write(gpu, &mut buf, offset, &convert(v, dtype))?;
+            staging.write(gpu, &mut buf, offset, &convert(bytes, *stored, dtype))?;
         }
-        offset += v.numel() * dtype.size();
+        offset += numel * dtype.size();
     }
     Ok(buf)
 }
 
-/// Validates the checkpoint against `config` and uploads every weight as `dtype`.
+/// Validates the checkpoint against `config` and uploads this rank's share (`dims`) of every
+/// weight as `dtype`; the output projection only when `lm_head` (rank 0, which samples).
 pub fn upload(
     gpu: &Gpu,
     config: &ModelConfig,
     ckpt: &Checkpoint,
     dtype: DType,
+    dims: &LocalDims,
+    lm_head: bool,
 ) -> Result<Weights, BackendError> {
     ckpt.validate(config).map_err(weights_err)?;
     let mut staging = Staging::new(gpu)?;
     let st = &mut staging;
-    let one =
-        |st: &mut Staging, name: &str| upload_stacked(gpu, st, ckpt, &[name.to_string()], dtype);
+    let d = config.head_dim;
+    let scaled = |r: &Range<usize>| r.start * d..r.end * d;
+    let (q_rows, kv_rows) = (scaled(&dims.head_range), scaled(&dims.kv_range));
+    let whole = |name: String| vec![(name, Part::All)];
     let mut layers = Vec::with_capacity(config.num_hidden_layers);
     for i in 0..config.num_hidden_layers {
         let t = |s: &str| layer_tensor(i, s);
-        let stacked = |st: &mut Staging, parts: &[&str]| {
-            let names: Vec<String> = parts.iter().map(|p| t(p)).collect();
-            upload_stacked(gpu, st, ckpt, &names, dtype)
+        let qkv_parts = |q: &str, k: &str, v: &str| {
+            vec![
+                (t(q), Part::Rows(q_rows.clone())),
+                (t(k), Part::Rows(kv_rows.clone())),
+                (t(v), Part::Rows(kv_rows.clone())),
+            ]
         };
+        let mut up = |parts: Vec<(String, Part)>| upload_stacked(gpu, st, ckpt, &parts, dtype);
         layers.push(LayerWeights {
-            input_norm: one(st, &t(layer::INPUT_NORM))?,
-            post_norm: one(st, &t(layer::POST_ATTENTION_NORM))?,
-            qkv: stacked(st, &[layer::Q_PROJ, layer::K_PROJ, layer::V_PROJ])?,
+            input_norm: up(whole(t(layer::INPUT_NORM)))?,
+            post_norm: up(whole(t(layer::POST_ATTENTION_NORM)))?,
+            qkv: up(qkv_parts(layer::Q_PROJ, layer::K_PROJ, layer::V_PROJ))?,
             qkv_bias: if config.qkv_bias {
-                Some(stacked(st, &[layer::Q_BIAS, layer::K_BIAS, layer::V_BIAS])?)
+                Some(up(qkv_parts(layer::Q_BIAS, layer::K_BIAS, layer::V_BIAS))?)
             } else {
                 None
             },
-            o: one(st, &t(layer::O_PROJ))?,
-            gate_up: stacked(st, &[layer::GATE_PROJ, layer::UP_PROJ])?,
-            down: one(st, &t(layer::DOWN_PROJ))?,
+            o: up(vec![(t(layer::O_PROJ), Part::Cols(q_rows.clone()))])?,
+            gate_up: up(vec![
+                (t(layer::GATE_PROJ), Part::Rows(dims.inter_range.clone())),
+                (t(layer::UP_PROJ), Part::Rows(dims.inter_range.clone())),
+            ])?,
+            down: up(vec![(
+                t(layer::DOWN_PROJ),
+                Part::Cols(dims.inter_range.clone()),
+            )])?,
         });
     }
-    let embed = one(st, names::EMBED_TOKENS)?;
-    let lm_head = if config.tie_word_embeddings {
-        None
+    let mut one = |name: &str| upload_stacked(gpu, st, ckpt, &whole(name.to_string()), dtype);
+    let embed = one(names::EMBED_TOKENS)?;
+    let tied = config.tie_word_embeddings;
+    let lm_head = if lm_head && !tied {
+        Some(one(names::LM_HEAD)?)
     } else {
-        Some(one(st, names::LM_HEAD)?)
+        None
     };
-    let final_norm = one(st, names::FINAL_NORM)?;
+    let final_norm = one(names::FINAL_NORM)?;
     let copy = staging.finish(gpu)?;
     let mut bytes = embed.bytes() + final_norm.bytes() + lm_head.as_ref().map_or(0, Buf::bytes);
     for l in &layers {
@@ -171,6 +247,7 @@ pub fn upload(
     Ok(Weights {
         embed,
         lm_head,
+        tied,
         final_norm,
         layers,
         bytes,
