@@ -1,23 +1,46 @@
-// Bandwidth-bound matrix-vector products for small batches: y[b, n] = sum_k x[b, k] * w[n, k].
+// Bandwidth-bound matrix-vector products for small batches: y[b, n] = sum_k x[b, k] * w[n, k],
+// b <= 8, w in HF Linear layout [n, k] row-major, f32 accumulation. The weight matrix is read
+// exactly once per call, which is what bounds small-batch decoding.
 //
-// One warp per output row. Every lane streams its share of the weight row with 16-byte loads,
-// UNROLL of them issued back to back before any is used (one load in flight per lane leaves the
-// H200's memory system idle between round trips), bypassing L1 so the small activation rows stay
-// cached there; each weight vector is multiplied against up to MAX_B activation rows, then the
-// warp reduces. The weight matrix is read exactly once per call, which is what bounds
-// small-batch decoding. The per-row summation order does not depend on the batch size.
-// Measured on the H200 (docs/benchmarks.md, run 8) it is still slower than cuBLAS end to end, so
-// the model uses it only when RINGSERVE_CUDA_GEMV=1.
+// bf16 (gemv_bf16_r16/_r32, gemv_bf16_f32out_r16/_r32): tensor cores. One mma.sync.m16n8k16 takes
+// the activations as A (batch rows 0..7 of its 16; rows 8..15 and rows >= b are zero) and 8 weight
+// rows as B (the "col" operand is exactly w's [n, k] row-major layout). The 16 k of an mma may be
+// any 16 physical k as long as A and B agree, so every lane loads 16 contiguous bytes: lane
+// (g = lane / 4, t = lane % 4) reads x[g, k0 + 8t .. +8] and w[row g of the tile, k0 + 8t .. +8],
+// which feed two mmas (elements 0-3, then 4-7) covering the 32 k from k0: in PTX's fragment
+// layout, logical k 2t, 2t+1 / 2t+8, 2t+9 of the first mma are physical k0+8t+0,1 / +2,3, of the
+// second k0+8t+4,5 / +6,7, the same map for A and B (the lane's t). The product lands in the
+// lane's c0, c1 = y[batch g, tile rows 2t, 2t+1].
+//
+// A block is GEMV_WARPS warps over the same 8 * NT weight rows (NT tiles of 8), splitting K
+// between them: warp w takes the 32-wide k-steps w, w + GEMV_WARPS, w + 2 GEMV_WARPS, ... and
+// issues U of them at once, i.e. U * NT 16-byte weight loads (8 for both variants) plus U x loads
+// per lane before the first is used. Weights stream past L1 (ld.global.nc.L1::no_allocate); the
+// activations are read through L1 (__ldg) and reused by the NT tiles of the warp. The warps' partial
+// sums meet in shared memory. r16 (NT 2, U 4) gives 4096-row matrices 256 blocks, all resident at
+// once; r32 (NT 4, U 2) halves the activation traffic per weight byte for the tall matrices.
+//
+// Batch invariance: the value of y[b, n] is bit-identical for every batch size and for both
+// variants. Its sum is, per warp, one chain of mmas over that warp's k-steps in increasing order
+// (the same for any U and NT), then the warps' partials added in warp order 0..GEMV_WARPS-1; an
+// mma's D[m][n] depends only on A row m, B column n and C[m][n], so the other batch rows (zeros or
+// not) never enter it. Only GEMV_WARPS (fixed) and k shape the order.
+//
+// f32 (gemv_f32, tests and small models only): one warp per output row on the FMA units, UNROLL
+// 16-byte weight loads in flight per lane, explicit fmaf in a per-row order that does not depend on
+// the batch size either.
 #include "common.cuh"
 
 #define MAX_B 8
+#define GEMV_WARPS 8
+#define GEMV_THREADS (32 * GEMV_WARPS)
 #define UNROLL 4
 
 struct GemvParams {
     const void* x; // T[b, k]
     const void* w; // T[n, k], row-major (HF Linear layout)
     void* y;       // To[b, n]
-    int b, n, k;   // k is a multiple of 16 / sizeof(T); x and w are 16-byte aligned
+    int b, n, k;   // k is a multiple of 16 / sizeof(T) and < 2^30; x and w are 16-byte aligned
 };
 
 // A streamed 16-byte load: read-only, not kept in L1 (each weight is used once).
@@ -29,15 +52,104 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
     return r;
 }
 
-template <typename T, typename To>
-__device__ void gemv_impl(const GemvParams& p) {
-    constexpr int VEC = 16 / sizeof(T);
+// c += A * B for A = {a0, 0, a2, 0} (rows 8..15 zero), B = {b0, b1}.
+__device__ __forceinline__ void gemv_mma(float* c, u32 a0, u32 a2, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+
+// NT tiles of 8 weight rows per block, U k-steps of 32 in flight per warp.
+template <int NT, int U, typename To>
+__device__ __forceinline__ void gemv_mma_impl(const GemvParams& p) {
+    __shared__ __align__(16) float red[GEMV_WARPS * NT * 64]; // [warp][tile][batch 8][row 8]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int row0 = blockIdx.x * (8 * NT);
+    const int k = p.k;
+    const int nsteps = (k + 31) >> 5; // the last one partial when k % 32 != 0
+    const int nfull = k >> 5;         // steps where every lane's 8 k are in range
+    const bool rows_full = row0 + 8 * NT <= p.n;
+    const bool xrow = g < p.b;
+    // Element pointers at this lane's k offset 8t; invalid rows point at row 0 and are never read.
+    const bf16* x = (const bf16*)p.x + (size_t)(xrow ? g : 0) * k + 8 * t;
+    const bf16* w[NT];
+    bool wrow[NT];
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        const int r = row0 + 8 * j + g;
+        wrow[j] = r < p.n;
+        w[j] = (const bf16*)p.w + (size_t)(wrow[j] ? r : 0) * k + 8 * t;
+    }
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+
+    for (int s0 = warp; s0 < nsteps; s0 += GEMV_WARPS * U) {
+        uint4 wv[U][NT], xv[U];
+        if (rows_full && s0 + (U - 1) * GEMV_WARPS < nfull) {
+            // Every load of this round in range (warp-uniform test): no per-lane predicates.
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int off = 32 * (s0 + u * GEMV_WARPS);
+#pragma unroll
+                for (int j = 0; j < NT; j++) wv[u][j] = ld_stream(w[j] + off);
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int off = 32 * (s0 + u * GEMV_WARPS);
+                xv[u] = xrow ? __ldg((const uint4*)(x + off)) : zero;
+            }
+        } else {
+            // Last rounds / last block: a lane's 8 k are in range iff 32 s + 8 t < k (k is a
+            // multiple of 8); out-of-range k and rows contribute exact zeros.
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int off = 32 * (s0 + u * GEMV_WARPS);
+                const bool kok = off + 8 * t < k;
+#pragma unroll
+                for (int j = 0; j < NT; j++) wv[u][j] = kok && wrow[j] ? ld_stream(w[j] + off) : zero;
+                xv[u] = kok && xrow ? __ldg((const uint4*)(x + off)) : zero;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                gemv_mma(acc[j], xv[u].x, xv[u].y, wv[u][j].x, wv[u][j].y);
+                gemv_mma(acc[j], xv[u].z, xv[u].w, wv[u][j].z, wv[u][j].w);
+            }
+        }
+    }
+
+    // c0, c1 of tile j = y[batch g, row0 + 8j + 2t, +1]; c2, c3 are batch rows 8..15 (zero).
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+        *(float2*)&red[((warp * NT + j) * 8 + g) * 8 + 2 * t] = make_float2(acc[j][0], acc[j][1]);
+    __syncthreads();
+    for (int o = threadIdx.x; o < NT * 64; o += blockDim.x) {
+        const int j = o >> 6, bb = (o >> 3) & 7, rr = o & 7;
+        const int row = row0 + 8 * j + rr;
+        if (bb < p.b && row < p.n) {
+            float s = red[o];
+#pragma unroll
+            for (int v = 1; v < GEMV_WARPS; v++) s += red[v * NT * 64 + o];
+            ((To*)p.y)[(size_t)bb * p.n + row] = from_f<To>(s);
+        }
+    }
+}
+
+// f32: one warp per row, 8 rows per block of GEMV_THREADS.
+__device__ __forceinline__ void gemv_f32_impl(const GemvParams& p) {
+    constexpr int VEC = 4;
     constexpr int STRIDE = 32 * VEC;
     const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     if (row >= p.n) return;
-    const T* w = (const T*)p.w + (size_t)row * p.k;
-    const T* x = (const T*)p.x;
+    const float* w = (const float*)p.w + (size_t)row * p.k;
+    const float* x = (const float*)p.x;
     float acc[MAX_B];
 #pragma unroll
     for (int b = 0; b < MAX_B; b++) acc[b] = 0.f;
@@ -53,14 +165,14 @@ __device__ void gemv_impl(const GemvParams& p) {
             const int k = k0 + u * STRIDE;
             if (k >= p.k) break;
             float wf[VEC];
-            unpack16(wv[u], wf, T());
+            unpack16(wv[u], wf, float());
 #pragma unroll
             for (int b = 0; b < MAX_B; b++) {
                 if (b < p.b) {
                     float xf[VEC];
-                    unpack16(__ldg((const uint4*)(x + (size_t)b * p.k + k)), xf, T());
+                    unpack16(__ldg((const uint4*)(x + (size_t)b * p.k + k)), xf, float());
 #pragma unroll
-                    for (int v = 0; v < VEC; v++) acc[b] += wf[v] * xf[v];
+                    for (int v = 0; v < VEC; v++) acc[b] = fmaf(wf[v], xf[v], acc[b]);
                 }
             }
         }
@@ -69,12 +181,24 @@ __device__ void gemv_impl(const GemvParams& p) {
     for (int b = 0; b < MAX_B; b++) {
         if (b < p.b) {
             const float s = warp_sum(acc[b]);
-            if (lane == 0) ((To*)p.y)[(size_t)b * p.n + row] = from_f<To>(s);
+            if (lane == 0) ((float*)p.y)[(size_t)b * p.n + row] = s;
         }
     }
 }
 
-extern "C" __global__ void gemv_f32(GemvParams p) { gemv_impl<float, float>(p); }
-extern "C" __global__ void gemv_bf16(GemvParams p) { gemv_impl<bf16, bf16>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_f32(GemvParams p) { gemv_f32_impl(p); }
+// 16 weight rows per block.
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_bf16_r16(GemvParams p) {
+    gemv_mma_impl<2, 4, bf16>(p);
+}
+// 32 weight rows per block.
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_bf16_r32(GemvParams p) {
+    gemv_mma_impl<4, 2, bf16>(p);
+}
 // For logits: bf16 weights, f32 output.
-extern "C" __global__ void gemv_bf16_f32out(GemvParams p) { gemv_impl<bf16, float>(p); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_bf16_f32out_r16(GemvParams p) {
+    gemv_mma_impl<2, 4, float>(p);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_bf16_f32out_r32(GemvParams p) {
+    gemv_mma_impl<4, 2, float>(p);
+}

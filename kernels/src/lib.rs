@@ -72,8 +72,10 @@ pub const KERNELS: &[&str] = &[
     "attn_decode_bf16_d128_g8",
     "attn_prefill_bf16_d128",
     "gemv_f32",
-    "gemv_bf16",
-    "gemv_bf16_f32out",
+    "gemv_bf16_r16",
+    "gemv_bf16_r32",
+    "gemv_bf16_f32out_r16",
+    "gemv_bf16_f32out_r32",
     "sample_f32",
 ];
 
@@ -95,8 +97,13 @@ pub const DECODE_THREADS: u32 = 128;
 /// Query tokens per block of the tensor-core prefill kernel (`attn_prefill_bf16_d128`, `PF_BM`).
 pub const PREFILL_MMA_TOKENS: usize = 64;
 
-/// Largest batch the GEMV kernel takes (`MAX_B`).
+/// Largest batch the GEMV kernel takes (`MAX_B`; the 8 rows of an mma operand).
 pub const GEMV_MAX_BATCH: usize = 8;
+/// Threads per GEMV block (`GEMV_THREADS`: 8 warps).
+pub const GEMV_THREADS: u32 = 256;
+/// Weight rows per block of the bf16 GEMV kernels `gemv_bf16*_r<R>`; `gemv_f32` takes 8 (one per
+/// warp).
+pub const GEMV_BF16_ROWS: &[usize] = &[16, 32];
 /// Threads per sampling block (`SAMPLE_THREADS`).
 pub const SAMPLE_THREADS: u32 = 1024;
 

@@ -5,7 +5,7 @@
 //!
 //! usage: cuda_bench MODEL_DIR OUT_JSON LOGITS_DUMP PROMPTS_JSON
 //!        cuda_bench attention CASE   (one attention case alone, for profiling)
-//!        cuda_bench gemv OUT_JSON    (GEMV kernel vs cuBLAS at the 8B shapes, no model)
+//!        cuda_bench gemv OUT_JSON    (GEMV kernel vs cuBLAS at the 8B shapes, batch 1-8, no model)
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -236,7 +236,16 @@ fn attention_alone(g: &Gpu, only: Option<usize>) -> Res<Value> {
     Ok(Value::Object(out))
 }
 
-/// GEMV vs cuBLAS at the 8B shapes, batch 1 and 8.
+/// Batch sizes `cuda_bench gemv` times (to place the GEMV/cuBLAS crossover).
+const GEMV_BATCHES: [usize; 4] = [1, 2, 4, 8];
+
+/// Bytes of weight copies the GEMV timing cycles through, several times the H200's 50 MB L2, so
+/// that every call streams its weights from HBM as a decode step does (one 32 MB matrix timed
+/// back to back would partly stay in L2).
+const GEMV_ROTATE_BYTES: usize = 256 << 20;
+
+/// GEMV (both bf16 block heights, and the one `ops::gemv` picks) vs cuBLAS at the 8B shapes for
+/// [`GEMV_BATCHES`] rows; GB/s counts weight bytes only. lm_head writes f32 logits, as the model.
 fn linear_alone(g: &Gpu) -> Res<Value> {
     let mut out = serde_json::Map::new();
     for (name, n, k) in [
@@ -246,27 +255,56 @@ fn linear_alone(g: &Gpu) -> Res<Value> {
         ("down", 4096, 14336),
         ("lm_head", 128_256, 4096),
     ] {
-        let w = g.alloc(DType::Bf16, n * k)?;
-        for m in [1usize, 8] {
+        let bytes = n * k * 2;
+        let copies = GEMV_ROTATE_BYTES.div_ceil(bytes).max(1);
+        let ws = (0..copies)
+            .map(|_| g.alloc(DType::Bf16, n * k))
+            .collect::<Result<Vec<_>, _>>()?;
+        let yt = if name == "lm_head" {
+            DType::F32
+        } else {
+            DType::Bf16
+        };
+        let picked = if n >= ops::GEMV_TALL_ROWS { 32 } else { 16 };
+        for m in GEMV_BATCHES {
             let x = g.upload_f32(&vec![0.01; m * k], DType::Bf16)?;
-            let y = g.alloc(DType::Bf16, m * n)?;
-            let l = Linear {
+            let y = g.alloc(yt, m * n)?;
+            let lin = |i: usize| Linear {
                 x: &x,
-                w: &w,
+                w: &ws[i % copies],
                 y: &y,
                 m,
                 n,
                 k,
             };
-            let gemv = time_ms(g, 20, || Ok(ops::gemv(g, &l)?))?;
-            let gemm = time_ms(g, 20, || Ok(ops::gemm(g, &l)?))?;
-            let gb = (n * k * 2) as f64 / 1e6;
+            let time = |f: &dyn Fn(&Linear<'_>) -> Res<()>| {
+                let mut i = 0;
+                time_ms(g, 100, || {
+                    i += 1;
+                    f(&lin(i))
+                })
+            };
+            let r16 = time(&|l| Ok(ops::gemv_rows(g, l, 16)?))?;
+            let r32 = time(&|l| Ok(ops::gemv_rows(g, l, 32)?))?;
+            let gemm = time(&|l| Ok(ops::gemm(g, l)?))?;
+            let gemv = if picked == 32 { r32 } else { r16 };
+            let gb = bytes as f64 / 1e6;
             println!(
-                "linear {name} m{m}: gemv {gemv:.4} ms ({:.0} GB/s), cublas {gemm:.4} ms ({:.0} GB/s)",
-                gb / gemv,
+                "linear {name} m{m}: gemv r16 {r16:.4} ms ({:.0} GB/s), r32 {r32:.4} ms ({:.0} GB/s), \
+                 cublas {gemm:.4} ms ({:.0} GB/s)",
+                gb / r16,
+                gb / r32,
                 gb / gemm
             );
-            out.insert(format!("{name}_m{m}"), json!({"gemv_ms": gemv, "cublas_ms": gemm, "gemv_gb_s": gb / gemv, "cublas_gb_s": gb / gemm}));
+            out.insert(
+                format!("{name}_m{m}"),
+                json!({
+                    "gemv_ms": gemv, "gemv_gb_s": gb / gemv, "gemv_rows_per_block": picked,
+                    "gemv_r16_ms": r16, "gemv_r16_gb_s": gb / r16,
+                    "gemv_r32_ms": r32, "gemv_r32_gb_s": gb / r32,
+                    "cublas_ms": gemm, "cublas_gb_s": gb / gemm,
+                }),
+            );
         }
     }
     Ok(Value::Object(out))

@@ -583,11 +583,16 @@ fn gemv_and_gemm_match_cpu() {
     let g = gpu();
     let mut r = Rng(6);
     for dt in DTYPES {
+        // k % 32 of 0, 8 and 24 (the GEMV's last 32-wide k-step full or partial, after one or
+        // more rounds of 8 warps x 4 steps), n not a multiple of the 16/32-row blocks, m = 1..8
+        // and one m above the GEMV's limit.
         for (m, n, k) in [
             (1, 64, 64),
             (3, 1000, 4096),
             (8, 4096, 14336),
             (5, 7, 40),
+            (2, 33, 280),
+            (6, 50, 1048),
             (37, 300, 512),
         ] {
             let x = q(&r.vec(m * k), dt);
@@ -620,15 +625,18 @@ fn gemv_and_gemm_match_cpu() {
                     k,
                 };
                 let mut runs = vec![(
-                    "gemm",
+                    "gemm".to_string(),
                     ops::gemm(&g, &l).map(|_| g.download_f32(&y).unwrap()),
                 )];
                 if l.gemv_ok() {
-                    runs.push((
-                        "gemv",
-                        ops::gemv(&g, &l).map(|_| g.download_f32(&y).unwrap()),
-                    ));
+                    for &rows in kernels::GEMV_BF16_ROWS {
+                        runs.push((
+                            format!("gemv r{rows}"),
+                            ops::gemv_rows(&g, &l, rows).map(|_| g.download_f32(&y).unwrap()),
+                        ));
+                    }
                 }
+                let mut gemv_bits: Option<Vec<u32>> = None;
                 for (name, res) in runs {
                     let got = res.unwrap();
                     for i in 0..m * n {
@@ -645,6 +653,40 @@ fn gemv_and_gemm_match_cpu() {
                             "{name} {dt:?} m{m} n{n} k{k} [{i}]: got {} want {} tol {tol}",
                             got[i],
                             want[i]
+                        );
+                    }
+                    if name.starts_with("gemv") {
+                        // Every block height sums in the same order: the same bits.
+                        let bits: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+                        if let Some(first) = &gemv_bits {
+                            assert!(*first == bits, "{name} {dt:?} m{m} n{n} k{k}: bits differ");
+                        }
+                        gemv_bits = Some(bits);
+                    }
+                }
+                // Batch invariance: each row alone gives the bits it got in the batch.
+                if let Some(bits) = gemv_bits {
+                    let y1 = g.alloc(yt, n).unwrap();
+                    for i in 0..m {
+                        let x1 = g.upload_f32(&x[i * k..(i + 1) * k], dt).unwrap();
+                        let l1 = Linear {
+                            x: &x1,
+                            w: &wb,
+                            y: &y1,
+                            m: 1,
+                            n,
+                            k,
+                        };
+                        ops::gemv(&g, &l1).unwrap();
+                        let alone: Vec<u32> = g
+                            .download_f32(&y1)
+                            .unwrap()
+                            .iter()
+                            .map(|v| v.to_bits())
+                            .collect();
+                        assert!(
+                            alone == bits[i * n..(i + 1) * n],
+                            "gemv {dt:?} m{m} n{n} k{k} out_f32 {out_f32}: row {i} alone differs"
                         );
                     }
                 }

@@ -2,8 +2,9 @@
 //!
 //! Per layer: fused residual add + RMSNorm, one q/k/v GEMM, RoPE fused with the paged KV write,
 //! paged attention (prefill items direct, decode items split over the context and combined), the
-//! o projection, add + RMSNorm, one gate/up GEMM, SiLU·mul, the down projection. GEMMs take the
-//! GEMV kernel for up to 8 rows and cuBLAS above. Logits are computed only for sampling rows.
+//! o projection, add + RMSNorm, one gate/up GEMM, SiLU·mul, the down projection. GEMMs take
+//! cuBLAS, or the GEMV kernel for up to `GEMV_CROSSOVER_ROWS` rows where enabled (`GEMV_ENV`).
+//! Logits are computed only for sampling rows.
 //! Decode steps (every sequence one token, all sampling) replay a CUDA graph captured per
 //! (batch bucket, block-table width), with inputs copied into fixed device buffers first.
 //!
@@ -164,10 +165,19 @@ pub struct CudaBackend {
     _blas_workspace: Buf,
 }
 
-/// Environment variable that, set to `1`, sends products of up to [`kernels::GEMV_MAX_BATCH`]
-/// rows to the GEMV kernel instead of cuBLAS (experimental, off by default; ignored in
-/// batch-invariant mode).
+/// Environment variable: `1` sends products of up to [`GEMV_CROSSOVER_ROWS`] rows to the GEMV
+/// kernel instead of cuBLAS, `0` keeps them on cuBLAS; unset, [`GEMV_BY_DEFAULT`] decides. Ignored
+/// in batch-invariant mode.
 pub const GEMV_ENV: &str = "RINGSERVE_CUDA_GEMV";
+
+/// Whether products of few rows take the GEMV kernel when [`GEMV_ENV`] is unset (flip after
+/// `cuda_bench gemv` and a decode run show it ahead of cuBLAS on the target GPU).
+pub const GEMV_BY_DEFAULT: bool = false;
+
+/// Products of at most this many rows take the GEMV kernel when it is on (the crossover with
+/// cuBLAS, from `cuda_bench gemv`); more rows go to cuBLAS.
+pub const GEMV_CROSSOVER_ROWS: usize = 8;
+const _: () = assert!(GEMV_CROSSOVER_ROWS <= kernels::GEMV_MAX_BATCH);
 
 /// Sizes of one launch sequence.
 #[derive(Debug, Clone, Copy)]
@@ -308,10 +318,11 @@ impl CudaBackend {
             graphs: HashMap::new(),
             enforce_eager,
             batch_invariant: opts.batch_invariant,
-            gemv_max_rows: if std::env::var(GEMV_ENV).is_ok_and(|v| v == "1") {
-                kernels::GEMV_MAX_BATCH
-            } else {
-                0
+            gemv_max_rows: match std::env::var(GEMV_ENV).as_deref() {
+                Ok("1") => GEMV_CROSSOVER_ROWS,
+                Ok("0") => 0,
+                _ if GEMV_BY_DEFAULT => GEMV_CROSSOVER_ROWS,
+                _ => 0,
             },
             _blas_workspace: blas_ws,
         })

@@ -9,6 +9,9 @@ pub mod step;
 mod tp;
 mod weights;
 
-pub use backend::{CudaBackend, CudaOptions, GEMV_ENV, INVARIANT_CHUNK, MAX_GRAPH_BATCH};
+pub use backend::{
+    CudaBackend, CudaOptions, GEMV_BY_DEFAULT, GEMV_CROSSOVER_ROWS, GEMV_ENV, INVARIANT_CHUNK,
+    MAX_GRAPH_BATCH,
+};
 pub use device::{Buf, DType, Gpu};
 pub use tp::CudaTp;

@@ -498,12 +498,15 @@ impl Linear<'_> {
         Ok(dt)
     }
 
-    /// Whether the GEMV kernel can run this product.
+    /// Whether the GEMV kernel can run this product: at most [`kernels::GEMV_MAX_BATCH`] rows,
+    /// `k` a multiple of 16 bytes' worth of elements (8 bf16, 4 f32) and below 2^30, `x` and `w`
+    /// 16-byte aligned (so every row of both is), output of the weights' type or f32 for bf16.
     pub fn gemv_ok(&self) -> bool {
         let vec = 16 / self.w.dtype().size();
         let aligned = |p: u64| p.is_multiple_of(16);
         self.m <= kernels::GEMV_MAX_BATCH
             && self.k.is_multiple_of(vec)
+            && self.k < 1 << 30
             && aligned(self.x.ptr())
             && aligned(self.w.ptr())
             && (self.y.dtype() == self.w.dtype()
@@ -511,21 +514,42 @@ impl Linear<'_> {
     }
 }
 
-/// Runs the product with the GEMV kernel (`m <= 8`, `k` a multiple of 16 bytes' worth).
+/// Weight matrices with at least this many rows take the bf16 GEMV kernel with 32 rows per block
+/// (half the activation reads per weight byte, 4 × 132 SMs' worth of blocks from 16384 rows);
+/// smaller ones take 16 rows per block, so a 4096-row matrix still spreads over 256 blocks. The
+/// two give bit-identical results; `cuda_bench gemv` times both.
+pub const GEMV_TALL_ROWS: usize = 16384;
+
+/// Runs the product with the GEMV kernel (`m <= 8`; see [`Linear::gemv_ok`]), picking the block
+/// height by [`GEMV_TALL_ROWS`].
 pub fn gemv(gpu: &Gpu, l: &Linear<'_>) -> Result<(), BackendError> {
+    gemv_rows(gpu, l, if l.n >= GEMV_TALL_ROWS { 32 } else { 16 })
+}
+
+/// [`gemv`] with bf16 weights taken `rows_per_block` (one of [`kernels::GEMV_BF16_ROWS`]) rows per
+/// block; f32 weights ignore it (8 rows, one per warp). Every choice gives the same bits.
+pub fn gemv_rows(gpu: &Gpu, l: &Linear<'_>, rows_per_block: usize) -> Result<(), BackendError> {
     let dt = l.check()?;
     if !l.gemv_ok() {
         return Err(BackendError::InvalidBatch(
             "gemv: shape or alignment unsupported".into(),
         ));
     }
-    if l.m == 0 {
+    if !kernels::GEMV_BF16_ROWS.contains(&rows_per_block) {
+        return Err(BackendError::InvalidBatch(format!(
+            "gemv: no kernel for {rows_per_block} rows per block"
+        )));
+    }
+    if l.m == 0 || l.n == 0 {
         return Ok(());
     }
-    let name = match (dt, l.y.dtype()) {
-        (DType::Bf16, DType::F32) => "gemv_bf16_f32out",
-        (DType::Bf16, _) => "gemv_bf16",
-        _ => "gemv_f32",
+    let (name, rows) = match (dt, l.y.dtype()) {
+        (DType::Bf16, DType::F32) => (
+            format!("gemv_bf16_f32out_r{rows_per_block}"),
+            rows_per_block,
+        ),
+        (DType::Bf16, _) => (format!("gemv_bf16_r{rows_per_block}"), rows_per_block),
+        _ => ("gemv_f32".to_string(), 8),
     };
     let p = GemvParamsC {
         x: l.x.ptr(),
@@ -535,11 +559,20 @@ pub fn gemv(gpu: &Gpu, l: &Linear<'_>) -> Result<(), BackendError> {
         n: int(l.n, "n")?,
         k: int(l.k, "k")?,
     };
-    let mut b = gpu.stream.launch_builder(gpu.func(name)?);
+    let mut b = gpu.stream.launch_builder(gpu.func(&name)?);
     b.arg(&p);
-    let rows_per_block = 8;
-    // SAFETY: sizes and 16-byte alignment checked (gemv_ok); one warp per row, bounded by n.
-    unsafe { b.launch(cfg((dim(l.n.div_ceil(rows_per_block), "n")?, 1, 1), 256, 0)) }
+    let grid = (dim(l.n.div_ceil(rows), "n")?, 1, 1);
+    // SAFETY: l.check() gave w >= n*k, x >= m*k and y >= m*n elements of the kernel's types, and
+    // gemv_ok 16-byte-aligned x and w with k a multiple of 16 bytes' worth, so every row of both
+    // starts 16-byte aligned. Block i owns weight rows [i*rows, i*rows + rows) (rows matching the
+    // kernel picked: 16 or 32 for bf16, 8 for f32), and the grid covers ceil(n / rows) blocks.
+    // bf16: a lane reads 16 bytes of weight row r at element 32*s + 8*t only for r < n and
+    // 32*s + 8*t < k (the unguarded round requires every row of the block < n and every step s
+    // below floor(k/32), so 32*s + 8*t + 8 <= k), and x row g at the same offsets only for g < m;
+    // it writes y[bb, r] only for bb < m, r < n. f32: one warp per row r < n, 16-byte loads at
+    // element offsets < k (k a multiple of 4), writes y[b, r] for b < m. The kernels' GEMV_WARPS
+    // split of K assumes kernels::GEMV_THREADS (256) threads; their shared memory is static.
+    unsafe { b.launch(cfg(grid, kernels::GEMV_THREADS, 0)) }
         .map(|_| ())
         .map_err(dev_err)
 }
@@ -595,10 +628,8 @@ fn gemm_rows(gpu: &Gpu, l: &Linear<'_>, row0: usize, rows: usize) -> Result<(), 
     .map_err(dev_err)
 }
 
-/// The product the backend uses: cuBLAS. (The GEMV kernel reached 1.1–2.4 TB/s on the H200 where
-/// cuBLAS reached 1.9–4.4 TB/s at the 8B shapes for 1 and 8 rows — docs/benchmarks.md — so it is
-/// not on the model's path unless `RINGSERVE_CUDA_GEMV=1`; its rewrite with four loads in flight
-/// per lane was still slower end to end in run 8.)
+/// The product the backend uses for more rows than the GEMV crossover (or with the GEMV kernel
+/// off; `CudaBackend::linear` decides): cuBLAS.
 pub fn linear(gpu: &Gpu, l: &Linear<'_>) -> Result<(), BackendError> {
     gemm(gpu, l)
 }
