@@ -1,22 +1,33 @@
 // Paged attention for single-token queries (decodes), tuned for bandwidth: the counterpart of
 // attention.cu's general kernel for head sizes 64 and 128 and 1, 2, 4 or 8 query heads per KV head.
 //
-// A block of 128 threads takes one (decode item, KV head, context split) and streams 32-key tiles
-// (small tiles keep registers at 128 a thread, so 4 blocks fit on an SM: ncu showed the 64-key
-// version at 168 registers and 3 blocks, latency-bound at 41% of DRAM bandwidth):
-//  1. q·k: each key is handled by D/8 threads, each holding 8 of its dimensions (one 16-byte bf16
-//     load) and the matching slice of every query head of the group; a few shuffles finish the dots.
-//     The same threads' V rows for step 3 are loaded here too, so K and V stream together;
-//  2. one warp per query head updates the online softmax over the tile;
-//  3. p·v: threads own 8 dimensions for every head and a stride of the tile's keys.
-// The per-thread partial outputs are summed through shared memory at the end. Results and the split
-// partials use the same layout and the same final division as attention.cu, so the combine kernel
-// (attn_combine_*) is shared.
+// A block of 128 threads takes one (decode item, KV head, context split). K and V stream through a
+// ring of 32-key shared-memory stages (dynamic shared memory, at most 64 KiB: 4 stages, 2 for f32
+// at D 128) filled by 16-byte cp.async copies issued a whole ring ahead: a 128-key bf16 split is
+// requested in full before any math, so many loads are in flight per SM without registers holding
+// them (the register-load version was latency-bound at 42% of DRAM bandwidth, 127 registers).
+//
+// Each key is handled by D/8 threads (a key lane), each owning 8 of its dimensions and that slice
+// of every query head of the group. A thread copies exactly the K/V chunks it later reads, so a
+// stage wait is its own cp.async.wait_group and the main loop has no block barrier: warps run
+// independently. Per tile, a key lane
+//  1. computes q·k for its keys (a reduce-scatter leaves each lane one head's scores),
+//  2. updates its own online softmax (max, sum) per head, once for its keys of the tile,
+//  3. accumulates p·v into per-head 8-dimension partial outputs (p and the rescale broadcast
+//     from the lanes holding each head).
+// The key lanes' (max, sum, output) are merged through shared memory at the end in a fixed order,
+// so a result depends only on its own context and split size. Results and split partials use the
+// same layout and final division as attention.cu, so the combine kernel (attn_combine_*) is shared.
 #include "common.cuh"
 
-#define DEC_TK 32
 #define DEC_THREADS 128
-static_assert(DEC_TK == 32, "the softmax step maps one score of the tile to each lane");
+#define DEC_TK 32            // keys per stage
+#define DEC_RING_BYTES 65536 // K/V ring budget per block (dynamic shared memory)
+
+// Stages of the ring for rows of `row_bytes` (decode_smem_bytes in lib.rs mirrors this).
+constexpr int dec_stages(int row_bytes) {
+    return DEC_RING_BYTES / (2 * DEC_TK * row_bytes) < 4 ? DEC_RING_BYTES / (2 * DEC_TK * row_bytes) : 4;
+}
 
 struct AttnParamsD {
     const void* q;
@@ -32,37 +43,39 @@ struct AttnParamsD {
     float scale_log2;
 };
 
-// 8 elements of T as raw 16-byte words.
-template <typename T> struct Raw8 { uint4 w[sizeof(T) / 2]; };
+// Copies 16 bytes global -> shared without registers; zero-fills the destination if !valid.
+__device__ __forceinline__ void cp_async16(uint4* dst, const uint4* src, bool valid) {
+    const u32 s = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's copy groups are pending.
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 
-template <typename T> __device__ __forceinline__ Raw8<T> ld8(const T* p) {
-    Raw8<T> r;
+// The 8 elements of a row that a thread owns: 16-byte chunks sub + c * TPK (one chunk for bf16,
+// two for f32, so each quarter-warp reads 128 contiguous bytes).
+template <typename T, int TPK> __device__ __forceinline__ void slice8(const uint4* row, int sub, float* out) {
+    constexpr int EPC = 16 / sizeof(T);
 #pragma unroll
-    for (int i = 0; i < (int)(sizeof(T) / 2); i++) r.w[i] = __ldg((const uint4*)p + i);
-    return r;
+    for (int c = 0; c < 8 / EPC; c++) unpack16(row[sub + c * TPK], out + c * EPC, T());
 }
-template <typename T> __device__ __forceinline__ Raw8<T> zero8() {
-    Raw8<T> r;
-#pragma unroll
-    for (int i = 0; i < (int)(sizeof(T) / 2); i++) r.w[i] = make_uint4(0, 0, 0, 0);
-    return r;
+// Dimension of a thread's element e (0..7) in slice8's layout.
+template <typename T, int TPK> __device__ __forceinline__ int slice_dim(int sub, int e) {
+    constexpr int EPC = 16 / sizeof(T);
+    return (sub + e / EPC * TPK) * EPC + e % EPC;
 }
-__device__ __forceinline__ void un8(const Raw8<float>& r, float* o) {
-    unpack16(r.w[0], o, 0.f);
-    unpack16(r.w[1], o + 4, 0.f);
-}
-__device__ __forceinline__ void un8(const Raw8<bf16>& r, float* o) { unpack16(r.w[0], o, bf16()); }
 
 // Sums v[h] (one partial per head) over the TPK aligned lanes that share a key, as a
 // reduce-scatter: each halving step exchanges half of the heads still held, so G heads cost
-// G - 1 + log2(TPK / G) shuffles instead of G log2(TPK). Returns the full sum of head `head`;
-// every lane ends with one head (lanes whose low log2(TPK / G) bits differ hold the same head).
-template <int G, int TPK>
-__device__ __forceinline__ float reduce_scatter(const float (&v)[G], int lane, int& head) {
+// G - 1 + log2(TPK / G) shuffles instead of G log2(TPK). Returns the full sum of head
+// (lane % TPK) / (TPK / G); the TPK / G lanes holding a head get bitwise-equal sums.
+template <int G, int TPK> __device__ __forceinline__ float reduce_scatter(const float (&v)[G], int lane) {
     float w[G];
 #pragma unroll
     for (int i = 0; i < G; i++) w[i] = v[i];
-    int base = 0;
 #pragma unroll
     for (int c = G, o = TPK / 2; c > 1; c >>= 1, o >>= 1) {
         const bool up = (lane & o) != 0;
@@ -72,71 +85,116 @@ __device__ __forceinline__ float reduce_scatter(const float (&v)[G], int lane, i
             const float send = up ? w[i] : w[i + c / 2];
             w[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
         }
-        if (up) base += c / 2;
     }
     float s = w[0];
 #pragma unroll
     for (int o = TPK / (2 * G); o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    head = base;
     return s;
 }
 
+// Head h's value of v within the key lane (v as held by the lanes of head h, see reduce_scatter).
+template <int G, int TPK> __device__ __forceinline__ float from_head(float v, int h) {
+    return G == 1 ? v : __shfl_sync(0xffffffffu, v, h * (TPK / G), TPK);
+}
+
+// exp2(m - top) as a merge weight; 0 for a part that saw no keys.
+__device__ __forceinline__ float merge_weight(float m, float top) { return m == -INFINITY ? 0.f : exp2f(m - top); }
+
 template <typename T, int D, int G>
 __device__ void decode_impl(const AttnParamsD& p) {
-    constexpr int TPK = D / 8;             // threads per key (q·k)
-    constexpr int KPP = DEC_THREADS / TPK; // keys per pass
-    constexpr int SLICES = D / 8;          // 8-dim slices (p·v)
-    constexpr int KLANES = DEC_THREADS / SLICES;
-    constexpr int VKEYS = DEC_TK / KLANES; // V rows per thread per tile
-    constexpr int HB = G < 4 ? G : 4;      // heads per pass of the final reduction
-    __shared__ float sc[G][DEC_TK];
-    __shared__ float m_s[G], l_s[G], corr_s[G];
-    __shared__ float accs[KLANES * HB * D];
+    constexpr int EPC = 16 / sizeof(T);    // elements per 16-byte chunk
+    constexpr int CPR = D / EPC;           // chunks per row
+    constexpr int TPK = D / 8;             // threads per key
+    constexpr int KPP = DEC_THREADS / TPK; // key lanes = keys per pass
+    constexpr int NI = DEC_TK / KPP;       // keys per thread and tile
+    constexpr int KLW = 32 / TPK;          // key lanes per warp
+    constexpr int NST = dec_stages(D * sizeof(T));
+    constexpr int STAGE = 2 * DEC_TK * CPR; // chunks per stage: K rows, then V rows
+    static_assert(G <= TPK && KLW * NI == 8 && NST >= 1 && NST <= 4, "thread mapping");
+    static_assert(KPP * G * D * 4 <= NST * STAGE * 16, "the merge buffer reuses the ring");
+    extern __shared__ uint4 ring[]; // [NST][STAGE]
+    __shared__ float m_s[KPP][G], l_s[KPP][G], mf_s[G], lf_s[G];
+
     const int item = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
     const int seq = p.items[2 * item];
     const int q_start = p.seqs[4 * seq], ctx = p.seqs[4 * seq + 2];
     const int kv_lo = split * p.split_size;
     const int kv_hi = min(ctx, kv_lo + p.split_size);
+    // An empty split only marks its partial empty (attn_combine then skips part_o).
+    if (kv_lo >= kv_hi && p.num_splits > 1) {
+        if (tid < G) {
+            const size_t slot = ((size_t)item * p.hq + kvh * G + tid) * p.num_splits + split;
+            p.part_ml[2 * slot] = -INFINITY;
+            p.part_ml[2 * slot + 1] = 0.f;
+        }
+        return;
+    }
+    const int tiles = (max(kv_hi - kv_lo, 0) + DEC_TK - 1) / DEC_TK;
     const u32* table = p.block_tables + (size_t)seq * p.table_stride;
-    const T* kc = (const T*)p.k_cache;
-    const T* vc = (const T*)p.v_cache;
-    auto row = [&](int j) {
-        return (((size_t)table[j / p.block_size] * p.hkv + kvh) * p.block_size + j % p.block_size) * D;
+    const uint4* kc = (const uint4*)p.k_cache;
+    const uint4* vc = (const uint4*)p.v_cache;
+    const int sub = tid % TPK, kl = tid / TPK, head = sub / (TPK / G), lane = tid % 32;
+    const int kl0 = tid / 32 * KLW; // the warp's first key lane
+
+    // Cache rows of the warp's keys in tiles 4g..4g+3, one per lane (one table read and division
+    // per lane every 4 tiles): lane L holds tile 4g + L / 8, the warp's key L % 8 there; 0 past
+    // the end. The warp's key x of a tile is key lane kl0 + x % KLW, key x / KLW of that lane.
+    auto group_rows = [&](int g) -> u32 {
+        const int x = lane % 8;
+        const int j = kv_lo + (4 * g + lane / 8) * DEC_TK + kl0 + x % KLW + x / KLW * KPP;
+        if (j >= kv_hi) return 0u;
+        const int b = j / p.block_size;
+        return (table[b] * p.hkv + kvh) * p.block_size + (j - b * p.block_size);
+    };
+    // Copies this thread's chunks of tile t into stage t % NST and commits them as one group
+    // (an empty group past the last tile keeps the wait count uniform). rows: group_rows(t / 4).
+    auto issue = [&](int t, u32 rows) {
+        if (t < tiles) {
+            uint4* st = ring + (t % NST) * STAGE;
+#pragma unroll
+            for (int i = 0; i < NI; i++) {
+                const int jl = kl + i * KPP;
+                const bool valid = kv_lo + t * DEC_TK + jl < kv_hi;
+                const size_t row = (size_t)__shfl_sync(0xffffffffu, rows, t % 4 * 8 + kl - kl0 + KLW * i) * CPR;
+#pragma unroll
+                for (int c = 0; c < 8 / EPC; c++) {
+                    const int ch = sub + c * TPK;
+                    cp_async16(st + jl * CPR + ch, kc + row + ch, valid);
+                    cp_async16(st + (DEC_TK + jl) * CPR + ch, vc + row + ch, valid);
+                }
+            }
+        }
+        cp_async_commit();
     };
 
     float q[G][8];
-    const int qs = (tid % TPK) * 8;
 #pragma unroll
-    for (int h = 0; h < G; h++) un8(ld8((const T*)p.q + ((size_t)q_start * p.hq + kvh * G + h) * D + qs), q[h]);
-    if (tid < G) { m_s[tid] = -INFINITY; l_s[tid] = 0.f; }
+    for (int h = 0; h < G; h++)
+        slice8<T, TPK>((const uint4*)p.q + ((size_t)q_start * p.hq + kvh * G + h) * CPR, sub, q[h]);
+    u32 rows = group_rows(0);
+#pragma unroll
+    for (int t = 0; t < NST; t++) issue(t, rows);
 
-    const int vs = (tid % SLICES) * 8, kl = tid / SLICES;
-    float acc[G][8];
+    // Online softmax state of this key lane: (m, l) of head `head`, outputs of every head.
+    float m = -INFINITY, l = 0.f, acc[G][8];
 #pragma unroll
     for (int h = 0; h < G; h++)
 #pragma unroll
         for (int e = 0; e < 8; e++) acc[h][e] = 0.f;
 
-    for (int k0 = kv_lo; k0 < kv_hi; k0 += DEC_TK) {
-        // Issue this tile's V loads first; they are consumed after the softmax.
-        Raw8<T> vraw[VKEYS];
+    for (int t = 0; t < tiles; t++) {
+        const int refill = t + NST;
+        if (refill % 4 == 0 && refill < tiles) rows = group_rows(refill / 4); // used after the math
+        cp_async_wait<NST - 1>();
+        const uint4* st = ring + (t % NST) * STAGE;
+        const int k0 = kv_lo + t * DEC_TK;
+        // 1. scores (log2 domain) of head `head` for this thread's keys; -inf past the end
+        float s[NI];
 #pragma unroll
-        for (int i = 0; i < VKEYS; i++) {
-            const int j = k0 + kl + i * KLANES;
-            vraw[i] = j < kv_hi ? ld8(vc + row(j) + vs) : zero8<T>();
-        }
-        // 1. scores
-        Raw8<T> kraw[DEC_TK / KPP];
-#pragma unroll
-        for (int pass = 0; pass < DEC_TK / KPP; pass++) {
-            const int j = k0 + pass * KPP + tid / TPK;
-            kraw[pass] = j < kv_hi ? ld8(kc + row(j) + qs) : zero8<T>();
-        }
-#pragma unroll
-        for (int pass = 0; pass < DEC_TK / KPP; pass++) {
-            const int jl = pass * KPP + tid / TPK;
+        for (int i = 0; i < NI; i++) {
+            const int jl = kl + i * KPP;
             float kf[8];
-            un8(kraw[pass], kf);
+            slice8<T, TPK>(st + jl * CPR, sub, kf);
             float part[G];
 #pragma unroll
             for (int h = 0; h < G; h++) {
@@ -144,81 +202,91 @@ __device__ void decode_impl(const AttnParamsD& p) {
 #pragma unroll
                 for (int e = 0; e < 8; e++) part[h] += q[h][e] * kf[e];
             }
-            int h;
-            const float s = reduce_scatter<G, TPK>(part, tid, h);
-            if ((tid & (TPK / G - 1)) == 0) sc[h][jl] = k0 + jl < kv_hi ? s * p.scale_log2 : -INFINITY;
+            const float dot = reduce_scatter<G, TPK>(part, tid);
+            s[i] = k0 + jl < kv_hi ? dot * p.scale_log2 : -INFINITY;
         }
-        __syncthreads();
-        // 2. online softmax, one warp per head
-        const int lane = tid & 31, warp = tid >> 5;
-        for (int h = warp; h < G; h += DEC_THREADS / 32) {
-            const float a = sc[h][lane];
-            const float m_old = m_s[h];
-            const float m_new = fmaxf(m_old, warp_max(a));
-            const float pa = exp2f(a - m_new);
-            sc[h][lane] = pa;
-            const float sum = warp_sum(pa);
-            if (lane == 0) {
-                const float c = exp2f(m_old - m_new);
-                corr_s[h] = c;
-                l_s[h] = l_s[h] * c + sum;
-                m_s[h] = m_new;
-            }
+        // 2. online softmax (mu = 0 while no key is seen, so every exponent is -inf, not NaN)
+        float m_new = m;
+#pragma unroll
+        for (int i = 0; i < NI; i++) m_new = fmaxf(m_new, s[i]);
+        const float mu = m_new == -INFINITY ? 0.f : m_new;
+        const float corr = exp2f(m - mu);
+        float sum = 0.f;
+#pragma unroll
+        for (int i = 0; i < NI; i++) {
+            s[i] = exp2f(s[i] - mu);
+            sum += s[i];
         }
-        __syncthreads();
-        // 3. p·v (keys past the end have p = 0 and zeroed V)
+        l = l * corr + sum;
+        m = m_new;
+        // 3. p·v (keys past the end have p = 0 and zero-filled V)
 #pragma unroll
         for (int h = 0; h < G; h++) {
-            const float c = corr_s[h];
+            const float c = from_head<G, TPK>(corr, h);
 #pragma unroll
             for (int e = 0; e < 8; e++) acc[h][e] *= c;
         }
 #pragma unroll
-        for (int i = 0; i < VKEYS; i++) {
-            const int jl = kl + i * KLANES;
+        for (int i = 0; i < NI; i++) {
             float vf[8];
-            un8(vraw[i], vf);
+            slice8<T, TPK>(st + (DEC_TK + kl + i * KPP) * CPR, sub, vf);
 #pragma unroll
             for (int h = 0; h < G; h++) {
-                const float pj = sc[h][jl];
+                const float pj = from_head<G, TPK>(s[i], h);
 #pragma unroll
                 for (int e = 0; e < 8; e++) acc[h][e] += pj * vf[e];
             }
         }
-        __syncthreads();
+        // This thread has read its chunks of the stage, and only it writes them: refill now.
+        issue(refill, rows);
     }
 
-    // Sum the KLANES partial outputs, HB heads at a time through shared memory.
+    // Merge the key lanes: per head the top max and total sum, then the rescaled outputs summed
+    // through shared memory (the ring, now idle), key lanes in order.
+    cp_async_wait<0>();
+    if (sub % (TPK / G) == 0) {
+        m_s[kl][head] = m;
+        l_s[kl][head] = l;
+    }
+    __syncthreads();
+    if (tid < G) {
+        float top = -INFINITY, tot = 0.f;
+        for (int k = 0; k < KPP; k++) top = fmaxf(top, m_s[k][tid]);
+        for (int k = 0; k < KPP; k++) tot += merge_weight(m_s[k][tid], top) * l_s[k][tid];
+        mf_s[tid] = top;
+        lf_s[tid] = tot;
+    }
+    __syncthreads();
+    float* accs = (float*)ring; // [KPP][G][D]
 #pragma unroll
-    for (int h0 = 0; h0 < G; h0 += HB) {
+    for (int h = 0; h < G; h++) {
+        const float w = merge_weight(m_s[kl][h], mf_s[h]);
 #pragma unroll
-        for (int hh = 0; hh < HB; hh++)
-#pragma unroll
-            for (int e = 0; e < 8; e++) accs[(kl * HB + hh) * D + vs + e] = acc[h0 + hh][e];
-        __syncthreads();
-        for (int i = tid; i < HB * D; i += DEC_THREADS) {
-            const int hh = i / D, c = i % D, h = h0 + hh;
-            float s = 0.f;
-            for (int k = 0; k < KLANES; k++) s += accs[(k * HB + hh) * D + c];
-            const int qh = kvh * G + h;
-            if (p.num_splits == 1) {
-                const float l = l_s[h];
-                ((T*)p.out)[((size_t)q_start * p.hq + qh) * D + c] = from_f<T>(l > 0.f ? s / l : 0.f);
-            } else {
-                const size_t slot = ((size_t)item * p.hq + qh) * p.num_splits + split;
-                p.part_o[slot * D + c] = s;
-                if (c == 0) {
-                    p.part_ml[2 * slot] = kv_lo < kv_hi ? m_s[h] : -INFINITY;
-                    p.part_ml[2 * slot + 1] = l_s[h];
-                }
+        for (int e = 0; e < 8; e += 4)
+            *(float4*)&accs[(kl * G + h) * D + slice_dim<T, TPK>(sub, e)] =
+                make_float4(acc[h][e] * w, acc[h][e + 1] * w, acc[h][e + 2] * w, acc[h][e + 3] * w);
+    }
+    __syncthreads();
+    for (int i = tid; i < G * D; i += DEC_THREADS) {
+        const int h = i / D, c = i % D, qh = kvh * G + h;
+        float o = 0.f;
+        for (int k = 0; k < KPP; k++) o += accs[(k * G + h) * D + c];
+        if (p.num_splits == 1) {
+            const float tot = lf_s[h];
+            ((T*)p.out)[((size_t)q_start * p.hq + qh) * D + c] = from_f<T>(tot > 0.f ? o / tot : 0.f);
+        } else {
+            const size_t slot = ((size_t)item * p.hq + qh) * p.num_splits + split;
+            p.part_o[slot * D + c] = o;
+            if (c == 0) {
+                p.part_ml[2 * slot] = mf_s[h];
+                p.part_ml[2 * slot + 1] = lf_s[h];
             }
         }
-        __syncthreads();
     }
 }
 
 #define DECODE(T, S, D, G)                                                                         \
-    extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4)                                   \
+    extern "C" __global__ void __launch_bounds__(DEC_THREADS, 3)                                   \
         attn_decode_##S##_d##D##_g##G(AttnParamsD p) {                                             \
         if (blockIdx.x < p.num_items) decode_impl<T, D, G>(p);                                     \
     }

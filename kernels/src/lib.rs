@@ -94,6 +94,14 @@ pub const DECODE_GROUPS: &[usize] = &[1, 2, 4, 8];
 /// Threads per decode attention block.
 pub const DECODE_THREADS: u32 = 128;
 
+/// Dynamic shared memory (bytes) of a decode attention block: its K/V ring of 32-key stages, as
+/// many as fit in 64 KiB up to 4 (`dec_stages` in `decode.cu`), for elements of `elem_bytes` bytes
+/// and head dimension `d`.
+pub fn decode_smem_bytes(elem_bytes: usize, d: usize) -> usize {
+    let stage = 2 * 32 * d * elem_bytes;
+    stage * (65536 / stage).min(4)
+}
+
 /// Query tokens per block of the tensor-core prefill kernel (`attn_prefill_bf16_d128`, `PF_BM`).
 pub const PREFILL_MMA_TOKENS: usize = 64;
 
@@ -409,6 +417,18 @@ mod tests {
             });
             assert!(direct || by_macro || decode, "{k} not found");
         }
+    }
+
+    #[test]
+    fn decode_smem_mirrors_the_kernel() {
+        let src = SOURCES.iter().find(|(n, _)| *n == "decode.cu").unwrap().1;
+        assert!(
+            src.contains("#define DEC_TK 32 ") && src.contains("#define DEC_RING_BYTES 65536 ")
+        );
+        assert_eq!(decode_smem_bytes(2, 64), 32768);
+        assert_eq!(decode_smem_bytes(2, 128), 65536);
+        assert_eq!(decode_smem_bytes(4, 64), 65536);
+        assert_eq!(decode_smem_bytes(4, 128), 65536);
     }
 
     #[test]

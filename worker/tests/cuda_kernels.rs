@@ -438,6 +438,26 @@ fn attention_matches_cpu() {
             split_size: 32,
             num_splits: 3,
         },
+        // decode kernel: splits longer than its K/V ring (refills, a second set of cached rows),
+        // blocks of 7 and 32 keys, partial last tiles, empty splits
+        AttnCase {
+            hq: 32,
+            hkv: 8,
+            d: 128,
+            bs: 7,
+            seqs: vec![(1, 517), (1, 130), (1, 1), (1, 300)],
+            split_size: 256,
+            num_splits: 3,
+        },
+        AttnCase {
+            hq: 4,
+            hkv: 4,
+            d: 64,
+            bs: 32,
+            seqs: vec![(1, 1000), (1, 33)],
+            split_size: 512,
+            num_splits: 2,
+        },
     ];
     for dt in DTYPES {
         for c in &cases {

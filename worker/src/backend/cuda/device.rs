@@ -157,6 +157,24 @@ impl Gpu {
             )
             .map_err(dev_err)?;
         }
+        // The decode kernels' K/V rings: above the default 48 KiB, and as much of each SM's
+        // L1/shared memory as shared memory as possible (their copies bypass L1).
+        use cudarc::driver::sys::CUfunction_attribute as Attr;
+        for (dt, size) in [("f32", 4), ("bf16", 2)] {
+            for &d in kernels::DECODE_HEAD_DIMS {
+                for &g in kernels::DECODE_GROUPS {
+                    let f = &funcs[format!("attn_decode_{dt}_d{d}_g{g}").as_str()];
+                    let smem = kernels::decode_smem_bytes(size, d) as i32;
+                    f.set_attribute(Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+                        .map_err(dev_err)?;
+                    f.set_attribute(
+                        Attr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                        100,
+                    )
+                    .map_err(dev_err)?;
+                }
+            }
+        }
         let blas = CudaBlas::new(stream.clone()).map_err(dev_err)?;
         Ok(Self {
             ctx,

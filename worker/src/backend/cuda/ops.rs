@@ -429,9 +429,10 @@ pub unsafe fn attention(gpu: &Gpu, a: &Attention<'_>) -> Result<(), BackendError
         let f = gpu.func(&name)?;
         let mut b = gpu.stream.launch_builder(f);
         b.arg(&p);
+        let smem = kernels::decode_smem_bytes(dt.size(), a.d);
         // SAFETY: as for the general kernel below; the decode kernel's parameter struct has the
-        // same layout, and the caller promises single-token sequences.
-        unsafe { b.launch(cfg(grid, kernels::DECODE_THREADS, 0)) }.map_err(dev_err)?;
+        // same layout, and the caller promises single-token sequences. Gpu::new allowed `smem`.
+        unsafe { b.launch(cfg(grid, kernels::DECODE_THREADS, smem)) }.map_err(dev_err)?;
     } else if prefill_on_tensor_cores(dt, a.d) {
         let f = gpu.func("attn_prefill_bf16_d128")?;
         let mut b = gpu.stream.launch_builder(f);
