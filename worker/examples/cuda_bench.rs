@@ -6,6 +6,7 @@
 //! usage: cuda_bench MODEL_DIR OUT_JSON LOGITS_DUMP PROMPTS_JSON
 //!        cuda_bench attention CASE   (one attention case alone, for profiling)
 //!        cuda_bench gemv OUT_JSON    (GEMV kernel vs cuBLAS at the 8B shapes, batch 1-8, no model)
+//!        cuda_bench kernels OUT_JSON (every attention case alone at the 8B shape, no model)
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -391,6 +392,13 @@ fn main() -> Res<()> {
         // `cuda_bench attention CASE`: one attention case alone, for ncu.
         let gpu = Gpu::new(0)?;
         attention_alone(&gpu, Some(args[2].parse()?))?;
+        return Ok(());
+    }
+    if args.len() == 3 && args[1] == "kernels" {
+        // `cuda_bench kernels OUT_JSON`: the attention kernels alone (no model).
+        let gpu = Gpu::new(0)?;
+        let res = attention_alone(&gpu, None)?;
+        std::fs::write(&args[2], serde_json::to_string_pretty(&res)?)?;
         return Ok(());
     }
     if args.len() == 3 && args[1] == "gemv" {
