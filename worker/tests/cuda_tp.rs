@@ -97,7 +97,7 @@ fn group(
         producers.push(ring.producer().expect("producer"));
         rings.push(ring);
     }
-    let host = comm(&comm_name, TpShard { rank: 0, world });
+    // The followers attach while rank 0 creates the communicator (which waits for them).
     let followers = (1..world)
         .map(|rank| {
             let (comm_name, ring_name) = (comm_name.clone(), format!("{prefix}-plan{rank}"));
@@ -121,6 +121,7 @@ fn group(
             })
         })
         .collect();
+    let host = comm(&comm_name, TpShard { rank: 0, world });
     let (model, ckpt) = Checkpoint::load(&fixture_dir()).expect("fixture");
     let tp = CudaTp {
         shard: TpShard { rank: 0, world },

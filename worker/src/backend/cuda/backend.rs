@@ -3,7 +3,9 @@
 //! Per layer: fused residual add + RMSNorm, one q/k/v GEMM, RoPE fused with the paged KV write,
 //! paged attention (prefill items direct, decode items split over the context and combined), the
 //! o projection, add + RMSNorm, one gate/up GEMM, SiLU·mul, the down projection. GEMMs take
-//! cuBLAS, or the GEMV kernel for up to `GEMV_CROSSOVER_ROWS` rows where enabled (`GEMV_ENV`).
+//! cuBLAS, except products of at most [`GEMV_CROSSOVER_ROWS`] rows with bf16 weights of at most
+//! [`GEMV_MAX_WEIGHT`] elements (q/k/v and o at the 8B shape), which take the tensor-core GEMV
+//! kernel: it beats cuBLAS there and not on the larger matrices (`cuda_bench gemv`, run 10).
 //! Logits are computed only for sampling rows.
 //! Decode steps (every sequence one token, all sampling) replay a CUDA graph captured per
 //! (batch bucket, block-table width), with inputs copied into fixed device buffers first.
@@ -160,19 +162,30 @@ pub struct CudaBackend {
     graphs: HashMap<(usize, usize), Graph>,
     enforce_eager: bool,
     batch_invariant: bool,
-    /// Products of at most this many rows use the GEMV kernel instead of cuBLAS (0: never).
-    gemv_max_rows: usize,
+    /// Which products take the GEMV kernel.
+    gemv: GemvPolicy,
     _blas_workspace: Buf,
 }
 
-/// Environment variable: `1` sends products of up to [`GEMV_CROSSOVER_ROWS`] rows to the GEMV
-/// kernel instead of cuBLAS, `0` keeps them on cuBLAS; unset, [`GEMV_BY_DEFAULT`] decides. Ignored
-/// in batch-invariant mode.
+/// Environment variable overriding [`GemvPolicy::Small`]: `1` sends every product of up to
+/// [`GEMV_CROSSOVER_ROWS`] rows to the GEMV kernel, `0` keeps them all on cuBLAS. Ignored in
+/// batch-invariant mode.
 pub const GEMV_ENV: &str = "RINGSERVE_CUDA_GEMV";
 
-/// Whether products of few rows take the GEMV kernel when [`GEMV_ENV`] is unset (flip after
-/// `cuda_bench gemv` and a decode run show it ahead of cuBLAS on the target GPU).
-pub const GEMV_BY_DEFAULT: bool = false;
+/// Largest weight (elements) the GEMV kernel takes by default. On the H200 it beats cuBLAS on the
+/// 8B shape's q/k/v (25.2 M elements, 3.10 vs 2.80 TB/s at one row) and o (16.8 M, 2.75 vs
+/// 1.98 TB/s), and loses on down, gate/up and the LM head (≥ 58.7 M, 3.5–3.9 vs 3.6–4.2 TB/s).
+pub const GEMV_MAX_WEIGHT: usize = 1 << 25;
+
+/// Which small-batch products take the GEMV kernel instead of cuBLAS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GemvPolicy {
+    Never,
+    /// bf16 weights of at most [`GEMV_MAX_WEIGHT`] elements (the default).
+    Small,
+    /// Every shape the kernel supports (`RINGSERVE_CUDA_GEMV=1`, for measuring).
+    All,
+}
 
 /// Products of at most this many rows take the GEMV kernel when it is on (the crossover with
 /// cuBLAS, from `cuda_bench gemv`); more rows go to cuBLAS.
@@ -318,11 +331,10 @@ impl CudaBackend {
             graphs: HashMap::new(),
             enforce_eager,
             batch_invariant: opts.batch_invariant,
-            gemv_max_rows: match std::env::var(GEMV_ENV).as_deref() {
-                Ok("1") => GEMV_CROSSOVER_ROWS,
-                Ok("0") => 0,
-                _ if GEMV_BY_DEFAULT => GEMV_CROSSOVER_ROWS,
-                _ => 0,
+            gemv: match std::env::var(GEMV_ENV).as_deref() {
+                Ok("1") => GemvPolicy::All,
+                Ok("0") => GemvPolicy::Never,
+                _ => GemvPolicy::Small,
             },
             _blas_workspace: blas_ws,
         })
@@ -435,10 +447,18 @@ impl CudaBackend {
         g.write_bytes(&mut ws.sample_params, &params)
     }
 
+    fn gemv_takes(&self, l: &Linear<'_>) -> bool {
+        match self.gemv {
+            GemvPolicy::Never => false,
+            GemvPolicy::All => true,
+            GemvPolicy::Small => l.w.dtype() == DType::Bf16 && l.n * l.k <= GEMV_MAX_WEIGHT,
+        }
+    }
+
     fn linear(&self, l: &Linear<'_>) -> Result<(), BackendError> {
         if self.batch_invariant {
             ops::linear_chunked(&self.gpu, l, INVARIANT_CHUNK)
-        } else if l.m <= self.gemv_max_rows && l.gemv_ok() {
+        } else if l.m <= GEMV_CROSSOVER_ROWS && l.gemv_ok() && self.gemv_takes(l) {
             ops::gemv(&self.gpu, l)
         } else {
             ops::linear(&self.gpu, l)

@@ -10,7 +10,7 @@ mod tp;
 mod weights;
 
 pub use backend::{
-    CudaBackend, CudaOptions, GEMV_BY_DEFAULT, GEMV_CROSSOVER_ROWS, GEMV_ENV, INVARIANT_CHUNK,
+    CudaBackend, CudaOptions, GEMV_CROSSOVER_ROWS, GEMV_ENV, GEMV_MAX_WEIGHT, INVARIANT_CHUNK,
     MAX_GRAPH_BATCH,
 };
 pub use device::{Buf, DType, Gpu};
