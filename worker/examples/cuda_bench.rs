@@ -140,8 +140,17 @@ fn time_ms(g: &Gpu, reps: usize, mut f: impl FnMut() -> Res<()>) -> Res<f64> {
 }
 
 /// The attention cases timed: (batch, query tokens per sequence, context).
-const ATTN_CASES: [(usize, usize, usize); 4] =
-    [(8, 2048, 2048), (1, 1, 2048), (128, 1, 2048), (128, 1, 512)];
+const ATTN_CASES: [(usize, usize, usize); 6] = [
+    (8, 2048, 2048),
+    (1, 1, 2048),
+    (1, 1, 512),
+    (8, 1, 2048),
+    (128, 1, 2048),
+    (128, 1, 512),
+];
+
+/// Decode split sizes (keys per block) `attention_alone` times.
+const DECODE_SWEEP: [usize; 5] = [32, 64, 128, 256, 512];
 
 /// The attention kernel alone: causal prefill 8×32 heads×2048×128 and decodes at 2048 and 512
 /// (`only`: just that case of [`ATTN_CASES`], e.g. under a profiler).
@@ -176,63 +185,72 @@ fn attention_alone(g: &Gpu, only: Option<usize>) -> Res<Value> {
         };
         let items = ops::attention_items(&vec![qlen; batch], tile);
         let num_items = items.len() / 2;
-        let splits = if qlen == 1 {
-            ctx.div_ceil(worker::backend::cuda::step::DECODE_SPLIT)
+        // Decodes: every split size of DECODE_SWEEP (the default DECODE_SPLIT among them).
+        let split_sizes: Vec<usize> = if qlen == 1 {
+            DECODE_SWEEP.iter().copied().filter(|&s| s <= ctx).collect()
         } else {
-            1
+            vec![1 << 30]
         };
-        let po = g.alloc(DType::F32, num_items * hq * splits * d)?;
-        let pml = g.alloc(DType::F32, num_items * hq * splits * 2)?;
+        let max_splits = ctx.div_ceil(split_sizes[0]).max(1);
+        let po = g.alloc(DType::F32, num_items * hq * max_splits * d)?;
+        let pml = g.alloc(DType::F32, num_items * hq * max_splits * 2)?;
         let (sb, ib, tb) = (
             g.upload_i32(&seqs)?,
             g.upload_i32(&items)?,
             g.upload_u32(&tables)?,
         );
-        let a = Attention {
-            q: &q,
-            k_cache: &kc,
-            v_cache: &vc,
-            out: &o,
-            part_o: &po,
-            part_ml: &pml,
-            seqs: &sb,
-            items: &ib,
-            block_tables: &tb,
-            num_seqs: batch,
-            num_items,
-            table_stride: stride,
-            n,
-            hq,
-            hkv,
-            d,
-            block_size: bs,
-            split_size: if qlen == 1 {
-                worker::backend::cuda::step::DECODE_SPLIT
+        for split_size in split_sizes {
+            let splits = if qlen == 1 {
+                ctx.div_ceil(split_size)
             } else {
-                1 << 30
-            },
-            num_splits: splits,
-            scale: 1.0 / (d as f32).sqrt(),
-            decode: qlen == 1,
-        };
-        // SAFETY: seqs/items/tables built consistently above; every table entry < blocks.
-        let ms = time_ms(g, 10, || Ok(unsafe { ops::attention(g, &a) }?))?;
-        let flops = if qlen > 1 {
-            4.0 * (batch * hq) as f64 * (qlen * ctx) as f64 * d as f64 / 2.0
-        } else {
-            4.0 * (batch * hq * ctx * d) as f64
-        };
-        let kv_bytes = (batch * ctx * hkv * d * 2 * 2) as f64;
-        let key = format!("b{batch}_q{qlen}_ctx{ctx}");
-        println!(
-            "attention {key}: {ms:.3} ms, {:.1} TFLOP/s, KV read {:.0} GB/s",
-            flops / ms / 1e9,
-            kv_bytes / ms / 1e6
-        );
-        out.insert(
-            key,
-            json!({"ms": ms, "tflops": flops / ms / 1e9, "kv_gb_s": kv_bytes / ms / 1e6}),
-        );
+                1
+            };
+            let a = Attention {
+                q: &q,
+                k_cache: &kc,
+                v_cache: &vc,
+                out: &o,
+                part_o: &po,
+                part_ml: &pml,
+                seqs: &sb,
+                items: &ib,
+                block_tables: &tb,
+                num_seqs: batch,
+                num_items,
+                table_stride: stride,
+                n,
+                hq,
+                hkv,
+                d,
+                block_size: bs,
+                split_size,
+                num_splits: splits,
+                scale: 1.0 / (d as f32).sqrt(),
+                decode: qlen == 1,
+            };
+            // SAFETY: seqs/items/tables built consistently above; every table entry < blocks;
+            // the partials hold `max_splits >= splits` per item and head.
+            let ms = time_ms(g, 10, || Ok(unsafe { ops::attention(g, &a) }?))?;
+            let flops = if qlen > 1 {
+                4.0 * (batch * hq) as f64 * (qlen * ctx) as f64 * d as f64 / 2.0
+            } else {
+                4.0 * (batch * hq * ctx * d) as f64
+            };
+            let kv_bytes = (batch * ctx * hkv * d * 2 * 2) as f64;
+            let mut key = format!("b{batch}_q{qlen}_ctx{ctx}");
+            if qlen == 1 && split_size != worker::backend::cuda::step::DECODE_SPLIT {
+                key.push_str(&format!("_split{split_size}"));
+            }
+            println!(
+                "attention {key}: {ms:.3} ms, {:.1} TFLOP/s, KV read {:.0} GB/s",
+                flops / ms / 1e9,
+                kv_bytes / ms / 1e6
+            );
+            out.insert(
+                key,
+                json!({"ms": ms, "tflops": flops / ms / 1e9, "kv_gb_s": kv_bytes / ms / 1e6}),
+            );
+        }
     }
     Ok(Value::Object(out))
 }
