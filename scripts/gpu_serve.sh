@@ -4,9 +4,9 @@
 # to "worker 0 ready" with the kernel cache cold and warm, and (with --baseline) HuggingFace's
 # baseline after the server is gone. Run from the folder holding the carried `ringserve` binary
 # (`.gpu/`, see docs/benchmarks.md); logs and JSON go to $OUT.
-# Then `bench engine` at batch 1 and 8 with and without the GEMV kernel on the model's path
-# (RINGSERVE_CUDA_GEMV=1) and, with the `cuda_kernels` test and `cuda_bench` binaries beside it,
-# the GEMV kernel against the CPU and against cuBLAS alone.
+# Then `bench engine` at batch 1 and 8 with cuBLAS only (RINGSERVE_CUDA_GEMV=0), the default (the
+# GEMV kernel for q/k/v and o) and the GEMV kernel everywhere (=1) and, with the `cuda_kernels` test
+# and `cuda_bench` binaries beside it, the GEMV kernel against the CPU and against cuBLAS alone.
 # At most 8 files come back from $OUT: bench.log, serve.log, serve_warm.log, bench_c128.json,
 # bench_c1.json, gemv.log, gemv.json, hf_baseline.json.
 #   usage: scripts/gpu_serve.sh [--baseline]
@@ -72,15 +72,15 @@ fi
 printf '{"prompt_token_ids": [%s], "max_tokens": 32, "temperature": 0}\n' \
   "1, 450, 49" "1, 298, 13, 22, 100" "477" "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11" > /tmp/p.jsonl
 for m in ../tiny-llama:float32 $MODEL:bfloat16; do
-  for gemv in 0 1; do
+  for gemv in 0 default; do
     RINGSERVE_CUDA_GEMV=$gemv ./ringserve generate --model ${m%%:*} --device cuda --dtype ${m##*:} \
       --input /tmp/p.jsonl --output /tmp/g$gemv.jsonl --quiet >> "$G" 2>&1
   done
-  if cmp -s /tmp/g0.jsonl /tmp/g1.jsonl; then r=identical; else r=DIFFERENT; fi
-  echo "greedy 4x32 tokens ${m}: cuBLAS vs GEMV $r" | tee -a "$G"
-  head -c 400 /tmp/g0.jsonl >> "$G"; head -c 400 /tmp/g1.jsonl >> "$G"
+  if cmp -s /tmp/g0.jsonl /tmp/gdefault.jsonl; then r=identical; else r=DIFFERENT; fi
+  echo "greedy 4x32 tokens ${m}: cuBLAS only vs default (GEMV for q/k/v and o) $r" | tee -a "$G"
+  head -c 400 /tmp/g0.jsonl >> "$G"; head -c 400 /tmp/gdefault.jsonl >> "$G"
 done
-for gemv in 0 1; do
+for gemv in 0 default 1; do
   echo "== bench engine, RINGSERVE_CUDA_GEMV=$gemv" | tee -a "$G"
   RINGSERVE_CUDA_GEMV=$gemv ./ringserve bench engine --model $MODEL --device cuda \
     --batch-sizes 1,8 --prompt-lens 128 --output-len 128 2>&1 | tee -a "$G"

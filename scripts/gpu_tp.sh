@@ -100,7 +100,9 @@ EOF
   if [ "$NGPU" -ge 2 ]; then TP2=(--tp 2 --gpus 0,1); else TP2=(--tp 2 --tp-collectives host); fi
   start_server "$OUT/serve_8b_tp1.log" "${EIGHT[@]}" && { client_tokens 64 > /tmp/tp1.txt; stop_server; }
   start_server "$OUT/serve_8b_tp2.log" "${EIGHT[@]}" "${TP2[@]}" && { client_tokens 64 > /tmp/tp2.txt; stop_server; }
-  if cmp -s /tmp/tp1.txt /tmp/tp2.txt && [ -s /tmp/tp1.txt ]; then
+  echo "TP=1 tokens (first 12 of each prompt):" | tee -a "$LOG"; cut -d' ' -f1-12 /tmp/tp1.txt | tee -a "$LOG"
+  echo "TP=2 tokens (first 12 of each prompt):" | tee -a "$LOG"; cut -d' ' -f1-12 /tmp/tp2.txt | tee -a "$LOG"
+  if cmp -s /tmp/tp1.txt /tmp/tp2.txt && [ "$(wc -w < /tmp/tp1.txt)" -ge 4 ]; then
     echo "8B float32: TP=2 (${TP2[*]}) greedy tokens IDENTICAL to TP=1, 4 prompts x 64 tokens" | tee -a "$LOG"
   else
     echo "8B float32: TP=2 (${TP2[*]}) vs TP=1 DIFFER" | tee -a "$LOG"

@@ -200,6 +200,8 @@ struct Dims {
     items_prefill: usize,
     items_decode: usize,
     stride: usize,
+    /// Keys per decode attention split, and the number of splits.
+    split: usize,
     splits: usize,
     rows: usize,
     sample: bool,
@@ -447,6 +449,15 @@ impl CudaBackend {
         g.write_bytes(&mut ws.sample_params, &params)
     }
 
+    /// Keys per decode attention split for `items` decodes of contexts up to `max_ctx`.
+    fn decode_split(&self, items: usize, max_ctx: usize) -> usize {
+        if self.batch_invariant {
+            DECODE_SPLIT
+        } else {
+            step::decode_split(items, self.dims.kv_heads, max_ctx, self.gpu.sms)
+        }
+    }
+
     fn gemv_takes(&self, l: &Linear<'_>) -> bool {
         match self.gemv {
             GemvPolicy::Never => false,
@@ -551,7 +562,7 @@ impl CudaBackend {
                 ops::attention(g, &attn)?;
                 attn.items = &ws.items_decode;
                 attn.num_items = d.items_decode;
-                attn.split_size = DECODE_SPLIT;
+                attn.split_size = d.split;
                 attn.num_splits = d.splits;
                 attn.decode = true;
                 ops::attention(g, &attn)?;
@@ -670,7 +681,8 @@ impl CudaBackend {
             let stride = st.stride.next_power_of_two().max(1);
             let st = step::build(batch, lim, stride)?;
             if let Some(padded) = step::pad_decode(&st, bucket) {
-                let splits = (stride * self.block_size).div_ceil(DECODE_SPLIT).max(1);
+                let split = self.decode_split(bucket, stride * self.block_size);
+                let splits = (stride * self.block_size).div_ceil(split).max(1);
                 self.ensure(Caps {
                     tokens: bucket,
                     seqs: bucket,
@@ -684,6 +696,7 @@ impl CudaBackend {
                     items_prefill: 0,
                     items_decode: bucket,
                     stride,
+                    split,
                     splits,
                     rows: if self.samples { bucket } else { 0 },
                     sample: self.samples,
@@ -697,7 +710,8 @@ impl CudaBackend {
                 return Ok(rows);
             }
         }
-        let splits = st.decode_splits();
+        let split = self.decode_split(st.items_decode.len() / 2, st.max_decode_ctx);
+        let splits = st.decode_splits(split);
         self.ensure(Caps {
             tokens: n,
             seqs: st.num_seqs().max(rows),
@@ -711,6 +725,7 @@ impl CudaBackend {
             items_prefill: st.items_prefill.len() / 2,
             items_decode: st.items_decode.len() / 2,
             stride: st.stride,
+            split,
             splits,
             rows,
             sample: sampling.is_some() && rows > 0,

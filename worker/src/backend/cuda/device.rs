@@ -117,6 +117,8 @@ pub struct Gpu {
     funcs: HashMap<&'static str, CudaFunction>,
     /// `sm_XY`.
     pub arch: String,
+    /// Streaming multiprocessors.
+    pub sms: usize,
     /// Seconds spent compiling (or loading from cache) and loading the kernels.
     pub kernel_load_s: f64,
     /// Whether the kernels came from the disk cache.
@@ -139,6 +141,12 @@ impl Gpu {
         let stream = ctx.new_stream().map_err(dev_err)?;
         let (major, minor) = ctx.compute_capability().map_err(dev_err)?;
         let arch = format!("sm_{major}{minor}");
+        let sms = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(dev_err)?
+            .max(1) as usize;
         let t = Instant::now();
         let compiled = kernels::compile(&kernels::CompileOptions::for_arch(&arch))
             .map_err(|e| BackendError::Device(e.to_string()))?;
@@ -182,6 +190,7 @@ impl Gpu {
             blas,
             funcs,
             arch,
+            sms,
             kernel_load_s: t.elapsed().as_secs_f64(),
             kernels_from_cache: compiled.from_cache,
         })
