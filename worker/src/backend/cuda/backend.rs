@@ -748,6 +748,16 @@ impl CudaBackend {
     }
 }
 
+impl Drop for CudaBackend {
+    /// The decode graphs hold the NCCL all-reduces: destroy them before the communicator. No
+    /// synchronisation first: with a peer gone, an all-reduce in flight would never finish, and
+    /// aborting the communicator is what ends it.
+    fn drop(&mut self) {
+        self.graphs.clear();
+        self.group.get_mut().take();
+    }
+}
+
 impl Backend for CudaBackend {
     fn name(&self) -> &'static str {
         "cuda"

@@ -49,7 +49,7 @@ fn check(call: &str, r: nccl::ncclResult_t) -> Result<(), BackendError> {
     }
 }
 
-/// An NCCL communicator, destroyed on drop.
+/// An NCCL communicator, aborted on drop.
 struct NcclComm(nccl::ncclComm_t);
 
 // SAFETY: an NCCL communicator may be used from any thread as long as calls on it are not
