@@ -120,6 +120,9 @@ fn part_bytes<'a>(
             }
         ))
     };
+    if width == 0 {
+        return Ok((Cow::Borrowed(&view.data[..0]), 0));
+    }
     match part {
         Part::All => Ok((Cow::Borrowed(view.data), view.numel())),
         Part::Rows(r) => {
