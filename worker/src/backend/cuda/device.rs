@@ -183,6 +183,18 @@ impl Gpu {
                 }
             }
         }
+        // The tensor-core prefill kernel's K/V ring: 64 KiB, three blocks per SM.
+        let f = &funcs["attn_prefill_bf16_d128"];
+        f.set_attribute(
+            Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            kernels::PREFILL_MMA_SMEM_BYTES as i32,
+        )
+        .map_err(dev_err)?;
+        f.set_attribute(
+            Attr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+            100,
+        )
+        .map_err(dev_err)?;
         let blas = CudaBlas::new(stream.clone()).map_err(dev_err)?;
         Ok(Self {
             ctx,

@@ -438,9 +438,11 @@ pub unsafe fn attention(gpu: &Gpu, a: &Attention<'_>) -> Result<(), BackendError
         let mut b = gpu.stream.launch_builder(f);
         b.arg(&p);
         let grid = (dim(a.num_items, "items")?, dim(a.hq, "hq")?, 1);
+        let smem = kernels::PREFILL_MMA_SMEM_BYTES;
         // SAFETY: as for the general kernel; items were built with attention_tile_tokens (64
-        // tokens each) for this type and head size, which the kernel assumes.
-        unsafe { b.launch(cfg(grid, 128, 0)) }.map_err(dev_err)?;
+        // tokens each) for this type and head size, which the kernel assumes. Gpu::new allowed
+        // `smem`.
+        unsafe { b.launch(cfg(grid, kernels::PREFILL_MMA_THREADS, smem)) }.map_err(dev_err)?;
     } else {
         let f = gpu.func(&format!("attention_{}", dt.suffix()))?;
         let mut b = gpu.stream.launch_builder(f);
