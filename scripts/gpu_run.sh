@@ -23,6 +23,12 @@ if [ $TESTS = 1 ]; then
     > "$OUT/sanitizer.log" 2>&1; echo "sanitizer (backend) rc=$?" | tee -a "$OUT/sanitizer.log"
   compute-sanitizer --tool memcheck --leak-check no ./cuda_kernels --include-ignored --test-threads=1 attention \
     >> "$OUT/sanitizer.log" 2>&1; echo "sanitizer (attention kernels) rc=$?" | tee -a "$OUT/sanitizer.log"
+  # The worker's path end to end (engine, CUDA graphs, device sampling) under memcheck, bf16.
+  printf '{"prompt_token_ids": [%s], "max_tokens": 24, "temperature": %s, "seed": 5}\n' \
+    "1, 450, 49" 0 "1, 298, 13, 22, 100" 0.8 "477" 0 > /tmp/sanitize.jsonl
+  compute-sanitizer --tool memcheck --leak-check no ./ringserve generate --model tiny-llama \
+    --device cuda --dtype bfloat16 --input /tmp/sanitize.jsonl --output /tmp/sanitize.out --quiet \
+    >> "$OUT/sanitizer.log" 2>&1; echo "sanitizer (ringserve generate, bf16, graphs) rc=$?" | tee -a "$OUT/sanitizer.log"
   grep -E "test result|rc=|ERROR SUMMARY|panicked" "$OUT/tests.log" "$OUT/sanitizer.log"
 fi
 wait $MAKE; tail -1 /tmp/make_model.log | tee -a "$OUT/tests.log"
