@@ -185,8 +185,11 @@ fn attention_alone(g: &Gpu, only: Option<usize>) -> Res<Value> {
         };
         let items = ops::attention_items(&vec![qlen; batch], tile);
         let num_items = items.len() / 2;
-        // Decodes: every split size of DECODE_SWEEP (the default DECODE_SPLIT among them).
-        let split_sizes: Vec<usize> = if qlen == 1 {
+        // Decodes: every split size of DECODE_SWEEP, or (one case alone, for a profiler) the one
+        // the backend picks.
+        let split_sizes: Vec<usize> = if qlen == 1 && only.is_some() {
+            vec![worker::backend::cuda::step::decode_split(batch, hkv, ctx, g.sms)]
+        } else if qlen == 1 {
             DECODE_SWEEP.iter().copied().filter(|&s| s <= ctx).collect()
         } else {
             vec![1 << 30]
