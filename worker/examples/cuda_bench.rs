@@ -188,7 +188,9 @@ fn attention_alone(g: &Gpu, only: Option<usize>) -> Res<Value> {
         // Decodes: every split size of DECODE_SWEEP, or (one case alone, for a profiler) the one
         // the backend picks.
         let split_sizes: Vec<usize> = if qlen == 1 && only.is_some() {
-            vec![worker::backend::cuda::step::decode_split(batch, hkv, ctx, g.sms)]
+            vec![worker::backend::cuda::step::decode_split(
+                batch, hkv, ctx, g.sms,
+            )]
         } else if qlen == 1 {
             DECODE_SWEEP.iter().copied().filter(|&s| s <= ctx).collect()
         } else {
