@@ -103,12 +103,12 @@ pub fn decode_smem_bytes(elem_bytes: usize, d: usize) -> usize {
 }
 
 /// Query tokens per block of the tensor-core prefill kernel (`attn_prefill_bf16_d128`, `PF_BM`).
-pub const PREFILL_MMA_TOKENS: usize = 64;
-/// Threads per block of the tensor-core prefill kernel (4 warps of 16 query rows).
+pub const PREFILL_MMA_TOKENS: usize = 128;
+/// Threads per block of the tensor-core prefill kernel (4 warps of 32 query rows).
 pub const PREFILL_MMA_THREADS: u32 = 128;
 /// Dynamic shared memory (bytes) of a tensor-core prefill block: its two-stage ring of 64-key K
-/// and V tiles (bf16, head size 128).
-pub const PREFILL_MMA_SMEM_BYTES: usize = 2 * 2 * 64 * 128 * 2;
+/// and V tiles and its tile of `PREFILL_MMA_TOKENS` query rows (bf16, head size 128): 96 KiB.
+pub const PREFILL_MMA_SMEM_BYTES: usize = 2 * 2 * 64 * 128 * 2 + PREFILL_MMA_TOKENS * 128 * 2;
 
 /// Largest batch the GEMV kernel takes (`MAX_B`; the 8 rows of an mma operand).
 pub const GEMV_MAX_BATCH: usize = 8;

@@ -1,29 +1,40 @@
 // Paged causal attention for prefill chunks on tensor cores (bf16, head size 128): FlashAttention-2
 // tiling with mma.sync.m16n8k16 (bf16 in, f32 accumulate).
 //
-// A block of 4 warps takes 64 query tokens of one sequence for one query head; each warp owns 16
-// query rows, keeps its Q fragments and its 16x128 output in registers, and walks the context in
-// 64-key tiles. Scores, the online softmax (exp2, scale folded into scale_log2) and P·V stay in
-// registers; P is reused straight from the score accumulators as the A operand of the second
-// product.
+// A block of 4 warps takes 128 query tokens of one sequence for one query head; each warp owns 32
+// query rows as two m16 row groups and walks the context in 64-key tiles. Every K and V B fragment
+// read from shared memory with ldmatrix feeds both row groups, which halves the shared-memory reads
+// per mma and spreads the per-tile fixed costs (barrier, row-max shuffles, loop overhead) over
+// twice the rows; the FP32 softmax work per mma is what was left in the way at 16 rows per warp.
+// Holding Q for 32 rows in registers would not fit next to the two 16x128 f32 output accumulators
+// (128 registers) and the 32x64 scores (64), so Q is staged once in shared memory (swizzled like
+// K/V) and its A fragments are loaded with ldmatrix per k-step. Scores, the online softmax and P·V
+// stay in registers; P is packed to bf16 straight from the score accumulators as the A operand of
+// the second product.
+//
+// Softmax per tile: the row max is taken on the raw scores (scale_log2 > 0 commutes with max), the
+// scale and the max subtraction are one FMA before ex2.approx, the row sums are kept as per-thread
+// partials (the rescale factor is the same for the 4 threads of a row) and reduced across the quad
+// only once at the end, and the output rescale is skipped when no row max of the warp grew.
 //
 // K/V tiles are gathered from the paged cache (block table looked up per key, so any block size
 // works) by 16-byte cp.async copies into a two-stage ring in dynamic shared memory: tile t+1 is in
 // flight while tile t is multiplied, and one barrier per tile both publishes tile t and frees the
-// stage tile t+1 overwrites. Keys past the causal end are zero-filled (src-size 0). K and V keep the
-// cache's row-major [key][dim] layout with the 16-byte chunks of each row XOR-swizzled by key & 7,
-// so the ldmatrix.x4 reads of the B operands (plain for K, .trans for V: no transpose through
-// registers) and the cp.async writes are free of bank conflicts. 64 KiB of shared memory and at
-// most 168 registers per thread (ptxas spills three loop-invariant words) give 3 blocks (12 warps)
-// per SM. The causal mask is applied only
-// on tiles that reach past a warp's first row; a warp skips tiles wholly past its last row and
-// warps without valid rows skip the math.
+// stage tile t+1 overwrites. Keys past the causal end and Q rows past the item's end are zero-filled
+// (src-size 0). K, V and Q keep the row-major [row][dim] layout with the 16-byte chunks of each row
+// XOR-swizzled by row & 7, so the ldmatrix.x4 reads (plain for Q and K, .trans for V: no transpose
+// through registers) and the cp.async writes are free of bank conflicts. 96 KiB of shared memory
+// (64 KiB K/V ring + 32 KiB Q) and 255 registers per thread (ptxas, sm_90: 56 bytes of spills,
+// the four row-sum partials, one load and store each per tile) give 2 blocks (8 warps) per SM.
+// The causal mask is applied only on tiles that reach past a warp's first row; a warp skips tiles
+// wholly past its last row and warps without valid rows skip the math.
 #include "common.cuh"
 
-#define PF_BM 64
+#define PF_BM 128
 #define PF_BN 64
 #define PF_D 128
-#define PF_TILE (PF_BN * PF_D) // bf16 elements of one K or V tile
+#define PF_TILE (PF_BN * PF_D)          // bf16 elements of one K or V tile
+#define PF_Q_OFF (2 * 2 * PF_TILE * 2)  // byte offset of the Q tile, after the two K/V stages
 
 struct AttnParamsP {
     const void* q;
@@ -69,11 +80,20 @@ __device__ __forceinline__ void pf_cp_async16(u32 dst, const void* src, bool val
                  : "memory");
 }
 
-// Byte offset of 16-byte chunk c of key row j in a tile (rows of 256 bytes, chunks swizzled).
+__device__ __forceinline__ float pf_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Byte offset of 16-byte chunk c of row j in a tile (rows of 256 bytes, chunks swizzled). As
+// c < 16, this is (j * 256 + ((j & 7) << 4)) ^ (c << 4): the ldmatrix addresses below keep the
+// per-lane part and XOR in the chunk of each unrolled step.
 __device__ __forceinline__ u32 pf_off(int j, int c) { return (u32)(j * (PF_D * 2) + ((c ^ (j & 7)) << 4)); }
 
-extern "C" __global__ void __launch_bounds__(128, 3) attn_prefill_bf16_d128(AttnParamsP p) {
-    extern __shared__ __align__(128) unsigned char pf_smem[]; // [stage][K, V][64 keys][128 dims]
+extern "C" __global__ void __launch_bounds__(128, 2) attn_prefill_bf16_d128(AttnParamsP p) {
+    // [stage][K, V][64 keys][128 dims], then Q [128 rows][128 dims]; all bf16, swizzled.
+    extern __shared__ __align__(128) unsigned char pf_smem[];
     // Items in reverse: a sequence's later query tiles see the longest contexts, so they start first
     // and the light ones fill the tail of the grid.
     const int item = gridDim.x - 1 - blockIdx.x, h = blockIdx.y;
@@ -90,11 +110,22 @@ extern "C" __global__ void __launch_bounds__(128, 3) attn_prefill_bf16_d128(Attn
     const u32* table = p.block_tables + (size_t)seq * p.table_stride;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const u32 smem = (u32)__cvta_generic_to_shared(pf_smem);
+    const u32 qs = smem + PF_Q_OFF;
 
-    // Tile loader: thread tid copies chunk tid % 16 of keys tid / 16 + 8 i (i < 8), of K and V.
+    // Loaders: thread tid copies chunk tid % 16 of rows tid / 16 + 8 i.
+    const int ld_c = tid & 15, ld_j = tid >> 4;
+    const bf16* qb = (const bf16*)p.q;
+#pragma unroll
+    for (int i = 0; i < PF_BM / 8; i++) {
+        const int r = ld_j + 8 * i;
+        const bool valid = r < n_tok;
+        size_t off = 0;
+        if (valid) off = ((size_t)(q_start + q0 + r) * p.hq + h) * PF_D + ld_c * 8;
+        pf_cp_async16(qs + pf_off(r, ld_c), qb + off, valid);
+    }
+    // (no commit: Q joins tile 0's group)
     const bf16* kc = (const bf16*)p.k_cache;
     const bf16* vc = (const bf16*)p.v_cache;
-    const int ld_c = tid & 15, ld_j = tid >> 4;
     auto load_tile = [&](int tile) {
         const u32 st = smem + (u32)((tile & 1) * 2 * PF_TILE * 2);
 #pragma unroll
@@ -113,138 +144,161 @@ extern "C" __global__ void __launch_bounds__(128, 3) attn_prefill_bf16_d128(Attn
     };
     load_tile(0);
 
-    // Rows of this thread: r0 = warp*16 + g and r0 + 8 (clamped to the last valid token).
-    const int r0 = warp * 16 + g, r1 = r0 + 8;
-    const int qr0 = min(r0, n_tok - 1), qr1 = min(r1, n_tok - 1);
-    const int pos0 = first_pos + qr0, pos1 = first_pos + qr1;
-    const int warp_first = first_pos + min(warp * 16, n_tok - 1);
-    const int warp_last = first_pos + min(warp * 16 + 15, n_tok - 1);
-    const bool warp_idle = warp * 16 >= n_tok;
-    const bf16* qb = (const bf16*)p.q;
-    const bf16* q_row0 = qb + ((size_t)(q_start + q0 + qr0) * p.hq + h) * PF_D;
-    const bf16* q_row1 = qb + ((size_t)(q_start + q0 + qr1) * p.hq + h) * PF_D;
-    u32 qa[PF_D / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < PF_D / 16; kk++) {
-        qa[kk][0] = *(const u32*)(q_row0 + kk * 16 + 2 * t);
-        qa[kk][1] = *(const u32*)(q_row1 + kk * 16 + 2 * t);
-        qa[kk][2] = *(const u32*)(q_row0 + kk * 16 + 2 * t + 8);
-        qa[kk][3] = *(const u32*)(q_row1 + kk * 16 + 2 * t + 8);
-    }
-    float o[PF_D / 8][4];
-#pragma unroll
-    for (int j = 0; j < PF_D / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    // Rows of this thread: wr + 16 rg + 8 hf + g (row group rg, half hf), positions clamped to
+    // the last valid token (rows past it compute on zero Q and are never written).
+    const int wr = warp * 32;
+    const bool warp_idle = wr >= n_tok;
+    const int warp_first = first_pos + min(wr, n_tok - 1);
+    const int warp_last = first_pos + min(wr + 31, n_tok - 1);
+    const int pos_g = first_pos + wr + g; // position of row wr + g (unclamped)
 
-    // ldmatrix row addresses of this lane. K (plain): matrix i = lanes 8i.., keys n*8 + (lane & 7),
-    // chunk 4*kk2 + i -> b0/b1 of k-steps 2*kk2 and 2*kk2+1. V (.trans): keys kk*16 + (lane & 15),
-    // chunk 2*j2 + lane / 16 -> b0/b1 of dim tiles 2*j2 and 2*j2+1.
-    const int kr = lane & 7, kq = lane >> 3, vr = lane & 15, vq = lane >> 4;
+    float o[2][PF_D / 8][4];
+#pragma unroll
+    for (int rg = 0; rg < 2; rg++)
+#pragma unroll
+        for (int j = 0; j < PF_D / 8; j++) o[rg][j][0] = o[rg][j][1] = o[rg][j][2] = o[rg][j][3] = 0.f;
+    float m[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};
+    float l[2][2] = {{0.f, 0.f}, {0.f, 0.f}}; // per-thread partial row sums
+    const float sc = p.scale_log2;
+
+    // ldmatrix row addresses of this lane (pf_off split into a lane part and a step part).
+    // Q (plain): matrix i = lanes 8i.. gives rows 8 (i & 1) + (lane & 7) of row group rg, chunk
+    //   2 kk + i / 2 -> a0..a3 of k-step kk; row group 1 is 16 rows (4096 bytes) further.
+    // K (plain): keys 8 (2 n2 + i / 2) + (lane & 7), chunk 2 kk + (i & 1) -> b0/b1 of key tiles
+    //   2 n2 and 2 n2 + 1 at k-step kk.
+    // V (.trans): keys 16 kk + (lane & 15), chunk 2 j2 + lane / 16 -> b0/b1 of dim tiles 2 j2 and
+    //   2 j2 + 1 at key step kk.
+    const int l7 = lane & 7, l15 = lane & 15, l4 = lane >> 4, l3 = (lane >> 3) & 1;
+    const u32 q_lane = (u32)((wr + l15) * (PF_D * 2) + ((l7 ^ l4) << 4));
+    const u32 k_lane = (u32)((l4 * 8 + l7) * (PF_D * 2) + ((l7 ^ l3) << 4));
+    const u32 v_lane = (u32)(l15 * (PF_D * 2) + ((l7 ^ l4) << 4));
 
     for (int tile = 0; tile < n_tiles; tile++) {
         asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-        __syncthreads(); // tile is visible to all; everyone is done with the stage tile+1 reuses
+        __syncthreads(); // tile (and Q) visible to all; everyone is done with the stage tile+1 reuses
         if (tile + 1 < n_tiles) load_tile(tile + 1);
         const int k0 = tile * PF_BN;
         if (warp_idle || k0 > warp_last) continue;
         const u32 ks = smem + (u32)((tile & 1) * 2 * PF_TILE * 2), vs = ks + PF_TILE * 2;
 
-        // S = Q K^T: 16 rows x 64 keys per warp.
-        float s[PF_BN / 8][4];
+        // S = Q K^T: 2 x 16 rows x 64 keys per warp; each K fragment feeds both row groups.
+        float s[2][PF_BN / 8][4];
 #pragma unroll
-        for (int n = 0; n < PF_BN / 8; n++) {
-            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+        for (int rg = 0; rg < 2; rg++)
 #pragma unroll
-            for (int kk2 = 0; kk2 < PF_D / 32; kk2++) {
+            for (int n = 0; n < PF_BN / 8; n++) s[rg][n][0] = s[rg][n][1] = s[rg][n][2] = s[rg][n][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < PF_D / 16; kk++) {
+            u32 qa[2][4];
+            const u32 qaddr = qs + (q_lane ^ (u32)(kk << 5));
+            ldsm_x4(qa[0], qaddr);
+            ldsm_x4(qa[1], qaddr + 16 * PF_D * 2);
+            const u32 kaddr = ks + (k_lane ^ (u32)(kk << 5));
+#pragma unroll
+            for (int n2 = 0; n2 < PF_BN / 16; n2++) {
                 u32 b[4];
-                ldsm_x4(b, ks + pf_off(n * 8 + kr, 4 * kk2 + kq));
-                mma_bf16(s[n], qa[2 * kk2], b[0], b[1]);
-                mma_bf16(s[n], qa[2 * kk2 + 1], b[2], b[3]);
+                ldsm_x4(b, kaddr + n2 * 16 * PF_D * 2);
+                mma_bf16(s[0][2 * n2], qa[0], b[0], b[1]);
+                mma_bf16(s[1][2 * n2], qa[1], b[0], b[1]);
+                mma_bf16(s[0][2 * n2 + 1], qa[0], b[2], b[3]);
+                mma_bf16(s[1][2 * n2 + 1], qa[1], b[2], b[3]);
             }
         }
-        // Scale; causal mask only where the tile reaches past the warp's first row.
+        // Causal mask only where the tile reaches past the warp's first row.
         if (k0 + PF_BN - 1 > warp_first) {
 #pragma unroll
-            for (int n = 0; n < PF_BN / 8; n++) {
+            for (int rg = 0; rg < 2; rg++)
 #pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int key = k0 + n * 8 + 2 * t + e;
-                    s[n][e] = key <= pos0 ? s[n][e] * p.scale_log2 : -INFINITY;
-                    s[n][2 + e] = key <= pos1 ? s[n][2 + e] * p.scale_log2 : -INFINITY;
+                for (int n = 0; n < PF_BN / 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int key = k0 + n * 8 + 2 * t + e;
+                        if (key > min(pos_g + 16 * rg, kv_end - 1)) s[rg][n][e] = -INFINITY;
+                        if (key > min(pos_g + 16 * rg + 8, kv_end - 1)) s[rg][n][2 + e] = -INFINITY;
+                    }
+        }
+        // Online softmax on the raw scores: row max over the 4 threads of a row, then
+        // p = 2^(s * scale_log2 - m) in one FMA + ex2. Tile 0 holds key 0, which every row sees, so
+        // m is finite from the first tile on (a row wholly masked in a later tile keeps its m and
+        // gets p = 0, c = 1).
+        float c[2][2];
+#pragma unroll
+        for (int rg = 0; rg < 2; rg++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int n = 0; n < PF_BN / 8; n++) mx = fmaxf(mx, fmaxf(s[rg][n][2 * hf], s[rg][n][2 * hf + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float mn = fmaxf(m[rg][hf], mx * sc);
+                c[rg][hf] = pf_exp2(m[rg][hf] - mn); // 0 on the first tile (m = -inf)
+                m[rg][hf] = mn;
+                float sum = 0.f;
+#pragma unroll
+                for (int n = 0; n < PF_BN / 8; n++) {
+                    s[rg][n][2 * hf] = pf_exp2(fmaf(s[rg][n][2 * hf], sc, -mn));
+                    s[rg][n][2 * hf + 1] = pf_exp2(fmaf(s[rg][n][2 * hf + 1], sc, -mn));
+                    sum += s[rg][n][2 * hf] + s[rg][n][2 * hf + 1];
                 }
+                l[rg][hf] = l[rg][hf] * c[rg][hf] + sum;
             }
-        } else {
+        // Rescale the outputs unless no row max of the warp grew (c == 1 everywhere).
+        const bool grew = c[0][0] != 1.f || c[0][1] != 1.f || c[1][0] != 1.f || c[1][1] != 1.f;
+        if (__any_sync(0xffffffffu, grew)) {
 #pragma unroll
-            for (int n = 0; n < PF_BN / 8; n++)
+            for (int rg = 0; rg < 2; rg++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) s[n][e] *= p.scale_log2;
+                for (int j = 0; j < PF_D / 8; j++) {
+                    o[rg][j][0] *= c[rg][0];
+                    o[rg][j][1] *= c[rg][0];
+                    o[rg][j][2] *= c[rg][1];
+                    o[rg][j][3] *= c[rg][1];
+                }
         }
-        // Online softmax (row maxima over the 4 threads of a row). Tile 0 holds key 0, which every
-        // row sees, so m is finite from the first tile on.
-        float mx0 = -INFINITY, mx1 = -INFINITY;
+        // O += P V, P packed to bf16 from the score accumulators; each V fragment feeds both row
+        // groups.
+        u32 pa[2][PF_BN / 16][4];
 #pragma unroll
-        for (int n = 0; n < PF_BN / 8; n++) {
-            mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
-            mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
-        }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        const float c0 = exp2f(m0 - mn0), c1 = exp2f(m1 - mn1);
-        m0 = mn0;
-        m1 = mn1;
-        float sum0 = 0.f, sum1 = 0.f;
+        for (int rg = 0; rg < 2; rg++)
 #pragma unroll
-        for (int n = 0; n < PF_BN / 8; n++) {
-            s[n][0] = exp2f(s[n][0] - mn0);
-            s[n][1] = exp2f(s[n][1] - mn0);
-            s[n][2] = exp2f(s[n][2] - mn1);
-            s[n][3] = exp2f(s[n][3] - mn1);
-            sum0 += s[n][0] + s[n][1];
-            sum1 += s[n][2] + s[n][3];
-        }
-        sum0 += __shfl_xor_sync(0xffffffffu, sum0, 1);
-        sum0 += __shfl_xor_sync(0xffffffffu, sum0, 2);
-        sum1 += __shfl_xor_sync(0xffffffffu, sum1, 1);
-        sum1 += __shfl_xor_sync(0xffffffffu, sum1, 2);
-        l0 = l0 * c0 + sum0;
-        l1 = l1 * c1 + sum1;
+            for (int kk = 0; kk < PF_BN / 16; kk++) {
+                pa[rg][kk][0] = pack_bf16(s[rg][2 * kk][0], s[rg][2 * kk][1]);
+                pa[rg][kk][1] = pack_bf16(s[rg][2 * kk][2], s[rg][2 * kk][3]);
+                pa[rg][kk][2] = pack_bf16(s[rg][2 * kk + 1][0], s[rg][2 * kk + 1][1]);
+                pa[rg][kk][3] = pack_bf16(s[rg][2 * kk + 1][2], s[rg][2 * kk + 1][3]);
+            }
 #pragma unroll
-        for (int j = 0; j < PF_D / 8; j++) {
-            o[j][0] *= c0;
-            o[j][1] *= c0;
-            o[j][2] *= c1;
-            o[j][3] *= c1;
-        }
-        // O += P V, P from the score accumulators (bf16).
+        for (int j2 = 0; j2 < PF_D / 16; j2++) {
+            const u32 vaddr = vs + (v_lane ^ (u32)(j2 << 5));
 #pragma unroll
-        for (int kk = 0; kk < PF_BN / 16; kk++) {
-            const u32 a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                              pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-            for (int j2 = 0; j2 < PF_D / 16; j2++) {
+            for (int kk = 0; kk < PF_BN / 16; kk++) {
                 u32 b[4];
-                ldsm_x4_t(b, vs + pf_off(kk * 16 + vr, 2 * j2 + vq));
-                mma_bf16(o[2 * j2], a, b[0], b[1]);
-                mma_bf16(o[2 * j2 + 1], a, b[2], b[3]);
+                ldsm_x4_t(b, vaddr + kk * 16 * PF_D * 2);
+                mma_bf16(o[0][2 * j2], pa[0][kk], b[0], b[1]);
+                mma_bf16(o[1][2 * j2], pa[1][kk], b[0], b[1]);
+                mma_bf16(o[0][2 * j2 + 1], pa[0][kk], b[2], b[3]);
+                mma_bf16(o[1][2 * j2 + 1], pa[1][kk], b[2], b[3]);
             }
         }
     }
 
     bf16* out = (bf16*)p.out;
 #pragma unroll
-    for (int j = 0; j < PF_D / 8; j++) {
-        const int col = j * 8 + 2 * t;
-        if (r0 < n_tok) {
-            bf16* dst = out + ((size_t)(q_start + q0 + r0) * p.hq + h) * PF_D + col;
-            *(__nv_bfloat162*)dst = __floats2bfloat162_rn(o[j][0] / l0, o[j][1] / l0);
+    for (int rg = 0; rg < 2; rg++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            float sum = l[rg][hf];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            const float inv = 1.f / sum;
+            const int r = wr + 16 * rg + 8 * hf + g;
+            if (r < n_tok) {
+                bf16* dst = out + ((size_t)(q_start + q0 + r) * p.hq + h) * PF_D + 2 * t;
+#pragma unroll
+                for (int j = 0; j < PF_D / 8; j++)
+                    *(__nv_bfloat162*)(dst + j * 8) =
+                        __floats2bfloat162_rn(o[rg][j][2 * hf] * inv, o[rg][j][2 * hf + 1] * inv);
+            }
         }
-        if (r1 < n_tok) {
-            bf16* dst = out + ((size_t)(q_start + q0 + r1) * p.hq + h) * PF_D + col;
-            *(__nv_bfloat162*)dst = __floats2bfloat162_rn(o[j][2] / l1, o[j][3] / l1);
-        }
-    }
 }

@@ -183,7 +183,7 @@ impl Gpu {
                 }
             }
         }
-        // The tensor-core prefill kernel's K/V ring: 64 KiB, three blocks per SM.
+        // The tensor-core prefill kernel's K/V ring and Q tile: 96 KiB, two blocks per SM.
         let f = &funcs["attn_prefill_bf16_d128"];
         f.set_attribute(
             Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

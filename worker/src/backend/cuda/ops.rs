@@ -439,7 +439,7 @@ pub unsafe fn attention(gpu: &Gpu, a: &Attention<'_>) -> Result<(), BackendError
         b.arg(&p);
         let grid = (dim(a.num_items, "items")?, dim(a.hq, "hq")?, 1);
         let smem = kernels::PREFILL_MMA_SMEM_BYTES;
-        // SAFETY: as for the general kernel; items were built with attention_tile_tokens (64
+        // SAFETY: as for the general kernel; items were built with attention_tile_tokens (128
         // tokens each) for this type and head size, which the kernel assumes. Gpu::new allowed
         // `smem`.
         unsafe { b.launch(cfg(grid, kernels::PREFILL_MMA_THREADS, smem)) }.map_err(dev_err)?;
