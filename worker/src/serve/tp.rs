@@ -157,7 +157,7 @@ impl TpOptions {
     }
 }
 
-/// Checks that `world` ranks can shard `config` (the CPU backend's requirements).
+/// Checks that `world` ranks can shard `config` (what [`LocalDims`](crate::tp::LocalDims) requires).
 pub fn check_model(world: usize, config: &ModelConfig) -> Result<(), TpError> {
     if world == 0 {
         return Err(TpError::ZeroSize);
