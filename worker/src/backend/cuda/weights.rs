@@ -257,3 +257,69 @@ pub fn upload(
         copy,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    /// A 3 x 4 f32 matrix with element (r, c) = 10 r + c.
+    fn matrix() -> Vec<u8> {
+        (0..3)
+            .flat_map(|r| (0..4).map(move |c| (10 * r + c) as f32))
+            .flat_map(f32::to_le_bytes)
+            .collect()
+    }
+
+    fn floats(bytes: &[u8]) -> Vec<f32> {
+        bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+
+    fn view<'a>(shape: &'a [usize], data: &'a [u8]) -> TensorView<'a> {
+        TensorView {
+            name: "w",
+            file: Path::new("model.safetensors"),
+            dtype: StoredDtype::F32,
+            shape,
+            data,
+        }
+    }
+
+    #[test]
+    fn parts_slice_rows_and_columns() {
+        let data = matrix();
+        let v = view(&[3, 4], &data);
+        let (all, n) = part_bytes(&v, &Part::All).unwrap();
+        assert_eq!((floats(&all).len(), n), (12, 12));
+        let (rows, n) = part_bytes(&v, &Part::Rows(1..3)).unwrap();
+        assert!(
+            matches!(rows, Cow::Borrowed(_)),
+            "row slices stream from the map"
+        );
+        assert_eq!(n, 8);
+        assert_eq!(floats(&rows), [10., 11., 12., 13., 20., 21., 22., 23.]);
+        let (cols, n) = part_bytes(&v, &Part::Cols(1..3)).unwrap();
+        assert_eq!(n, 6);
+        assert_eq!(floats(&cols), [1., 2., 11., 12., 21., 22.]);
+        // A bias (1-D) splits by rows.
+        let bias = view(&[4], &data[..16]);
+        let (b, n) = part_bytes(&bias, &Part::Rows(2..4)).unwrap();
+        assert_eq!((floats(&b), n), (vec![2., 3.], 2));
+    }
+
+    #[test]
+    fn out_of_range_parts_are_errors_naming_the_tensor() {
+        let data = matrix();
+        let v = view(&[3, 4], &data);
+        for part in [Part::Rows(2..4), Part::Cols(3..5)] {
+            let e = part_bytes(&v, &part).unwrap_err().to_string();
+            assert!(e.contains("w:") && e.contains("outside"), "{e}");
+        }
+        let empty = view(&[0, 4], &data[..0]);
+        assert_eq!(part_bytes(&empty, &Part::Cols(0..2)).unwrap().1, 0);
+    }
+}
