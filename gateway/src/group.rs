@@ -11,14 +11,13 @@
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::process::{Child, Command};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 
 use crate::health::Health;
-use crate::link::{self, WorkerLink};
+use crate::link::{self, RingReader, WorkerLink};
 use crate::metrics as m;
 use crate::service::Shared;
 use crate::supervisor::{Stop, WorkerCommand, kill};
@@ -144,7 +143,7 @@ pub(crate) async fn run_group_once(
     let resp =
         ringbuf::create(&format!("{prefix}-resp"), cmd.ring_capacity).map_err(|e| e.to_string())?;
     let producer = req.producer().map_err(|e| e.to_string())?;
-    let mut consumer = resp.consumer().map_err(|e| e.to_string())?;
+    let consumer = resp.consumer().map_err(|e| e.to_string())?;
     let mut ranks = Vec::with_capacity(world);
     for rank in 0..world {
         let child = Command::new(&cmd.exe)
@@ -167,39 +166,19 @@ pub(crate) async fn run_group_once(
     tracing::info!(group = slot, pids = %pids, rings = %prefix, "worker group started");
 
     // The reader thread first waits for rank 0's Hello, then reads tokens until it dies.
-    let stop = Arc::new(AtomicBool::new(false));
-    let (hello_tx, hello_rx) = oneshot::channel();
-    let (link_tx, link_rx) = std::sync::mpsc::channel::<Arc<WorkerLink>>();
-    let (end_tx, mut end_rx) = oneshot::channel();
-    let heartbeat_timeout = cmd.heartbeat_timeout;
-    let thread_stop = stop.clone();
-    let reader = std::thread::Builder::new()
-        .name(format!("ring-reader-{slot}"))
-        .spawn(move || {
-            let hello = link::wait_hello(&mut consumer, &thread_stop);
-            let ok = matches!(hello, Ok(Some(_)));
-            let _ = hello_tx.send(hello);
-            if ok && let Ok(link) = link_rx.recv() {
-                let _ = end_tx.send(link::reader(link, consumer, thread_stop, heartbeat_timeout));
-            }
-        })
+    let mut reader = RingReader::spawn(slot, consumer, link::READY_TIMEOUT, cmd.heartbeat_timeout)
         .map_err(|e| e.to_string())?;
-    let join_reader = |stop: &AtomicBool, reader: std::thread::JoinHandle<()>| {
-        // Relaxed: a plain stop flag.
-        stop.store(true, Ordering::Relaxed);
-        tokio::task::spawn_blocking(move || reader.join())
-    };
 
     let hello = tokio::select! {
-        h = hello_rx => h.map_err(|_| "reader thread ended".to_owned()),
+        h = &mut reader.hello => h,
         (rank, status) = first_exit(&mut ranks) => {
             kill_all(&mut ranks).await;
-            let _ = join_reader(&stop, reader).await;
+            reader.join().await;
             return Err(format!("rank {rank} exited before the group was ready: {status:?}"));
         }
         _ = shutdown.changed() => {
             kill_all(&mut ranks).await;
-            let _ = join_reader(&stop, reader).await;
+            reader.join().await;
             return Ok(Stop::Shutdown);
         }
     };
@@ -207,19 +186,17 @@ pub(crate) async fn run_group_once(
         Ok(Ok(Some(info))) => info,
         other => {
             kill_all(&mut ranks).await;
-            let _ = join_reader(&stop, reader).await;
+            reader.join().await;
             return Err(match other {
                 Ok(Ok(_)) => "the group did not become ready in time".into(),
                 Ok(Err(e)) => format!("rank 0's hello: {e}"),
-                Err(e) => e,
+                Err(_) => "reader thread ended".into(),
             });
         }
     };
     let link = WorkerLink::new(slot, info, producer);
-    let _ = link_tx.send(link.clone());
-    shared.router.set(slot, Some(link.clone()));
-    health.update(shared).await;
-    metrics::gauge!(m::WORKERS_LIVE).set(shared.router.live() as f64);
+    reader.serve(link.clone());
+    health.set_worker(shared, slot, Some(link.clone())).await;
     tracing::info!(
         group = slot,
         pids = %pids,
@@ -232,7 +209,7 @@ pub(crate) async fn run_group_once(
 
     let result = tokio::select! {
         (rank, status) = first_exit(&mut ranks) => group_exited(slot, rank, status),
-        end = &mut end_rx => match end {
+        end = &mut reader.end => match end {
             // Rank 0's heartbeat went stale (a stopped or stuck rank 0; a stuck follower stalls
             // rank 0's collectives, so it shows up the same way once `--long-step-timeout`
             // passes) or it wrote garbage: the whole group is killed below.
@@ -251,11 +228,9 @@ pub(crate) async fn run_group_once(
     // The group cannot compute without every rank: take it out of rotation (its in-flight
     // requests resume elsewhere), then stop the other ranks.
     link.mark_dead();
-    shared.router.set(slot, None);
-    health.update(shared).await;
-    metrics::gauge!(m::WORKERS_LIVE).set(shared.router.live() as f64);
+    health.set_worker(shared, slot, None).await;
     kill_all(&mut ranks).await;
-    let _ = join_reader(&stop, reader).await;
+    reader.join().await;
     // Dropping the link and the rings unlinks the gateway's two segments; `_segments` then
     // unlinks the plan rings and the communicator.
     drop(link);

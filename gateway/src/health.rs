@@ -10,6 +10,8 @@ use std::time::Duration;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
+use crate::link::WorkerLink;
+use crate::metrics as m;
 use crate::service::Shared;
 
 /// The service name clients ask about (besides `""`, the whole server).
@@ -44,6 +46,14 @@ impl Health {
             reporter,
             last: Arc::new(Mutex::new(ServingStatus::NotServing)),
         }
+    }
+
+    /// Puts `link` into the router's slot `slot` (or, with `None`, takes the slot out of
+    /// rotation), then updates the status and the live-workers gauge.
+    pub async fn set_worker(&self, shared: &Shared, slot: usize, link: Option<Arc<WorkerLink>>) {
+        shared.router.set(slot, link);
+        self.update(shared).await;
+        metrics::gauge!(m::WORKERS_LIVE).set(shared.router.live() as f64);
     }
 
     /// Recomputes the status from the workers that take requests and the draining flag.

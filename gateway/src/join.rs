@@ -16,17 +16,17 @@
 use std::collections::BTreeSet;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use protos::join::{JoinError, JoinReply, JoinRequest, MAX_LINE};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 
 use crate::health::Health;
-use crate::link::{self, ReaderEnd, WorkerLink};
+use crate::link::{ReaderEnd, RingReader, WorkerLink};
 use crate::metrics as m;
 use crate::service::Shared;
 
@@ -336,39 +336,19 @@ async fn run_joined(a: Admitted, ctx: &JoinContext, mut shutdown: watch::Receive
         prefix,
         rings,
         producer,
-        mut consumer,
+        consumer,
     } = a;
-    let stop = Arc::new(AtomicBool::new(false));
-    let (hello_tx, hello_rx) = oneshot::channel();
-    let (link_tx, link_rx) = std::sync::mpsc::channel::<Arc<WorkerLink>>();
-    let (end_tx, end_rx) = oneshot::channel();
-    let thread_stop = stop.clone();
-    let heartbeat_timeout = ctx.heartbeat_timeout;
-    let spawned = std::thread::Builder::new()
-        .name(format!("ring-reader-{slot}"))
-        .spawn(move || {
-            let hello = link::wait_hello_within(&mut consumer, &thread_stop, HELLO_TIMEOUT);
-            let ok = matches!(hello, Ok(Some(_)));
-            let _ = hello_tx.send(hello);
-            if ok && let Ok(link) = link_rx.recv() {
-                let _ = end_tx.send(link::reader(link, consumer, thread_stop, heartbeat_timeout));
-            }
-        });
-    let reader = match spawned {
-        Ok(t) => t,
+    let mut reader = match RingReader::spawn(slot, consumer, HELLO_TIMEOUT, ctx.heartbeat_timeout) {
+        Ok(r) => r,
         Err(e) => {
             tracing::error!(slot, error = %e, "starting a joined worker's reader");
             return;
         }
     };
-    let join_reader = |reader: std::thread::JoinHandle<()>| async move {
-        let _ = tokio::task::spawn_blocking(move || reader.join()).await;
-    };
     let hello = tokio::select! {
-        h = hello_rx => h,
+        h = &mut reader.hello => h,
         _ = shutdown.changed() => {
-            stop.store(true, Ordering::Relaxed);
-            join_reader(reader).await;
+            reader.join().await;
             return;
         }
     };
@@ -382,49 +362,43 @@ async fn run_joined(a: Admitted, ctx: &JoinContext, mut shutdown: watch::Receive
                 "joined worker's hello names another pid; dropped"
             );
             metrics::counter!(m::JOINS_REFUSED).increment(1);
-            drop(link_tx);
-            join_reader(reader).await;
+            reader.join().await;
             return;
         }
         Ok(Ok(None)) => {
             tracing::warn!(slot, pid, "joined worker sent no hello in time; dropped");
             metrics::counter!(m::JOINS_REFUSED).increment(1);
-            join_reader(reader).await;
+            reader.join().await;
             return;
         }
         Ok(Err(e)) => {
             tracing::warn!(slot, pid, error = %e, "joined worker's hello is bad; dropped");
             metrics::counter!(m::JOINS_REFUSED).increment(1);
-            join_reader(reader).await;
+            reader.join().await;
             return;
         }
         Err(_) => {
-            join_reader(reader).await;
+            reader.join().await;
             return;
         }
     };
     let link = WorkerLink::new(slot, info, producer);
-    let _ = link_tx.send(link.clone());
+    reader.serve(link.clone());
     let shared = &ctx.shared;
-    shared.router.set(slot, Some(link.clone()));
-    ctx.health.update(shared).await;
-    metrics::gauge!(m::WORKERS_LIVE).set(shared.router.live() as f64);
+    ctx.health
+        .set_worker(shared, slot, Some(link.clone()))
+        .await;
     metrics::counter!(m::WORKERS_JOINED).increment(1);
     tracing::info!(worker = slot, pid, rings = %prefix, "worker joined");
     // Tests and tools read this line.
     println!("worker {slot} ready pid={pid} joined");
 
     let end = tokio::select! {
-        end = end_rx => end.ok(),
-        _ = shutdown.changed() => {
-            stop.store(true, Ordering::Relaxed);
-            None
-        }
+        end = &mut reader.end => end.ok(),
+        _ = shutdown.changed() => None,
     };
     link.mark_dead();
-    shared.router.set(slot, None);
-    ctx.health.update(shared).await;
-    metrics::gauge!(m::WORKERS_LIVE).set(shared.router.live() as f64);
+    ctx.health.set_worker(shared, slot, None).await;
     match end {
         Some(ReaderEnd::WorkerGone) if link.is_released() => {
             metrics::counter!(m::WORKERS_DRAINED).increment(1);
@@ -440,8 +414,7 @@ async fn run_joined(a: Admitted, ctx: &JoinContext, mut shutdown: watch::Receive
     }
     // Tests and tools read this line.
     println!("worker {slot} left pid={pid}");
-    stop.store(true, Ordering::Relaxed);
-    join_reader(reader).await;
+    reader.join().await;
     // Dropping the link and the rings unlinks both segments.
     drop(link);
     drop(rings);

@@ -370,14 +370,6 @@ impl WorkerLink {
 /// How long a worker may take to announce readiness.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// Waits up to [`READY_TIMEOUT`] for the worker's Hello on its response ring (blocking).
-pub fn wait_hello(
-    consumer: &mut Consumer,
-    give_up: &AtomicBool,
-) -> Result<Option<HelloInfo>, LinkError> {
-    wait_hello_within(consumer, give_up, READY_TIMEOUT)
-}
-
 /// Waits up to `timeout` for the worker's Hello on its response ring (blocking); `Ok(None)` on
 /// timeout or when `give_up` is set.
 pub fn wait_hello_within(
@@ -396,6 +388,71 @@ pub fn wait_hello_within(
         }
     }
     Ok(None)
+}
+
+/// A worker slot's ring-reader thread: it waits for the worker's Hello, then, once [`serve`]
+/// hands it the worker's link, runs [`reader`] until the worker dies or hangs or [`join`] stops it.
+///
+/// [`serve`]: RingReader::serve
+/// [`join`]: RingReader::join
+pub struct RingReader {
+    stop: Arc<AtomicBool>,
+    /// The worker's Hello: `Ok(None)` when none came within the timeout.
+    pub hello: tokio::sync::oneshot::Receiver<Result<Option<HelloInfo>, LinkError>>,
+    /// Why the reader loop ended (after [`RingReader::serve`]).
+    pub end: tokio::sync::oneshot::Receiver<ReaderEnd>,
+    link: std::sync::mpsc::Sender<Arc<WorkerLink>>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl RingReader {
+    /// Starts the thread `ring-reader-{slot}` on `consumer`, the response ring's consumer end.
+    pub fn spawn(
+        slot: usize,
+        mut consumer: Consumer,
+        hello_timeout: Duration,
+        heartbeat_limit: Duration,
+    ) -> std::io::Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (hello_tx, hello) = tokio::sync::oneshot::channel();
+        let (link, link_rx) = std::sync::mpsc::channel::<Arc<WorkerLink>>();
+        let (end_tx, end) = tokio::sync::oneshot::channel();
+        let thread_stop = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("ring-reader-{slot}"))
+            .spawn(move || {
+                let got = wait_hello_within(&mut consumer, &thread_stop, hello_timeout);
+                let ok = matches!(got, Ok(Some(_)));
+                let _ = hello_tx.send(got);
+                if ok && let Ok(link) = link_rx.recv() {
+                    let _ = end_tx.send(reader(link, consumer, thread_stop, heartbeat_limit));
+                }
+            })?;
+        Ok(Self {
+            stop,
+            hello,
+            end,
+            link,
+            thread,
+        })
+    }
+
+    /// Starts reading tokens for `link` (after a good Hello).
+    pub fn serve(&self, link: Arc<WorkerLink>) {
+        let _ = self.link.send(link);
+    }
+
+    /// Stops the thread (wherever it is: waiting for the Hello or the link, or reading) and waits
+    /// for it to end.
+    pub async fn join(self) {
+        let Self {
+            stop, link, thread, ..
+        } = self;
+        // Relaxed: a plain stop flag.
+        stop.store(true, Ordering::Relaxed);
+        drop(link);
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    }
 }
 
 /// Why a reader loop ended.

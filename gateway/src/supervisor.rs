@@ -13,14 +13,14 @@
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use tokio::process::{Child, Command};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 
 use crate::health::Health;
-use crate::link::{self, ReaderEnd, WorkerLink};
+use crate::link::{self, ReaderEnd, RingReader, WorkerLink};
 use crate::metrics as m;
 use crate::service::Shared;
 
@@ -145,7 +145,7 @@ async fn run_once(
     let req = ringbuf::create(&req_name, cmd.ring_capacity).map_err(|e| e.to_string())?;
     let resp = ringbuf::create(&resp_name, cmd.ring_capacity).map_err(|e| e.to_string())?;
     let producer = req.producer().map_err(|e| e.to_string())?;
-    let mut consumer = resp.consumer().map_err(|e| e.to_string())?;
+    let consumer = resp.consumer().map_err(|e| e.to_string())?;
     let mut child = Command::new(&cmd.exe)
         .args(&cmd.args)
         .arg("--rings")
@@ -161,56 +161,36 @@ async fn run_once(
     tracing::info!(worker = slot, pid, rings = %prefix, "worker started");
 
     // The reader thread first waits for the Hello, then reads tokens until the worker dies.
-    let stop = Arc::new(AtomicBool::new(false));
-    let (hello_tx, hello_rx) = oneshot::channel();
-    let (link_tx, link_rx) = std::sync::mpsc::channel::<Arc<WorkerLink>>();
-    let (end_tx, mut end_rx) = oneshot::channel();
-    let heartbeat_timeout = cmd.heartbeat_timeout;
-    let thread_stop = stop.clone();
-    let reader = std::thread::Builder::new()
-        .name(format!("ring-reader-{slot}"))
-        .spawn(move || {
-            let hello = link::wait_hello(&mut consumer, &thread_stop);
-            let ok = matches!(hello, Ok(Some(_)));
-            let _ = hello_tx.send(hello);
-            if ok && let Ok(link) = link_rx.recv() {
-                let _ = end_tx.send(link::reader(link, consumer, thread_stop, heartbeat_timeout));
-            }
-        })
+    let mut reader = RingReader::spawn(slot, consumer, link::READY_TIMEOUT, cmd.heartbeat_timeout)
         .map_err(|e| e.to_string())?;
 
     let hello = tokio::select! {
-        h = hello_rx => h.map_err(|_| "reader thread ended".to_owned())?,
+        h = &mut reader.hello => h,
         status = child.wait() => {
-            stop.store(true, Ordering::Relaxed);
-            let _ = reader.join();
+            reader.join().await;
             return Err(format!("worker exited before it was ready: {status:?}"));
         }
         _ = shutdown.changed() => {
-            stop.store(true, Ordering::Relaxed);
             kill(&mut child).await;
-            let _ = reader.join();
+            reader.join().await;
             return Ok(Stop::Shutdown);
         }
     };
     let info = match hello {
-        Ok(Some(info)) => info,
-        Ok(None) => {
+        Ok(Ok(Some(info))) => info,
+        other => {
             kill(&mut child).await;
-            let _ = reader.join();
-            return Err("worker did not become ready in time".into());
-        }
-        Err(e) => {
-            kill(&mut child).await;
-            let _ = reader.join();
-            return Err(format!("worker's hello: {e}"));
+            reader.join().await;
+            return Err(match other {
+                Ok(Ok(_)) => "worker did not become ready in time".into(),
+                Ok(Err(e)) => format!("worker's hello: {e}"),
+                Err(_) => "reader thread ended".into(),
+            });
         }
     };
     let link = WorkerLink::new(slot, info, producer);
-    let _ = link_tx.send(link.clone());
-    shared.router.set(slot, Some(link.clone()));
-    health.update(shared).await;
-    metrics::gauge!(m::WORKERS_LIVE).set(shared.router.live() as f64);
+    reader.serve(link.clone());
+    health.set_worker(shared, slot, Some(link.clone())).await;
     tracing::info!(
         worker = slot,
         pid = info.pid,
@@ -223,7 +203,7 @@ async fn run_once(
 
     let result = tokio::select! {
         status = child.wait() => exited(slot, status),
-        end = &mut end_rx => match end {
+        end = &mut reader.end => match end {
             Ok(ReaderEnd::Hung | ReaderEnd::Corrupt) => {
                 // Its requests already resume elsewhere (the reader marked the link dead).
                 tracing::warn!(worker = slot, pid, ?end, "killing the worker");
@@ -240,11 +220,8 @@ async fn run_once(
     };
     // The process is gone: fail what it had in flight and take it out of rotation.
     link.mark_dead();
-    shared.router.set(slot, None);
-    health.update(shared).await;
-    metrics::gauge!(m::WORKERS_LIVE).set(shared.router.live() as f64);
-    stop.store(true, Ordering::Relaxed);
-    let _ = tokio::task::spawn_blocking(move || reader.join()).await;
+    health.set_worker(shared, slot, None).await;
+    reader.join().await;
     // Dropping the link and the rings here unlinks both segments.
     drop(link);
     drop((req, resp));
