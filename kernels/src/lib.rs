@@ -6,9 +6,11 @@
 //! (embedding gather, fused residual add + RMSNorm, SiLU·mul, casts), `rope.cu` (RoPE fused with
 //! the paged KV write), `attention.cu` (general paged attention, any head size, split combine),
 //! `decode.cu` (bandwidth-oriented single-token attention), `prefill_mma.cu` (tensor-core prefill
-//! attention, bf16, head size 128), `gemv.cu` (small-batch matrix-vector), `sampling.cu` (greedy,
-//! temperature, top-k, top-p, min-p, seeded). All sources form one translation unit, compiled straight to a CUBIN for the device's
-//! architecture, so loading it needs no JIT. NVRTC is loaded at run time (cudarc's dynamic
+//! attention, bf16, head size 128), `prefill_wgmma.cu` (the same on Hopper's wgmma; its body is
+//! compiled only for `sm_90a`, elsewhere it traps), `gemv.cu` (small-batch matrix-vector),
+//! `sampling.cu` (greedy, temperature, top-k, top-p, min-p, seeded). All sources form one
+//! translation unit, compiled straight to a CUBIN for the device's architecture (`sm_90a` on
+//! compute capability 9.0), so loading it needs no JIT. NVRTC is loaded at run time (cudarc's dynamic
 //! loading): a machine without CUDA builds and runs everything else, and [`compile`] answers
 //! [`KernelError::NvrtcMissing`] there.
 //!
@@ -34,6 +36,8 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("attention.cu", include_str!("attention.cu")),
     ("decode.cu", include_str!("decode.cu")),
     ("prefill_mma.cu", include_str!("prefill_mma.cu")),
+    // After prefill_mma.cu: uses its parameter struct and helpers.
+    ("prefill_wgmma.cu", include_str!("prefill_wgmma.cu")),
     ("gemv.cu", include_str!("gemv.cu")),
     ("sampling.cu", include_str!("sampling.cu")),
 ];
@@ -71,6 +75,7 @@ pub const KERNELS: &[&str] = &[
     "attn_decode_bf16_d128_g4",
     "attn_decode_bf16_d128_g8",
     "attn_prefill_bf16_d128",
+    "attn_prefill_wgmma_bf16_d128",
     "gemv_f32",
     "gemv_bf16_r16",
     "gemv_bf16_r32",
@@ -109,6 +114,14 @@ pub const PREFILL_MMA_THREADS: u32 = 128;
 /// Dynamic shared memory (bytes) of a tensor-core prefill block: its two-stage ring of 64-key K
 /// and V tiles and its tile of `PREFILL_MMA_TOKENS` query rows (bf16, head size 128): 96 KiB.
 pub const PREFILL_MMA_SMEM_BYTES: usize = 2 * 2 * 64 * 128 * 2 + PREFILL_MMA_TOKENS * 128 * 2;
+/// Threads per block of the Hopper prefill kernel (`attn_prefill_wgmma_bf16_d128`, sm_90a only;
+/// same items of [`PREFILL_MMA_TOKENS`] tokens): 2 consumer warpgroups of 64 query rows and a
+/// producer warpgroup (`PW_THREADS`).
+pub const PREFILL_WGMMA_THREADS: u32 = 384;
+/// Dynamic shared memory (bytes) of a Hopper prefill block (`PW_SMEM_BYTES`): the Q tile and
+/// two-stage rings of 128-key K and V tiles (32 KiB each), 8 mbarriers, and 1 KiB of slack to
+/// align the base to the 1024-byte swizzle pattern: 161 KiB, one block per SM.
+pub const PREFILL_WGMMA_SMEM_BYTES: usize = 5 * 128 * 128 * 2 + 4 * 2 * 8 + 1024;
 
 /// Largest batch the GEMV kernel takes (`MAX_B`; the 8 rows of an mma operand).
 pub const GEMV_MAX_BATCH: usize = 8;
@@ -437,17 +450,39 @@ mod tests {
     }
 
     #[test]
+    fn prefill_wgmma_constants_mirror_the_kernel() {
+        let src = SOURCES
+            .iter()
+            .find(|(n, _)| *n == "prefill_wgmma.cu")
+            .unwrap()
+            .1;
+        assert!(src.contains("#define PW_BM 128\n") && src.contains("#define PW_BN 128\n"));
+        assert!(src.contains("#define PW_STAGES 2\n"));
+        assert!(src.contains(&format!("#define PW_THREADS {PREFILL_WGMMA_THREADS} ")));
+        // Q + 2 stages of K and V tiles, 4 barriers per stage, 1 KiB alignment slack.
+        assert_eq!(
+            PREFILL_WGMMA_SMEM_BYTES,
+            (1 + 2 * 2) * 128 * 128 * 2 + 4 * 2 * 8 + 1024
+        );
+        assert_eq!(
+            PREFILL_MMA_TOKENS, 128,
+            "both prefill kernels take the same items"
+        );
+    }
+
+    #[test]
     fn cache_key_depends_on_arch_and_version() {
         assert_ne!(cache_key("sm_90", (13, 0)), cache_key("sm_80", (13, 0)));
         assert_ne!(cache_key("sm_90", (13, 0)), cache_key("sm_90", (13, 1)));
         assert_eq!(cache_key("sm_90", (13, 0)), cache_key("sm_90", (13, 0)));
     }
 
-    /// Compiles every kernel with NVRTC. `.ci/run` sets `RINGSERVE_REQUIRE_NVRTC=1` after
-    /// installing NVRTC and the CUDA headers from PyPI, so there a missing NVRTC fails this test;
-    /// elsewhere (a laptop without CUDA) it only prints that it could not run.
-    #[test]
-    fn nvrtc_compiles_every_kernel() {
+    /// Compiles every kernel with NVRTC for `arch` (twice: the second from the cache) and returns
+    /// the compile log, or `None` where NVRTC is missing and not required. `.ci/run` sets
+    /// `RINGSERVE_REQUIRE_NVRTC=1` after installing NVRTC and the CUDA headers from PyPI, so there
+    /// a missing NVRTC fails the tests; elsewhere (a laptop without CUDA) they only print that
+    /// they could not run.
+    fn compile_twice(arch: &str) -> Option<String> {
         let required = std::env::var("RINGSERVE_REQUIRE_NVRTC").is_ok_and(|v| v == "1");
         if !nvrtc_available() {
             assert!(
@@ -455,10 +490,11 @@ mod tests {
                 "RINGSERVE_REQUIRE_NVRTC=1 but libnvrtc was not found"
             );
             eprintln!("NVRTC not found; set RINGSERVE_REQUIRE_NVRTC=1 to make this a failure");
-            return;
+            return None;
         }
-        let dir = std::env::temp_dir().join(format!("ringserve-kcache-{}", std::process::id()));
-        let mut opts = CompileOptions::for_arch("sm_90");
+        let dir =
+            std::env::temp_dir().join(format!("ringserve-kcache-{arch}-{}", std::process::id()));
+        let mut opts = CompileOptions::for_arch(arch);
         opts.cache_dir = Some(dir.clone());
         let first = compile(&opts).unwrap_or_else(|e| panic!("{e}"));
         assert!(!first.from_cache);
@@ -468,6 +504,30 @@ mod tests {
         assert!(second.from_cache);
         assert_eq!(first.cubin, second.cubin);
         let _ = std::fs::remove_dir_all(dir);
+        Some(first.log)
+    }
+
+    #[test]
+    fn nvrtc_compiles_every_kernel() {
+        compile_twice("sm_90");
+    }
+
+    /// sm_90a compiles the wgmma prefill kernel's body (ptxas checks its PTX and registers);
+    /// it must not spill, nor have its wgmma chains serialised by ptxas.
+    #[test]
+    fn nvrtc_compiles_every_kernel_for_sm90a() {
+        let Some(log) = compile_twice("sm_90a") else {
+            return;
+        };
+        let wgmma = log
+            .split("Compiling entry function")
+            .find(|f| f.contains("'attn_prefill_wgmma_bf16_d128'"))
+            .expect("ptxas reports on the wgmma prefill kernel");
+        assert!(
+            wgmma.contains(" 0 bytes spill stores") && wgmma.contains(" 0 bytes spill loads"),
+            "{wgmma}"
+        );
+        assert!(!log.contains("serialized"), "{log}");
     }
 
     #[test]
