@@ -109,14 +109,100 @@ pub(crate) fn dev_err(e: impl std::fmt::Debug) -> BackendError {
     BackendError::Device(format!("{e:?}"))
 }
 
+/// Environment variable forcing the kernel of bf16 head-size-128 prefill attention: `mma` or
+/// `wgmma` (the latter only on compute capability 9.0, whose kernels compile for `sm_90a`).
+pub const PREFILL_ENV: &str = "RINGSERVE_CUDA_PREFILL";
+
+/// The kernel that runs bf16 head-size-128 prefill attention; both take the same work items of
+/// [`kernels::PREFILL_MMA_TOKENS`] query tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefillKernel {
+    /// `attn_prefill_bf16_d128`: mma.sync, every architecture.
+    Mma,
+    /// `attn_prefill_wgmma_bf16_d128`: Hopper's wgmma, `sm_90a` only.
+    Wgmma,
+}
+
+impl PrefillKernel {
+    /// The kernel's name in [`kernels::KERNELS`].
+    pub fn name(self) -> &'static str {
+        match self {
+            PrefillKernel::Mma => "attn_prefill_bf16_d128",
+            PrefillKernel::Wgmma => "attn_prefill_wgmma_bf16_d128",
+        }
+    }
+
+    /// Threads per block.
+    pub fn threads(self) -> u32 {
+        match self {
+            PrefillKernel::Mma => kernels::PREFILL_MMA_THREADS,
+            PrefillKernel::Wgmma => kernels::PREFILL_WGMMA_THREADS,
+        }
+    }
+
+    /// Dynamic shared memory per block (bytes).
+    pub fn smem_bytes(self) -> usize {
+        match self {
+            PrefillKernel::Mma => kernels::PREFILL_MMA_SMEM_BYTES,
+            PrefillKernel::Wgmma => kernels::PREFILL_WGMMA_SMEM_BYTES,
+        }
+    }
+
+    /// The kernels that run on code compiled for `arch`, the default first: wgmma needs
+    /// `sm_90a` (elsewhere its body is compiled out and traps).
+    pub fn available(arch: &str) -> &'static [PrefillKernel] {
+        if arch == "sm_90a" {
+            &[PrefillKernel::Wgmma, PrefillKernel::Mma]
+        } else {
+            &[PrefillKernel::Mma]
+        }
+    }
+
+    /// The default kernel for `arch`, or the one `forced` names (the value of [`PREFILL_ENV`]).
+    pub fn select(arch: &str, forced: Option<&str>) -> Result<Self, BackendError> {
+        let available = Self::available(arch);
+        let kernel = match forced {
+            None => return Ok(available[0]),
+            Some("mma") => PrefillKernel::Mma,
+            Some("wgmma") => PrefillKernel::Wgmma,
+            Some(other) => {
+                return Err(BackendError::InvalidOptions(format!(
+                    "{PREFILL_ENV}={other}: expected mma or wgmma"
+                )));
+            }
+        };
+        if !available.contains(&kernel) {
+            return Err(BackendError::InvalidOptions(format!(
+                "{PREFILL_ENV}=wgmma needs a compute capability 9.0 device (kernels for sm_90a); \
+                 this one compiles for {arch}"
+            )));
+        }
+        Ok(kernel)
+    }
+}
+
+/// The architecture the kernels are compiled for on a device of compute capability
+/// `major.minor`: `sm_90a` on 9.0 (wgmma and setmaxnreg exist only in the arch-specific target,
+/// which runs on 9.0 devices alone), `sm_<major><minor>` elsewhere.
+pub fn arch_for(major: i32, minor: i32) -> String {
+    if (major, minor) == (9, 0) {
+        "sm_90a".to_string()
+    } else {
+        format!("sm_{major}{minor}")
+    }
+}
+
 /// The context, stream, kernels and cuBLAS handle of one GPU.
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
     pub blas: CudaBlas,
     funcs: HashMap<&'static str, CudaFunction>,
-    /// `sm_XY`.
+    /// `sm_XY`, or `sm_90a` (see [`arch_for`]).
     pub arch: String,
+    /// The kernel [`crate::backend::cuda::ops::attention`] launches for bf16 head-size-128
+    /// prefill.
+    pub prefill: PrefillKernel,
     /// Streaming multiprocessors.
     pub sms: usize,
     /// Seconds spent compiling (or loading from cache) and loading the kernels.
@@ -140,7 +226,8 @@ impl Gpu {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(dev_err)?;
         let (major, minor) = ctx.compute_capability().map_err(dev_err)?;
-        let arch = format!("sm_{major}{minor}");
+        let arch = arch_for(major, minor);
+        let prefill = PrefillKernel::select(&arch, std::env::var(PREFILL_ENV).ok().as_deref())?;
         let sms = ctx
             .attribute(
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
@@ -195,6 +282,21 @@ impl Gpu {
             100,
         )
         .map_err(dev_err)?;
+        // The Hopper prefill kernel's Q tile and K/V rings: 161 KiB, one block per SM. Only where
+        // its body is compiled: other devices may not allow that much.
+        if PrefillKernel::available(&arch).contains(&PrefillKernel::Wgmma) {
+            let f = &funcs[PrefillKernel::Wgmma.name()];
+            f.set_attribute(
+                Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                kernels::PREFILL_WGMMA_SMEM_BYTES as i32,
+            )
+            .map_err(dev_err)?;
+            f.set_attribute(
+                Attr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                100,
+            )
+            .map_err(dev_err)?;
+        }
         let blas = CudaBlas::new(stream.clone()).map_err(dev_err)?;
         Ok(Self {
             ctx,
@@ -202,6 +304,7 @@ impl Gpu {
             blas,
             funcs,
             arch,
+            prefill,
             sms,
             kernel_load_s: t.elapsed().as_secs_f64(),
             kernels_from_cache: compiled.from_cache,
@@ -407,4 +510,56 @@ impl Gpu {
 /// Little-endian bytes of floats.
 pub fn f32_bytes(data: &[f32]) -> Vec<u8> {
     data.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compute_capability_9_0_compiles_for_sm_90a() {
+        assert_eq!(arch_for(9, 0), "sm_90a");
+        assert_eq!(arch_for(8, 9), "sm_89");
+        assert_eq!(arch_for(8, 0), "sm_80");
+        assert_eq!(arch_for(10, 0), "sm_100");
+    }
+
+    #[test]
+    fn prefill_kernel_defaults_to_wgmma_on_sm_90a_only() {
+        assert_eq!(
+            PrefillKernel::select("sm_90a", None).unwrap(),
+            PrefillKernel::Wgmma
+        );
+        assert_eq!(
+            PrefillKernel::select("sm_89", None).unwrap(),
+            PrefillKernel::Mma
+        );
+        assert_eq!(
+            PrefillKernel::select("sm_90", None).unwrap(),
+            PrefillKernel::Mma
+        );
+        assert_eq!(
+            PrefillKernel::select("sm_90a", Some("mma")).unwrap(),
+            PrefillKernel::Mma
+        );
+        assert_eq!(
+            PrefillKernel::select("sm_90a", Some("wgmma")).unwrap(),
+            PrefillKernel::Wgmma
+        );
+        let err = PrefillKernel::select("sm_80", Some("wgmma"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("sm_90a") && err.contains("sm_80"), "{err}");
+        let err = PrefillKernel::select("sm_90a", Some("fast"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("expected mma or wgmma"), "{err}");
+    }
+
+    #[test]
+    fn every_prefill_kernel_is_compiled() {
+        for k in [PrefillKernel::Mma, PrefillKernel::Wgmma] {
+            assert!(kernels::KERNELS.contains(&k.name()), "{}", k.name());
+        }
+    }
 }

@@ -7,7 +7,7 @@
 use cudarc::cublas::sys as blas_sys;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
-use super::device::{Buf, DType, Gpu, dev_err};
+use super::device::{Buf, DType, Gpu, PrefillKernel, dev_err};
 use crate::backend::BackendError;
 
 fn float_type(b: &Buf, what: &str) -> Result<DType, BackendError> {
@@ -315,7 +315,8 @@ pub struct Attention<'a> {
     pub decode: bool,
 }
 
-/// Whether prefill attention runs on the tensor-core kernel (bf16, head size 128).
+/// Whether prefill attention runs on a tensor-core kernel (bf16, head size 128; `Gpu::prefill`
+/// picks which).
 fn prefill_on_tensor_cores(dt: DType, d: usize) -> bool {
     dt == DType::Bf16 && d == 128
 }
@@ -344,7 +345,8 @@ pub fn attention_items(query_lens: &[usize], tile: usize) -> Vec<i32> {
     items
 }
 
-/// Paged causal attention (and the split combine when `num_splits > 1`).
+/// Paged causal attention (and the split combine when `num_splits > 1`); bf16 head-size-128
+/// prefill runs on `gpu.prefill`.
 ///
 /// # Safety
 /// `seqs`, `items` and `block_tables` describe the batch consistently: every item's sequence is
@@ -352,6 +354,20 @@ pub fn attention_items(query_lens: &[usize], tile: usize) -> Vec<i32> {
 /// context_len <= table_stride * block_size`; every table entry a context position reaches is a
 /// block of the cache. With `num_splits > 1` every sequence has `query_len == 1`.
 pub unsafe fn attention(gpu: &Gpu, a: &Attention<'_>) -> Result<(), BackendError> {
+    // SAFETY: the caller's promise, passed on.
+    unsafe { attention_with(gpu, a, gpu.prefill) }
+}
+
+/// [`attention`] with bf16 head-size-128 prefill on `prefill` (one of
+/// [`PrefillKernel::available`] for `gpu.arch`), for tests and benchmarks of each kernel.
+///
+/// # Safety
+/// As for [`attention`].
+pub unsafe fn attention_with(
+    gpu: &Gpu,
+    a: &Attention<'_>,
+    prefill: PrefillKernel,
+) -> Result<(), BackendError> {
     let dt = float_type(a.q, "q")?;
     if a.hkv == 0 || !a.hq.is_multiple_of(a.hkv) || a.hq / a.hkv > kernels::ATTN_ROWS {
         return Err(BackendError::InvalidBatch(format!(
@@ -434,15 +450,21 @@ pub unsafe fn attention(gpu: &Gpu, a: &Attention<'_>) -> Result<(), BackendError
         // same layout, and the caller promises single-token sequences. Gpu::new allowed `smem`.
         unsafe { b.launch(cfg(grid, kernels::DECODE_THREADS, smem)) }.map_err(dev_err)?;
     } else if prefill_on_tensor_cores(dt, a.d) {
-        let f = gpu.func("attn_prefill_bf16_d128")?;
+        if !PrefillKernel::available(&gpu.arch).contains(&prefill) {
+            return Err(BackendError::Device(format!(
+                "{} does not run on {}",
+                prefill.name(),
+                gpu.arch
+            )));
+        }
+        let f = gpu.func(prefill.name())?;
         let mut b = gpu.stream.launch_builder(f);
         b.arg(&p);
         let grid = (dim(a.num_items, "items")?, dim(a.hq, "hq")?, 1);
-        let smem = kernels::PREFILL_MMA_SMEM_BYTES;
         // SAFETY: as for the general kernel; items were built with attention_tile_tokens (128
-        // tokens each) for this type and head size, which the kernel assumes. Gpu::new allowed
-        // `smem`.
-        unsafe { b.launch(cfg(grid, kernels::PREFILL_MMA_THREADS, smem)) }.map_err(dev_err)?;
+        // tokens each) for this type and head size, which both prefill kernels assume. The kernel
+        // runs on this architecture (checked above) and Gpu::new allowed its shared memory.
+        unsafe { b.launch(cfg(grid, prefill.threads(), prefill.smem_bytes())) }.map_err(dev_err)?;
     } else {
         let f = gpu.func(&format!("attention_{}", dt.suffix()))?;
         let mut b = gpu.stream.launch_builder(f);
