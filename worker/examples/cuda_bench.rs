@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 use worker::backend::cuda::ops::{self, Attention, Linear};
-use worker::backend::cuda::{CudaBackend, CudaOptions, DType, Gpu};
+use worker::backend::cuda::{CudaBackend, CudaOptions, DType, Gpu, PrefillKernel};
 use worker::backend::{Backend, DeviceSampling, ForwardBatch, SeqInput};
 use worker::checkpoint::Checkpoint;
 use worker::engine::{Engine, EngineConfig};
@@ -233,28 +233,50 @@ fn attention_alone(g: &Gpu, only: Option<usize>) -> Res<Value> {
                 scale: 1.0 / (d as f32).sqrt(),
                 decode: qlen == 1,
             };
-            // SAFETY: seqs/items/tables built consistently above; every table entry < blocks;
-            // the partials hold `max_splits >= splits` per item and head.
-            let ms = time_ms(g, 10, || Ok(unsafe { ops::attention(g, &a) }?))?;
-            let flops = if qlen > 1 {
-                4.0 * (batch * hq) as f64 * (qlen * ctx) as f64 * d as f64 / 2.0
+            // Prefill: every kernel this device runs, each also under its own key; the plain key
+            // is the one the backend picks (the first).
+            let prefills: &[Option<PrefillKernel>] = if qlen > 1 {
+                &[None, Some(PrefillKernel::Mma), Some(PrefillKernel::Wgmma)]
             } else {
-                4.0 * (batch * hq * ctx * d) as f64
+                &[None]
             };
-            let kv_bytes = (batch * ctx * hkv * d * 2 * 2) as f64;
-            let mut key = format!("b{batch}_q{qlen}_ctx{ctx}");
-            if qlen == 1 && split_size != worker::backend::cuda::step::DECODE_SPLIT {
-                key.push_str(&format!("_split{split_size}"));
+            for &prefill in prefills {
+                if prefill.is_some_and(|k| !PrefillKernel::available(&g.arch).contains(&k)) {
+                    continue;
+                }
+                let kernel = prefill.unwrap_or(g.prefill);
+                // SAFETY: seqs/items/tables built consistently above; every table entry <
+                // blocks; the partials hold `max_splits >= splits` per item and head.
+                let ms = time_ms(g, 10, || Ok(unsafe { ops::attention_with(g, &a, kernel) }?))?;
+                let flops = if qlen > 1 {
+                    4.0 * (batch * hq) as f64 * (qlen * ctx) as f64 * d as f64 / 2.0
+                } else {
+                    4.0 * (batch * hq * ctx * d) as f64
+                };
+                let kv_bytes = (batch * ctx * hkv * d * 2 * 2) as f64;
+                let mut key = format!("b{batch}_q{qlen}_ctx{ctx}");
+                if qlen == 1 && split_size != worker::backend::cuda::step::DECODE_SPLIT {
+                    key.push_str(&format!("_split{split_size}"));
+                }
+                if let Some(k) = prefill {
+                    key.push_str(if k == PrefillKernel::Mma {
+                        "_mma"
+                    } else {
+                        "_wgmma"
+                    });
+                }
+                println!(
+                    "attention {key}: {ms:.3} ms, {:.1} TFLOP/s, KV read {:.0} GB/s",
+                    flops / ms / 1e9,
+                    kv_bytes / ms / 1e6
+                );
+                let mut row =
+                    json!({"ms": ms, "tflops": flops / ms / 1e9, "kv_gb_s": kv_bytes / ms / 1e6});
+                if qlen > 1 {
+                    row["kernel"] = json!(kernel.name());
+                }
+                out.insert(key, row);
             }
-            println!(
-                "attention {key}: {ms:.3} ms, {:.1} TFLOP/s, KV read {:.0} GB/s",
-                flops / ms / 1e9,
-                kv_bytes / ms / 1e6
-            );
-            out.insert(
-                key,
-                json!({"ms": ms, "tflops": flops / ms / 1e9, "kv_gb_s": kv_bytes / ms / 1e6}),
-            );
         }
     }
     Ok(Value::Object(out))

@@ -7,7 +7,7 @@
 
 use half::bf16;
 use worker::backend::cuda::ops::{self, AddRmsNorm, Attention, Linear, RopeKv, SampleRow};
-use worker::backend::cuda::{DType, Gpu};
+use worker::backend::cuda::{DType, Gpu, PrefillKernel};
 
 struct Rng(u64);
 impl Rng {
@@ -45,16 +45,30 @@ fn q(v: &[f32], dt: DType) -> Vec<f32> {
 fn assert_close(what: &str, got: &[f32], want: &[f32], abs: f32, rel: f32) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     let mut worst = (0.0f32, 0usize);
+    // Every element out of tolerance, so a failure shows its pattern, not only the first.
+    let mut bad = Vec::new();
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let err = (g - w).abs();
-        assert!(
-            err <= abs + rel * w.abs(),
-            "{what}[{i}]: got {g}, want {w} (tolerance {abs} + {rel}·|want|)"
-        );
+        let within = err <= abs + rel * w.abs(); // false for NaN
+        if !within {
+            bad.push(i);
+        }
         if err > worst.0 {
             worst = (err, i);
         }
     }
+    let show: Vec<String> = bad
+        .iter()
+        .take(8)
+        .map(|&i| format!("[{i}] got {} want {}", got[i], want[i]))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "{what}: {} of {} out of tolerance {abs} + {rel}·|want|, first: {}",
+        bad.len(),
+        got.len(),
+        show.join(", ")
+    );
     eprintln!("{what}: max abs err {:.3e} at {}", worst.0, worst.1);
 }
 
@@ -379,6 +393,27 @@ fn attention_matches_cpu() {
             split_size: 1 << 20,
             num_splits: 1,
         },
+        // tensor-core prefill: several 128-token items per sequence, 128-key tiles with
+        // partial ends, prior context, a one-token item, blocks of 3 keys
+        AttnCase {
+            hq: 32,
+            hkv: 8,
+            d: 128,
+            bs: 3,
+            seqs: vec![(300, 300), (129, 700), (1, 9), (64, 64)],
+            split_size: 1 << 20,
+            num_splits: 1,
+        },
+        // tensor-core prefill, MHA, blocks of 32: tile-aligned lengths and a chunk after a prefix
+        AttnCase {
+            hq: 4,
+            hkv: 4,
+            d: 128,
+            bs: 32,
+            seqs: vec![(256, 256), (200, 600), (128, 384)],
+            split_size: 1 << 20,
+            num_splits: 1,
+        },
         // decodes with a split context (flash-decoding), some splits empty
         AttnCase {
             hq: 32,
@@ -528,9 +563,19 @@ fn attention_matches_cpu() {
                 scale,
                 decode: c.num_splits > 1,
             };
-            // SAFETY: seqs/items/tables built consistently above; every table entry < blocks.
-            unsafe { ops::attention(&g, &args) }.unwrap();
-            let got = g.download_f32(&out).unwrap();
+            // Through every prefill kernel this device runs (mma.sync; wgmma on sm_90a): the
+            // kernel only matters for bf16 head size 128, the other cases just run twice there.
+            let got: Vec<(PrefillKernel, Vec<f32>)> = PrefillKernel::available(&g.arch)
+                .iter()
+                .map(|&k| {
+                    let out = g.alloc(dt, n * c.hq * c.d).unwrap();
+                    let args = Attention { out: &out, ..args };
+                    // SAFETY: seqs/items/tables built consistently above; every table entry <
+                    // blocks.
+                    unsafe { ops::attention_with(&g, &args, k) }.unwrap();
+                    (k, g.download_f32(&out).unwrap())
+                })
+                .collect();
             // Decode-only batches also through the decode kernel (its items: one per token).
             let got_decode = (all_decode && tile == 1).then(|| {
                 let out2 = g.alloc(dt, n * c.hq * c.d).unwrap();
@@ -582,13 +627,10 @@ fn attention_matches_cpu() {
             } else {
                 (4e-3, 8e-3)
             };
-            assert_close(
-                &format!("attention {dt:?} hq{} d{}", c.hq, c.d),
-                &got,
-                &want,
-                abs,
-                rel,
-            );
+            for (k, got) in &got {
+                let what = format!("attention {dt:?} hq{} d{} bs{} ({k:?})", c.hq, c.d, c.bs);
+                assert_close(&what, got, &want, abs, rel);
+            }
             if let Some(got) = got_decode {
                 let what = format!("decode attention {dt:?} hq{} d{}", c.hq, c.d);
                 assert_close(&what, &got, &want, abs, rel);
