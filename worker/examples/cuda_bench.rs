@@ -150,7 +150,7 @@ const ATTN_CASES: [(usize, usize, usize); 6] = [
 ];
 
 /// Decode split sizes (keys per block) `attention_alone` times.
-const DECODE_SWEEP: [usize; 5] = [32, 64, 128, 256, 512];
+const DECODE_SWEEP: [usize; 6] = [32, 64, 128, 256, 512, 1024];
 
 /// The attention kernel alone: causal prefill 8×32 heads×2048×128 and decodes at 2048 and 512
 /// (`only`: just that case of [`ATTN_CASES`], e.g. under a profiler).

@@ -493,6 +493,16 @@ fn attention_matches_cpu() {
             split_size: 512,
             num_splits: 2,
         },
+        // 1024-key splits (the graphs' choice at batch 128 for contexts of 513-1024)
+        AttnCase {
+            hq: 32,
+            hkv: 8,
+            d: 128,
+            bs: 16,
+            seqs: vec![(1, 1500), (1, 700), (1, 3), (1, 1024)],
+            split_size: 1024,
+            num_splits: 2,
+        },
     ];
     for dt in DTYPES {
         for c in &cases {

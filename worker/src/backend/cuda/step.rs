@@ -7,20 +7,23 @@ use crate::backend::{BackendError, BatchLimits, ForwardBatch};
 /// Fixed, so a sequence's attention is computed the same way whatever else is in the batch.
 pub const DECODE_SPLIT: usize = 128;
 
-/// Split sizes [`decode_split`] picks from, largest first.
-const DECODE_SPLITS: [usize; 3] = [512, 256, DECODE_SPLIT];
+/// Split sizes [`decode_split`] picks from, largest first, each with the blocks per
+/// multiprocessor it must still give.
+const DECODE_SPLITS: [(usize, usize); 4] = [(1024, 4), (512, 1), (256, 1), (DECODE_SPLIT, 1)];
 
 /// Keys per decode attention split for `items` sequences over `kv_heads` KV heads with contexts of
 /// at most `max_ctx`: the largest of 512, 256 and 128 that still gives every one of `sms`
-/// multiprocessors a block. Longer splits cost less per key (fewer partials to combine, a longer
-/// pipeline per block: on the H200 at batch 128, 512 keys run 18–21 % faster than 128), shorter
-/// ones keep small batches spread over the GPU. It depends on the batch, so batch-invariant mode
-/// uses [`DECODE_SPLIT`] instead.
+/// multiprocessors a block, or 1024 where that still gives each 4 (the decode kernel keeps 3
+/// resident). Longer splits cost less per key (fewer partials to combine, a longer pipeline per
+/// block: on the H200 at batch 128, 512 keys run 18–21 % faster than 128), shorter ones keep small
+/// batches spread over the GPU. 1024 matters for CUDA graphs, whose context capacity is a power of
+/// two: contexts of 513–1024 would otherwise take a second, nearly empty 512-key split and the
+/// combine. It depends on the batch, so batch-invariant mode uses [`DECODE_SPLIT`] instead.
 pub fn decode_split(items: usize, kv_heads: usize, max_ctx: usize, sms: usize) -> usize {
     DECODE_SPLITS
         .into_iter()
-        .find(|&split| items * kv_heads * max_ctx.div_ceil(split).max(1) >= sms)
-        .unwrap_or(DECODE_SPLIT)
+        .find(|&(split, per_sm)| items * kv_heads * max_ctx.div_ceil(split).max(1) >= per_sm * sms)
+        .map_or(DECODE_SPLIT, |(split, _)| split)
 }
 
 /// Host-side arrays of one step, ready to upload.
@@ -184,7 +187,10 @@ mod tests {
         // The H200: 132 multiprocessors; the 8B shape: 8 KV heads.
         let split = |items, ctx| decode_split(items, 8, ctx, 132);
         assert_eq!(split(128, 512), 512);
-        assert_eq!(split(128, 2048), 512);
+        assert_eq!(split(128, 1024), 1024); // 128 x 8 = 1024 blocks, >= 4 per SM
+        assert_eq!(split(128, 2048), 1024);
+        assert_eq!(split(64, 1024), 512); // 512 blocks at 1024: under 4 per SM
+        assert_eq!(split(32, 2048), 512);
         assert_eq!(split(8, 2048), 512); // 8 x 8 x 4 = 256 blocks
         assert_eq!(split(4, 2048), 256); // 4 x 8 x 8 = 256 blocks
         assert_eq!(split(1, 2048), DECODE_SPLIT); // too few blocks at any size
