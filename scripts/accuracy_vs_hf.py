@@ -1,7 +1,9 @@
 """bf16 accuracy of ringserve against HuggingFace on the same weights: HF float32 is the reference;
 ringserve's bf16 logits must be no further from it (relative L2) than 1.5x HF's own bf16 run.
 usage: accuracy_vs_hf.py MODEL_DIR PROMPTS_JSON OURS_F32_BIN OUT_JSON
-OURS_F32_BIN holds [prompts, positions, vocab] float32 logits (cuda_bench's dump)."""
+OURS_F32_BIN holds [prompts, positions, vocab] float32 logits (cuda_bench's dump). PROMPTS_JSON is
+a list of prompts (logits at every position: the decode-path dump) or {"prompts", "positions"}
+(logits at those positions only: the prefill-path dump, `*.prefill`)."""
 import json, sys
 import numpy as np
 import torch
@@ -9,12 +11,18 @@ from transformers import LlamaForCausalLM
 
 model_dir, prompts_path, ours_path, out_path = sys.argv[1:5]
 prompts = json.load(open(prompts_path))
+positions = None
+if isinstance(prompts, dict):
+    prompts, positions = prompts["prompts"], prompts["positions"]
 ids = torch.tensor(prompts, device="cuda")
 
 def logits(dtype):
     m = LlamaForCausalLM.from_pretrained(model_dir, dtype=dtype).to("cuda").eval()
     with torch.no_grad():
-        out = m(ids).logits.float().cpu().numpy()
+        out = m(ids).logits
+        if positions is not None:
+            out = out[:, positions]
+        out = out.float().cpu().numpy()
     del m
     torch.cuda.empty_cache()
     return out

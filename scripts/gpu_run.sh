@@ -38,6 +38,10 @@ cat $MODEL/*.safetensors > /dev/null  # page cache, as the start-up goal assumes
 ./ringserve bench engine --model $MODEL --device cuda --batch-sizes 1,8,32,128 --prompt-lens 128,512 \
   --output-len 64 2>&1 | tee -a "$OUT/bench.log"
 python3 scripts/accuracy_vs_hf.py $MODEL /tmp/prompts.json /tmp/ours_logits.bin "$OUT/accuracy.json" 2>&1 | tail -25
+# The same check through the prefill path (chunked prefill over cached context; cuda_bench's
+# second dump).
+python3 scripts/accuracy_vs_hf.py $MODEL /tmp/prompts.json.prefill /tmp/ours_logits.bin.prefill \
+  "$OUT/accuracy_prefill.json" 2>&1 | tail -25
 if [ $BASELINE = 1 ]; then
   python3 scripts/hf_baseline.py 2>&1
 fi

@@ -9,20 +9,22 @@
 # and `cuda_bench` binaries beside it, the GEMV kernel against the CPU and against cuBLAS alone.
 # At most 8 files come back from $OUT: bench.log, serve.log, serve_warm.log, bench_c128.json,
 # bench_c1.json, gemv.log, gemv.json, hf_baseline.json.
-#   usage: scripts/gpu_serve.sh [--baseline]
+# --serve-only stops after the serving part (no GEMV checks); the model is written only if /tmp
+# has none yet.
+#   usage: scripts/gpu_serve.sh [--baseline] [--serve-only]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export RINGSERVE_KERNEL_CACHE=/tmp/ringserve-kcache PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-BASELINE=0
-for a in "$@"; do case $a in --baseline) BASELINE=1;; esac; done
+BASELINE=0; SERVE_ONLY=0
+for a in "$@"; do case $a in --baseline) BASELINE=1;; --serve-only) SERVE_ONLY=1;; esac; done
 MODEL=/tmp/llama8b
 ADDR=127.0.0.1:50051
 LOG="$OUT/bench.log"
 now() { date +%s.%N; }
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,driver_version --format=csv | tee "$LOG"
-python3 scripts/make_random_llama8b.py $MODEL 2>&1 | tail -3 | tee -a "$LOG"
+[ -f $MODEL/config.json ] || python3 scripts/make_random_llama8b.py $MODEL 2>&1 | tail -3 | tee -a "$LOG"
 cat $MODEL/*.safetensors > /dev/null  # page cache warm, as the start-up goal assumes
 
 # Starts the server (log: $1), waits for its worker, prints the seconds from launch to ready.
@@ -61,6 +63,7 @@ if start_server "$OUT/serve.log" "kernel cache cold"; then
   # Warm start: page cache and kernel cache both warm.
   start_server "$OUT/serve_warm.log" "kernel cache warm" && stop_server
 fi
+if [ $SERVE_ONLY = 1 ]; then exit 0; fi
 G="$OUT/gemv.log"; : > "$G"
 if [ -x ./cuda_kernels ] && [ -x ./cuda_bench ]; then
   ./cuda_kernels --include-ignored --test-threads=1 gemv_and_gemm_match_cpu >> "$G" 2>&1

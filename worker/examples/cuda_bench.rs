@@ -4,6 +4,7 @@
 //! HuggingFace (`scripts/accuracy_vs_hf.py`), and greedy batch invariance (alone vs 64).
 //!
 //! usage: cuda_bench MODEL_DIR OUT_JSON LOGITS_DUMP PROMPTS_JSON
+//!        cuda_bench accuracy MODEL_DIR LOGITS_DUMP PROMPTS_JSON (only the two logits dumps)
 //!        cuda_bench attention CASE   (one attention case alone, for profiling)
 //!        cuda_bench gemv OUT_JSON    (GEMV kernel vs cuBLAS at the 8B shapes, batch 1-8, no model)
 //!        cuda_bench kernels OUT_JSON (every attention case alone at the 8B shape, no model)
@@ -396,6 +397,75 @@ fn dump_logits(b: &mut CudaBackend, dump: &Path, prompts_json: &Path) -> Res<()>
     Ok(())
 }
 
+/// Chunk lengths of [`dump_prefill_logits`]: a first chunk of several 128-token prefill items, then
+/// 63 chunks of 1–19 tokens over a growing cached context.
+fn prefill_chunks() -> Vec<usize> {
+    std::iter::once(300)
+        .chain((0..63).map(|i| 1 + (i * 7) % 19))
+        .collect()
+}
+
+/// Logits through the prefill path: 4 prompts fed in the chunks of [`prefill_chunks`] (all 4 in
+/// every step), each step's last token of each prompt sampled, so the 64 positions per prompt come
+/// from prefill attention over prior context in the paged cache (chunked prefill), not from the
+/// decode kernel. Writes `{"prompts", "positions"}` for `scripts/accuracy_vs_hf.py`.
+fn dump_prefill_logits(b: &mut CudaBackend, dump: &Path, prompts_json: &Path) -> Res<()> {
+    let chunks = prefill_chunks();
+    let len: usize = chunks.iter().sum();
+    let prompts: Vec<Vec<u32>> = (0..4).map(|i| prompt(len, 200 + i)).collect();
+    let blocks = len.div_ceil(b.block_size());
+    let tables: Vec<Vec<u32>> = (0..4)
+        .map(|s| (0..blocks).map(|j| (1 + s * blocks + j) as u32).collect())
+        .collect();
+    let mut rows: Vec<Vec<f32>> = vec![Vec::new(); 4];
+    let mut positions: Vec<usize> = Vec::new();
+    let mut start = 0;
+    for &c in &chunks {
+        let ids: Vec<u32> = prompts
+            .iter()
+            .flat_map(|pr| pr[start..start + c].to_vec())
+            .collect();
+        let pos: Vec<u32> = (0..4)
+            .flat_map(|_| (start..start + c).map(|p| p as u32))
+            .collect();
+        let seqs: Vec<SeqInput<'_>> = (0..4)
+            .map(|s| SeqInput {
+                query_start: s * c,
+                query_len: c,
+                context_len: start + c,
+                block_table: &tables[s],
+                sample: true,
+            })
+            .collect();
+        let l = b.forward(&ForwardBatch {
+            token_ids: &ids,
+            positions: &pos,
+            seqs: &seqs,
+        })?;
+        for (s, row) in rows.iter_mut().enumerate() {
+            row.extend_from_slice(l.row(s));
+        }
+        start += c;
+        positions.push(start - 1);
+    }
+    std::fs::write(
+        prompts_json,
+        serde_json::to_string(&json!({"prompts": prompts, "positions": positions}))?,
+    )?;
+    let bytes: Vec<u8> = rows
+        .iter()
+        .flatten()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    std::fs::write(dump, bytes)?;
+    Ok(())
+}
+
+/// `PATH.prefill`: where the prefill-path dump goes beside the decode-path one.
+fn prefill_path(p: &str) -> String {
+    format!("{p}.prefill")
+}
+
 /// Greedy tokens of request 0 alone and inside a batch of 64.
 fn batch_invariance(backend: CudaBackend, model: &worker::config::ModelConfig) -> Res<Value> {
     let mut engine = Engine::new(Box::new(backend), model, EngineConfig::default())?;
@@ -453,9 +523,22 @@ fn main() -> Res<()> {
         std::fs::write(&args[2], serde_json::to_string_pretty(&res)?)?;
         return Ok(());
     }
+    let accuracy_only = args.len() == 5 && args[1] == "accuracy";
     if args.len() != 5 {
         return Err("usage: cuda_bench MODEL_DIR OUT_JSON LOGITS_DUMP PROMPTS_JSON".into());
     }
+    // `cuda_bench accuracy MODEL LOGITS_DUMP PROMPTS_JSON`: the dumps alone.
+    let args: Vec<String> = if accuracy_only {
+        vec![
+            args[0].clone(),
+            args[2].clone(),
+            String::new(),
+            args[3].clone(),
+            args[4].clone(),
+        ]
+    } else {
+        args
+    };
     let (model_dir, out_json) = (Path::new(&args[1]), Path::new(&args[2]));
     let mut res = serde_json::Map::new();
     let t0 = Instant::now();
@@ -492,7 +575,15 @@ fn main() -> Res<()> {
         "kv_blocks": b.num_kv_blocks()}));
 
     dump_logits(&mut b, Path::new(&args[3]), Path::new(&args[4]))?;
-    println!("logits dumped");
+    let (dump, prompts) = (prefill_path(&args[3]), prefill_path(&args[4]));
+    dump_prefill_logits(&mut b, Path::new(&dump), Path::new(&prompts))?;
+    println!(
+        "logits dumped (decode path: {}; prefill path: {dump})",
+        args[3]
+    );
+    if accuracy_only {
+        return Ok(());
+    }
 
     let mut decode = serde_json::Map::new();
     for ctx in [512usize, 2048] {
