@@ -357,83 +357,33 @@ fn linear_alone(g: &Gpu) -> Res<Value> {
     Ok(Value::Object(out))
 }
 
-/// Logits at every position of 4 prompts of 64 tokens, decoded one token at a time in one batch.
-fn dump_logits(b: &mut CudaBackend, dump: &Path, prompts_json: &Path) -> Res<()> {
-    let prompts: Vec<Vec<u32>> = (0..4).map(|i| prompt(64, 100 + i)).collect();
-    std::fs::write(prompts_json, serde_json::to_string(&prompts)?)?;
-    let bs = b.block_size();
-    let tables: Vec<Vec<u32>> = (0..4)
-        .map(|s| (0..4).map(|j| (1 + s * 4 + j) as u32).collect())
-        .collect();
-    let _ = bs;
-    let mut rows: Vec<Vec<f32>> = vec![Vec::new(); 4];
-    for p in 0..64 {
-        let ids: Vec<u32> = prompts.iter().map(|pr| pr[p]).collect();
-        let pos = vec![p as u32; 4];
-        let seqs: Vec<SeqInput<'_>> = (0..4)
-            .map(|s| SeqInput {
-                query_start: s,
-                query_len: 1,
-                context_len: p + 1,
-                block_table: &tables[s],
-                sample: true,
-            })
-            .collect();
-        let l = b.forward(&ForwardBatch {
-            token_ids: &ids,
-            positions: &pos,
-            seqs: &seqs,
-        })?;
-        for (s, row) in rows.iter_mut().enumerate() {
-            row.extend_from_slice(l.row(s));
-        }
-    }
-    let bytes: Vec<u8> = rows
-        .iter()
-        .flatten()
-        .flat_map(|v| v.to_le_bytes())
-        .collect();
-    std::fs::write(dump, bytes)?;
-    Ok(())
-}
-
-/// Chunk lengths of [`dump_prefill_logits`]: a first chunk of several 128-token prefill items, then
-/// 63 chunks of 1–19 tokens over a growing cached context.
-fn prefill_chunks() -> Vec<usize> {
-    std::iter::once(300)
-        .chain((0..63).map(|i| 1 + (i * 7) % 19))
-        .collect()
-}
-
-/// Logits through the prefill path: 4 prompts fed in the chunks of [`prefill_chunks`] (all 4 in
-/// every step), each step's last token of each prompt sampled, so the 64 positions per prompt come
-/// from prefill attention over prior context in the paged cache (chunked prefill), not from the
-/// decode kernel. Writes `{"prompts", "positions"}` for `scripts/accuracy_vs_hf.py`.
-fn dump_prefill_logits(b: &mut CudaBackend, dump: &Path, prompts_json: &Path) -> Res<()> {
-    let chunks = prefill_chunks();
+/// The logits of the last token of every chunk: the 4 prompts are fed together, step `i` taking
+/// `chunks[i]` tokens of each over the context the earlier steps cached.
+fn logits_by_chunks(b: &mut CudaBackend, prompts: &[Vec<u32>], chunks: &[usize]) -> Res<Vec<f32>> {
     let len: usize = chunks.iter().sum();
-    let prompts: Vec<Vec<u32>> = (0..4).map(|i| prompt(len, 200 + i)).collect();
     let blocks = len.div_ceil(b.block_size());
-    let tables: Vec<Vec<u32>> = (0..4)
+    let tables: Vec<Vec<u32>> = (0..prompts.len())
         .map(|s| (0..blocks).map(|j| (1 + s * blocks + j) as u32).collect())
         .collect();
-    let mut rows: Vec<Vec<f32>> = vec![Vec::new(); 4];
-    let mut positions: Vec<usize> = Vec::new();
+    let mut rows: Vec<Vec<f32>> = vec![Vec::new(); prompts.len()];
     let mut start = 0;
-    for &c in &chunks {
+    for &c in chunks {
         let ids: Vec<u32> = prompts
             .iter()
             .flat_map(|pr| pr[start..start + c].to_vec())
             .collect();
-        let pos: Vec<u32> = (0..4)
+        let pos: Vec<u32> = prompts
+            .iter()
             .flat_map(|_| (start..start + c).map(|p| p as u32))
             .collect();
-        let seqs: Vec<SeqInput<'_>> = (0..4)
-            .map(|s| SeqInput {
+        let seqs: Vec<SeqInput<'_>> = tables
+            .iter()
+            .enumerate()
+            .map(|(s, table)| SeqInput {
                 query_start: s * c,
                 query_len: c,
                 context_len: start + c,
-                block_table: &tables[s],
+                block_table: table,
                 sample: true,
             })
             .collect();
@@ -446,19 +396,51 @@ fn dump_prefill_logits(b: &mut CudaBackend, dump: &Path, prompts_json: &Path) ->
             row.extend_from_slice(l.row(s));
         }
         start += c;
-        positions.push(start - 1);
     }
+    Ok(rows.concat())
+}
+
+fn write_f32s(path: &Path, values: &[f32]) -> Res<()> {
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    Ok(std::fs::write(path, bytes)?)
+}
+
+/// Logits at every position of 4 prompts of 64 tokens, decoded one token at a time in one batch
+/// (the decode path).
+fn dump_logits(b: &mut CudaBackend, dump: &Path, prompts_json: &Path) -> Res<()> {
+    let prompts: Vec<Vec<u32>> = (0..4).map(|i| prompt(64, 100 + i)).collect();
+    std::fs::write(prompts_json, serde_json::to_string(&prompts)?)?;
+    write_f32s(dump, &logits_by_chunks(b, &prompts, &[1; 64])?)
+}
+
+/// Chunk lengths of [`dump_prefill_logits`]: a first chunk of several 128-token prefill items, then
+/// 63 chunks of 1–19 tokens over a growing cached context.
+fn prefill_chunks() -> Vec<usize> {
+    std::iter::once(300)
+        .chain((0..63).map(|i| 1 + (i * 7) % 19))
+        .collect()
+}
+
+/// Logits through the prefill path: 4 prompts fed in the chunks of [`prefill_chunks`], each
+/// step's last token of each prompt sampled, so the 64 positions per prompt come from prefill
+/// attention over prior context in the paged cache (chunked prefill), not from the decode kernel.
+/// Writes `{"prompts", "positions"}` for `scripts/accuracy_vs_hf.py`.
+fn dump_prefill_logits(b: &mut CudaBackend, dump: &Path, prompts_json: &Path) -> Res<()> {
+    let chunks = prefill_chunks();
+    let len: usize = chunks.iter().sum();
+    let prompts: Vec<Vec<u32>> = (0..4).map(|i| prompt(len, 200 + i)).collect();
+    let positions: Vec<usize> = chunks
+        .iter()
+        .scan(0, |end, &c| {
+            *end += c;
+            Some(*end - 1)
+        })
+        .collect();
     std::fs::write(
         prompts_json,
         serde_json::to_string(&json!({"prompts": prompts, "positions": positions}))?,
     )?;
-    let bytes: Vec<u8> = rows
-        .iter()
-        .flatten()
-        .flat_map(|v| v.to_le_bytes())
-        .collect();
-    std::fs::write(dump, bytes)?;
-    Ok(())
+    write_f32s(dump, &logits_by_chunks(b, &prompts, &chunks)?)
 }
 
 /// `PATH.prefill`: where the prefill-path dump goes beside the decode-path one.
