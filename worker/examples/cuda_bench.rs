@@ -505,23 +505,17 @@ fn main() -> Res<()> {
         std::fs::write(&args[2], serde_json::to_string_pretty(&res)?)?;
         return Ok(());
     }
-    let accuracy_only = args.len() == 5 && args[1] == "accuracy";
     if args.len() != 5 {
         return Err("usage: cuda_bench MODEL_DIR OUT_JSON LOGITS_DUMP PROMPTS_JSON".into());
     }
-    // `cuda_bench accuracy MODEL LOGITS_DUMP PROMPTS_JSON`: the dumps alone.
-    let args: Vec<String> = if accuracy_only {
-        vec![
-            args[0].clone(),
-            args[2].clone(),
-            String::new(),
-            args[3].clone(),
-            args[4].clone(),
-        ]
+    // `cuda_bench accuracy MODEL LOGITS_DUMP PROMPTS_JSON`: the dumps alone, no OUT_JSON.
+    let accuracy_only = args[1] == "accuracy";
+    let (model_dir, out_json) = if accuracy_only {
+        (Path::new(&args[2]), None)
     } else {
-        args
+        (Path::new(&args[1]), Some(Path::new(&args[2])))
     };
-    let (model_dir, out_json) = (Path::new(&args[1]), Path::new(&args[2]));
+    let (logits_dump, prompts_json) = (&args[3], &args[4]);
     let mut res = serde_json::Map::new();
     let t0 = Instant::now();
     let (model, ckpt) = Checkpoint::load(model_dir)?;
@@ -556,16 +550,13 @@ fn main() -> Res<()> {
         "copy_s": copy.seconds, "copy_gb_s": copy.gb_per_s(),
         "kv_blocks": b.num_kv_blocks()}));
 
-    dump_logits(&mut b, Path::new(&args[3]), Path::new(&args[4]))?;
-    let (dump, prompts) = (prefill_path(&args[3]), prefill_path(&args[4]));
+    dump_logits(&mut b, Path::new(logits_dump), Path::new(prompts_json))?;
+    let (dump, prompts) = (prefill_path(logits_dump), prefill_path(prompts_json));
     dump_prefill_logits(&mut b, Path::new(&dump), Path::new(&prompts))?;
-    println!(
-        "logits dumped (decode path: {}; prefill path: {dump})",
-        args[3]
-    );
-    if accuracy_only {
+    println!("logits dumped (decode path: {logits_dump}; prefill path: {dump})");
+    let Some(out_json) = out_json else {
         return Ok(());
-    }
+    };
 
     let mut decode = serde_json::Map::new();
     for ctx in [512usize, 2048] {
