@@ -182,6 +182,10 @@ pub struct BenchEngineArgs {
     /// Tokens generated per request.
     #[arg(long, default_value_t = 32)]
     pub output_len: usize,
+    /// Measure each point's first run (by default each point first runs once untimed, so that
+    /// one-time costs such as CUDA-graph captures stay out of the step times).
+    #[arg(long)]
+    pub no_warmup: bool,
     #[command(flatten)]
     pub engine: EngineFlags,
 }
@@ -210,6 +214,7 @@ pub fn bench_engine(args: BenchEngineArgs) -> anyhow::Result<()> {
         batch_sizes: args.batch_sizes,
         prompt_lens: args.prompt_lens,
         output_len: args.output_len,
+        warmup: !args.no_warmup,
     };
     worker::bench::run_bench(&mut opened.engine, &bench, |row| {
         println!("{}", worker::bench::markdown_row(row))

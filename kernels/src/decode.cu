@@ -2,10 +2,12 @@
 // attention.cu's general kernel for head sizes 64 and 128 and 1, 2, 4 or 8 query heads per KV head.
 //
 // A block of 128 threads takes one (decode item, KV head, context split). K and V stream through a
-// ring of 32-key shared-memory stages (dynamic shared memory, at most 64 KiB: 4 stages, 2 for f32
-// at D 128) filled by 16-byte cp.async copies issued a whole ring ahead: a 128-key bf16 split is
-// requested in full before any math, so many loads are in flight per SM without registers holding
-// them (the register-load version was latency-bound at 42% of DRAM bandwidth, 127 registers).
+// ring of 32-key shared-memory stages (dynamic shared memory: up to 4 stages within 48 KiB for
+// 2-byte elements, 3 at D 128, so 4 blocks fit an SM; within 64 KiB for f32, 2 at D 128) filled by
+// 16-byte cp.async copies issued a whole ring ahead, so many loads are in flight per SM without
+// registers holding them (the register-load version was latency-bound at 42% of DRAM bandwidth,
+// 127 registers). With 64 KiB bf16 rings only 3 blocks fit an SM: batch 128's 1,024 blocks then
+// ran in 2.6 waves, the last one 60 % full.
 //
 // Each key is handled by D/8 threads (a key lane), each owning 8 of its dimensions and that slice
 // of every query head of the group. A thread copies exactly the K/V chunks it later reads, so a
@@ -22,11 +24,15 @@
 
 #define DEC_THREADS 128
 #define DEC_TK 32            // keys per stage
-#define DEC_RING_BYTES 65536 // K/V ring budget per block (dynamic shared memory)
+// K/V ring budget per block (dynamic shared memory) for elements of `elem_bytes`.
+constexpr int dec_ring_bytes(int elem_bytes) { return elem_bytes == 2 ? 49152 : 65536; }
 
-// Stages of the ring for rows of `row_bytes` (decode_smem_bytes in lib.rs mirrors this).
-constexpr int dec_stages(int row_bytes) {
-    return DEC_RING_BYTES / (2 * DEC_TK * row_bytes) < 4 ? DEC_RING_BYTES / (2 * DEC_TK * row_bytes) : 4;
+// Stages of the ring for rows of `d` elements of `elem_bytes` (decode_smem_bytes in lib.rs
+// mirrors this).
+constexpr int dec_stages(int elem_bytes, int d) {
+    return dec_ring_bytes(elem_bytes) / (2 * DEC_TK * d * elem_bytes) < 4
+               ? dec_ring_bytes(elem_bytes) / (2 * DEC_TK * d * elem_bytes)
+               : 4;
 }
 
 struct AttnParamsD {
@@ -108,7 +114,7 @@ __device__ void decode_impl(const AttnParamsD& p) {
     constexpr int KPP = DEC_THREADS / TPK; // key lanes = keys per pass
     constexpr int NI = DEC_TK / KPP;       // keys per thread and tile
     constexpr int KLW = 32 / TPK;          // key lanes per warp
-    constexpr int NST = dec_stages(D * sizeof(T));
+    constexpr int NST = dec_stages(sizeof(T), D);
     constexpr int STAGE = 2 * DEC_TK * CPR; // chunks per stage: K rows, then V rows
     static_assert(G <= TPK && KLW * NI == 8 && NST >= 1 && NST <= 4, "thread mapping");
     static_assert(KPP * G * D * 4 <= NST * STAGE * 16, "the merge buffer reuses the ring");
@@ -286,7 +292,7 @@ __device__ void decode_impl(const AttnParamsD& p) {
 }
 
 #define DECODE(T, S, D, G)                                                                         \
-    extern "C" __global__ void __launch_bounds__(DEC_THREADS, 3)                                   \
+    extern "C" __global__ void __launch_bounds__(DEC_THREADS, G == 8 ? 3 : 4)                      \
         attn_decode_##S##_d##D##_g##G(AttnParamsD p) {                                             \
         if (blockIdx.x < p.num_items) decode_impl<T, D, G>(p);                                     \
     }

@@ -9,16 +9,74 @@ __device__ void embedding_impl(T* out, const T* table, const u32* ids, int hidde
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) dst[i] = src[i];
 }
 
+// Elements of T in 16 bytes.
+template <typename T> __device__ __forceinline__ constexpr int vec16() { return 16 / sizeof(T); }
+
+// Loads / stores 16 bytes of T as floats.
+template <typename T> __device__ __forceinline__ void load16(const T* p, float* out) {
+    unpack16(*(const uint4*)p, out, T());
+}
+template <typename T> __device__ __forceinline__ void store16(T* p, const float* in) {
+    alignas(16) T t[vec16<T>()];
+#pragma unroll
+    for (int e = 0; e < vec16<T>(); e++) t[e] = from_f<T>(in[e]);
+    *(uint4*)p = *(const uint4*)t;
+}
+
+// 16-byte chunks of a row one thread keeps in registers in add_rmsnorm's vector path.
+#define NORM_CHUNKS 4
+
 // residual[i] += delta[i] (rounded to T, as the model keeps its residual stream in T), then
 // out[i] = rmsnorm(residual[i]) * weight. delta may be null (first layer). Grid: one block per row.
+// Where a row is whole 16-byte chunks and at most NORM_CHUNKS of them per thread (hidden 4096 in
+// bf16: 512 threads, one chunk each), every load of the row is issued before any store and the
+// row stays in registers; else a scalar loop (whose stores to the residual serialise its loads).
 template <typename T>
-__device__ void add_rmsnorm_impl(T* residual, const T* delta, const T* weight, T* out, int hidden,
+__device__ void add_rmsnorm_impl(T* __restrict__ residual, const T* __restrict__ delta,
+                                 const T* __restrict__ weight, T* __restrict__ out, int hidden,
                                  float eps) {
     __shared__ float red[32];
+    constexpr int V = vec16<T>();
     T* res = residual + (size_t)blockIdx.x * hidden;
     const T* del = delta ? delta + (size_t)blockIdx.x * hidden : nullptr;
     T* o = out + (size_t)blockIdx.x * hidden;
     float ss = 0.f;
+    if (hidden % V == 0 && hidden <= NORM_CHUNKS * V * (int)blockDim.x) {
+        float v[NORM_CHUNKS][V];
+#pragma unroll
+        for (int c = 0; c < NORM_CHUNKS; c++) {
+            const int i = (c * blockDim.x + threadIdx.x) * V;
+            if (i >= hidden) break;
+            load16(res + i, v[c]);
+            if (del) {
+                float dv[V];
+                load16(del + i, dv);
+#pragma unroll
+                for (int e = 0; e < V; e++) v[c][e] = to_f(from_f<T>(v[c][e] + dv[e]));
+            }
+        }
+#pragma unroll
+        for (int c = 0; c < NORM_CHUNKS; c++) {
+            const int i = (c * blockDim.x + threadIdx.x) * V;
+            if (i >= hidden) break;
+            if (del) store16(res + i, v[c]);
+#pragma unroll
+            for (int e = 0; e < V; e++) ss += v[c][e] * v[c][e];
+        }
+        ss = block_sum(ss, red);
+        const float scale = rsqrtf(ss / (float)hidden + eps);
+#pragma unroll
+        for (int c = 0; c < NORM_CHUNKS; c++) {
+            const int i = (c * blockDim.x + threadIdx.x) * V;
+            if (i >= hidden) break;
+            float w[V];
+            load16(weight + i, w);
+#pragma unroll
+            for (int e = 0; e < V; e++) v[c][e] = v[c][e] * scale * w[e];
+            store16(o + i, v[c]);
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
         float v = to_f(res[i]);
         if (del) {
@@ -34,15 +92,29 @@ __device__ void add_rmsnorm_impl(T* residual, const T* delta, const T* weight, T
         o[i] = from_f<T>(to_f(res[i]) * scale * to_f(weight[i]));
 }
 
-// gate_up[i] = [gate | up] (2*inter wide); out[i] = silu(gate) * up. Grid: (rows, ceil(inter/block)).
+// gate_up[i] = [gate | up] (2*inter wide); out[i] = silu(gate) * up. Grid: (rows, ceil(inter /
+// (block * V))) with V = 16 bytes of T when inter is a multiple of it (16-byte loads), else 1.
 template <typename T>
-__device__ void silu_mul_impl(const T* gate_up, T* out, int inter) {
+__device__ void silu_mul_impl(const T* __restrict__ gate_up, T* __restrict__ out, int inter) {
+    constexpr int V = vec16<T>();
+    const T* row = gate_up + (size_t)blockIdx.x * 2 * inter;
+    T* dst = out + (size_t)blockIdx.x * inter;
+    if (inter % V == 0) {
+        const int j = (blockIdx.y * blockDim.x + threadIdx.x) * V;
+        if (j >= inter) return;
+        float g[V], u[V];
+        load16(row + j, g);
+        load16(row + inter + j, u);
+#pragma unroll
+        for (int e = 0; e < V; e++) g[e] = g[e] / (1.f + expf(-g[e])) * u[e];
+        store16(dst + j, g);
+        return;
+    }
     const int j = blockIdx.y * blockDim.x + threadIdx.x;
     if (j >= inter) return;
-    const T* row = gate_up + (size_t)blockIdx.x * 2 * inter;
     const float g = to_f(row[j]);
     const float u = to_f(row[inter + j]);
-    out[(size_t)blockIdx.x * inter + j] = from_f<T>(g / (1.f + expf(-g)) * u);
+    dst[j] = from_f<T>(g / (1.f + expf(-g)) * u);
 }
 
 // out[i] = (To) in[i], for dtype conversions on the device.

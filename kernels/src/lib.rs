@@ -100,11 +100,12 @@ pub const DECODE_GROUPS: &[usize] = &[1, 2, 4, 8];
 pub const DECODE_THREADS: u32 = 128;
 
 /// Dynamic shared memory (bytes) of a decode attention block: its K/V ring of 32-key stages, as
-/// many as fit in 64 KiB up to 4 (`dec_stages` in `decode.cu`), for elements of `elem_bytes` bytes
-/// and head dimension `d`.
+/// many as fit up to 4 in 48 KiB for 2-byte elements (4 blocks an SM) or 64 KiB for f32
+/// (`dec_stages` in `decode.cu`), for elements of `elem_bytes` bytes and head dimension `d`.
 pub fn decode_smem_bytes(elem_bytes: usize, d: usize) -> usize {
     let stage = 2 * 32 * d * elem_bytes;
-    stage * (65536 / stage).min(4)
+    let budget = if elem_bytes == 2 { 49152 } else { 65536 };
+    stage * (budget / stage).min(4)
 }
 
 /// Query tokens per block of the tensor-core prefill kernel (`attn_prefill_bf16_d128`, `PF_BM`).
@@ -132,6 +133,19 @@ pub const GEMV_THREADS: u32 = 256;
 pub const GEMV_BF16_ROWS: &[usize] = &[16, 32];
 /// Threads per sampling block (`SAMPLE_THREADS`).
 pub const SAMPLE_THREADS: u32 = 1024;
+/// Logits a sampling block takes the max of (its row's slice; rows are split into at most
+/// [`SAMPLE_MAX_SLICES`] slices).
+pub const SAMPLE_SLICE: usize = 4096;
+/// Most slices one row of logits is split into.
+pub const SAMPLE_MAX_SLICES: usize = 64;
+/// 32-bit words of sampling scratch a row needs: its done-counter and [`SAMPLE_MAX_SLICES`]
+/// 16-byte slice results (`SlicePart`).
+pub const SAMPLE_SCRATCH_WORDS: usize = 4 + 4 * SAMPLE_MAX_SLICES;
+
+/// Slices the sampling kernel splits a row of `vocab` logits into.
+pub fn sample_slices(vocab: usize) -> usize {
+    vocab.div_ceil(SAMPLE_SLICE).clamp(1, SAMPLE_MAX_SLICES)
+}
 
 /// Shared memory (bytes) one attention block needs for head dimension `d`.
 pub fn attention_smem_bytes(d: usize) -> usize {
@@ -441,10 +455,11 @@ mod tests {
     fn decode_smem_mirrors_the_kernel() {
         let src = SOURCES.iter().find(|(n, _)| *n == "decode.cu").unwrap().1;
         assert!(
-            src.contains("#define DEC_TK 32 ") && src.contains("#define DEC_RING_BYTES 65536 ")
+            src.contains("#define DEC_TK 32 ")
+                && src.contains("return elem_bytes == 2 ? 49152 : 65536;")
         );
         assert_eq!(decode_smem_bytes(2, 64), 32768);
-        assert_eq!(decode_smem_bytes(2, 128), 65536);
+        assert_eq!(decode_smem_bytes(2, 128), 49152);
         assert_eq!(decode_smem_bytes(4, 64), 65536);
         assert_eq!(decode_smem_bytes(4, 128), 65536);
     }

@@ -14,44 +14,41 @@ struct RopeParams {
     int hq, hkv, d, block_size;
 };
 
-// Grid: one block per token.
+// Grid: (tokens, hq + 2*hkv heads), block: one thread per rotated pair (d/2 of them, rounded up
+// to a warp). Heads [0, hq) are q (rotated into q_out), [hq, hq+hkv) k (rotated into the cache),
+// the rest v (copied into the cache). One block per head keeps a decode step's rotation one
+// memory round trip deep.
 template <typename T>
 __device__ void rope_kv_impl(const RopeParams& p) {
-    const int t = blockIdx.x, d = p.d, half = d / 2, width = (p.hq + 2 * p.hkv) * d;
+    const int t = blockIdx.x, h = blockIdx.y, j = threadIdx.x, d = p.d, half = d / 2;
+    if (j >= half) return;
+    const int width = (p.hq + 2 * p.hkv) * d;
     const T* row = (const T*)p.qkv + (size_t)t * width;
     const T* bias = (const T*)p.bias;
-    const float pos = (float)p.positions[t];
     const long long slot = p.slots[t];
+    if (h >= p.hq && slot < 0) return;
     const long long blk = slot / p.block_size, off = slot % p.block_size;
-    for (int i = threadIdx.x; i < (p.hq + p.hkv) * half; i += blockDim.x) {
-        const int h = i / half, j = i % half;
+    const int col = h * d + j;
+    float x1 = to_f(row[col]), x2 = to_f(row[col + half]);
+    if (bias) {
+        // The projection output is rounded to T before the bias, as a separate add would be.
+        x1 = to_f(from_f<T>(x1 + to_f(bias[col])));
+        x2 = to_f(from_f<T>(x2 + to_f(bias[col + half])));
+    }
+    T* dst;
+    if (h < p.hq + p.hkv) {
         float s, c;
-        sincosf(pos * p.inv_freq[j], &s, &c);
-        float x1 = to_f(row[h * d + j]), x2 = to_f(row[h * d + j + half]);
-        if (bias) {
-            // The projection output is rounded to T before the bias, as a separate add would be.
-            x1 = to_f(from_f<T>(x1 + to_f(bias[h * d + j])));
-            x2 = to_f(from_f<T>(x2 + to_f(bias[h * d + j + half])));
-        }
+        sincosf((float)p.positions[t] * p.inv_freq[j], &s, &c);
         const float y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
-        T* dst;
-        if (h < p.hq) {
-            dst = (T*)p.q_out + ((size_t)t * p.hq + h) * d;
-        } else {
-            if (slot < 0) continue;
-            dst = (T*)p.k_cache + (((size_t)blk * p.hkv + (h - p.hq)) * p.block_size + off) * d;
-        }
-        dst[j] = from_f<T>(y1);
-        dst[j + half] = from_f<T>(y2);
+        x1 = y1;
+        x2 = y2;
+        dst = h < p.hq ? (T*)p.q_out + ((size_t)t * p.hq + h) * d
+                       : (T*)p.k_cache + (((size_t)blk * p.hkv + (h - p.hq)) * p.block_size + off) * d;
+    } else {
+        dst = (T*)p.v_cache + (((size_t)blk * p.hkv + (h - p.hq - p.hkv)) * p.block_size + off) * d;
     }
-    if (slot < 0) return;
-    for (int i = threadIdx.x; i < p.hkv * d; i += blockDim.x) {
-        const int h = i / d, j = i % d, col = (p.hq + p.hkv) * d + i;
-        float v = to_f(row[col]);
-        if (bias) v += to_f(bias[col]);
-        T* dst = (T*)p.v_cache + (((size_t)blk * p.hkv + h) * p.block_size + off) * d;
-        dst[j] = from_f<T>(v);
-    }
+    dst[j] = from_f<T>(x1);
+    dst[j + half] = from_f<T>(x2);
 }
 
 extern "C" __global__ void rope_kv_write_f32(RopeParams p) { rope_kv_impl<float>(p); }

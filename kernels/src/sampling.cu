@@ -1,6 +1,9 @@
-// Sampling on the device: one block per row of f32 logits; only token ids go back to the host.
+// Sampling on the device; only token ids go back to the host.
 //
-// Greedy is an argmax (lowest index on ties). Otherwise the kept set is every token whose logit
+// Grid: (slices, rows). Each block takes the max, min and argmax of one slice of its row and
+// publishes them; the row's last block to finish (a counter per row, reset by that block for the
+// next launch or graph replay) combines them. Greedy is then the argmax (lowest index on ties), so
+// a greedy row reads its logits once, spread over many SMs. Otherwise the kept set is every token whose logit
 // is at least a threshold: min-p gives it in closed form, top-k and top-p by bisection on the
 // logit value (count of tokens above, or their probability mass). A uniform draw from a counter-
 // based generator keyed by (seed, step) then walks the kept tokens' CDF in vocabulary order.
@@ -46,47 +49,91 @@ __device__ float bisect(const float* lg, int vocab, float lo, float hi, float go
     return lo;
 }
 
+// What a slice's block publishes: max, index of the max, min.
+struct __align__(16) SlicePart {
+    float max;
+    int idx;
+    float min;
+    int pad;
+};
+
+// (value, index) pairs: the larger value wins, the lower index on ties.
+__device__ __forceinline__ void argmax_merge(float& bv, int& bi, float ov, int oi) {
+    if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+}
+
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
-sample_f32(const float* logits, const SampleRow* params, u32* out, int vocab) {
+sample_f32(const float* logits, const SampleRow* params, u32* out, int vocab, SlicePart* parts,
+           u32* done) {
     __shared__ float red[32];
     __shared__ float sv[SAMPLE_THREADS / 32];
     __shared__ int si[SAMPLE_THREADS / 32];
     __shared__ float scan[SAMPLE_THREADS];
-    const float* lg = logits + (size_t)blockIdx.x * vocab;
-    const SampleRow sp = params[blockIdx.x];
+    __shared__ bool last;
+    const int row = blockIdx.y, slices = gridDim.x;
+    const float* lg = logits + (size_t)row * vocab;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 
-    // argmax, lowest index on ties
+    // This slice's max (lowest index on ties) and min.
+    const int per = (vocab + slices - 1) / slices;
+    const int from = blockIdx.x * per, to = min(vocab, from + per);
     float bv = -INFINITY, mn = INFINITY;
     int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+    for (int i = from + threadIdx.x; i < to; i += blockDim.x) {
         const float v = lg[i];
         if (v > bv) { bv = v; bi = i; }
         mn = fminf(mn, v);
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
-    }
+    for (int o = 16; o > 0; o >>= 1)
+        argmax_merge(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
     if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
     __syncthreads();
     if (warp == 0) {
         bv = lane < (int)(blockDim.x >> 5) ? sv[lane] : -INFINITY;
         bi = lane < (int)(blockDim.x >> 5) ? si[lane] : 0x7fffffff;
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
-        }
+        for (int o = 16; o > 0; o >>= 1)
+            argmax_merge(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+    }
+    mn = block_max(-mn, red); // every thread: minus this slice's min
+    if (threadIdx.x == 0) {
+        parts[(size_t)row * slices + blockIdx.x] = SlicePart{bv, bi, -mn, 0};
+        __threadfence(); // the part is visible before the count says so
+        last = atomicAdd(&done[row], 1u) == (u32)slices - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+
+    // The row's last block: combine the slices (in order, so ties keep the lowest index).
+    __threadfence();
+    if (threadIdx.x == 0) done[row] = 0; // ready for the next launch
+    bv = -INFINITY;
+    bi = 0x7fffffff;
+    mn = INFINITY;
+    for (int b = threadIdx.x; b < slices; b += blockDim.x) {
+        // From L2 (ld.global.cg): another block wrote it, this SM's L1 may hold nothing newer.
+        const float4 sp = __ldcg((const float4*)&parts[(size_t)row * slices + b]);
+        argmax_merge(bv, bi, sp.x, __float_as_int(sp.y));
+        mn = fminf(mn, sp.z);
+    }
+    for (int o = 16; o > 0; o >>= 1)
+        argmax_merge(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+    __syncthreads();
+    if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
+    __syncthreads();
+    if (warp == 0) {
+        bv = lane < (int)(blockDim.x >> 5) ? sv[lane] : -INFINITY;
+        bi = lane < (int)(blockDim.x >> 5) ? si[lane] : 0x7fffffff;
+        for (int o = 16; o > 0; o >>= 1)
+            argmax_merge(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
         if (lane == 0) { sv[0] = bv; si[0] = bi; }
     }
+    mn = -block_max(-mn, red);
     __syncthreads();
     const float mx = sv[0];
     const int amax = si[0];
-    mn = -block_max(-mn, red);
+    const SampleRow sp = params[row];
     if (sp.temperature <= 0.f || sp.top_k == 1) {
-        if (threadIdx.x == 0) out[blockIdx.x] = (u32)amax;
+        if (threadIdx.x == 0) out[row] = (u32)amax;
         return;
     }
     const float inv_t = 1.f / sp.temperature;
@@ -139,5 +186,5 @@ sample_f32(const float* logits, const SampleRow* params, u32* out, int vocab) {
         si[0] = pick;
     }
     __syncthreads();
-    if (threadIdx.x == 0) out[blockIdx.x] = (u32)si[0];
+    if (threadIdx.x == 0) out[row] = (u32)si[0];
 }

@@ -6,6 +6,8 @@
 //! usage: cuda_bench MODEL_DIR OUT_JSON LOGITS_DUMP PROMPTS_JSON
 //!        cuda_bench accuracy MODEL_DIR LOGITS_DUMP PROMPTS_JSON (only the two logits dumps)
 //!        cuda_bench attention CASE   (one attention case alone, for profiling)
+//!        cuda_bench decode MODEL_DIR BATCHES CTX STEPS (decode ms/step only, e.g. under a profiler;
+//!                                    BATCHES comma-separated)
 //!        cuda_bench gemv OUT_JSON    (GEMV kernel vs cuBLAS at the 8B shapes, batch 1-8, no model)
 //!        cuda_bench kernels OUT_JSON (every attention case alone at the 8B shape, no model)
 
@@ -483,6 +485,20 @@ fn batch_invariance(backend: CudaBackend, model: &worker::config::ModelConfig) -
     )
 }
 
+/// The backend settings every model measurement here uses (the server's defaults, bf16).
+fn bench_options() -> CudaOptions {
+    CudaOptions {
+        ordinal: 0,
+        dtype: DType::Bf16,
+        block_size: 16,
+        num_kv_blocks: None,
+        gpu_memory_utilization: 0.9,
+        enforce_eager: false,
+        max_batch_tokens: 8192,
+        batch_invariant: false,
+    }
+}
+
 fn main() -> Res<()> {
     let args: Vec<String> = std::env::args().collect();
     if args.len() == 3 && args[1] == "attention" {
@@ -505,6 +521,21 @@ fn main() -> Res<()> {
         std::fs::write(&args[2], serde_json::to_string_pretty(&res)?)?;
         return Ok(());
     }
+    if args.len() == 6 && args[1] == "decode" {
+        // `cuda_bench decode MODEL_DIR BATCHES CTX STEPS`: decode steps alone (for nsys / A-B).
+        let (model, ckpt) = Checkpoint::load(Path::new(&args[2]))?;
+        let mut b = CudaBackend::new(&model, &ckpt, &bench_options())?;
+        let (ctx, steps): (usize, usize) = (args[4].parse()?, args[5].parse()?);
+        for batch in args[3].split(',') {
+            let batch: usize = batch.parse()?;
+            let ms = time_decode(&mut b, batch, ctx, steps)?;
+            println!(
+                "decode batch {batch} ctx {ctx}: {ms:.3} ms/step, {:.0} tok/s",
+                batch as f64 * 1e3 / ms
+            );
+        }
+        return Ok(());
+    }
     if args.len() != 5 {
         return Err("usage: cuda_bench MODEL_DIR OUT_JSON LOGITS_DUMP PROMPTS_JSON".into());
     }
@@ -519,16 +550,7 @@ fn main() -> Res<()> {
     let mut res = serde_json::Map::new();
     let t0 = Instant::now();
     let (model, ckpt) = Checkpoint::load(model_dir)?;
-    let opts = CudaOptions {
-        ordinal: 0,
-        dtype: DType::Bf16,
-        block_size: 16,
-        num_kv_blocks: None,
-        gpu_memory_utilization: 0.9,
-        enforce_eager: false,
-        max_batch_tokens: 8192,
-        batch_invariant: false,
-    };
+    let opts = bench_options();
     let t1 = Instant::now();
     let mut b = CudaBackend::new(&model, &ckpt, &opts)?;
     let startup = t0.elapsed().as_secs_f64();

@@ -6,6 +6,10 @@
 //! prefill token count as prefill time; steps of decodes only as decode time. Prefill throughput is
 //! prompt tokens over prefill time, decode throughput generated tokens (after each request's first)
 //! over decode time.
+//!
+//! With `warmup` on (the default) each point first runs once untimed, on other prompts of the same
+//! shape: one-time costs of a shape (a CUDA backend captures a graph the first time it meets a
+//! batch bucket and context capacity, tens of milliseconds) then stay out of the step times.
 
 use std::time::{Duration, Instant};
 
@@ -21,6 +25,8 @@ pub struct BenchConfig {
     pub prompt_lens: Vec<usize>,
     /// Tokens generated per request.
     pub output_len: usize,
+    /// Run each point once untimed first.
+    pub warmup: bool,
 }
 
 impl Default for BenchConfig {
@@ -29,6 +35,7 @@ impl Default for BenchConfig {
             batch_sizes: vec![1, 8, 32],
             prompt_lens: vec![128, 512],
             output_len: 32,
+            warmup: true,
         }
     }
 }
@@ -92,56 +99,72 @@ pub fn run_bench(
     config: &BenchConfig,
     mut report: impl FnMut(&BenchRow),
 ) -> Result<Vec<BenchRow>, BenchError> {
-    let vocab = engine.vocab_size() as u64;
     let mut rows = Vec::new();
     let mut next_id = 0u64;
     for &prompt_len in &config.prompt_lens {
         for &batch in &config.batch_sizes {
-            for _ in 0..batch {
-                let prompt = (0..prompt_len as u64)
-                    .map(|i| (mix64(next_id << 32 | i) % vocab) as u32)
-                    .collect();
-                let mut req = Request::new(SeqId(next_id), prompt, config.output_len);
-                req.params = SamplingParams::greedy();
-                req.ignore_eos = true;
-                next_id += 1;
-                engine
-                    .add_request(req)
-                    .map_err(|source| BenchError::Request {
-                        batch,
-                        prompt_len,
-                        source,
-                    })?;
+            if config.warmup {
+                run_point(engine, batch, prompt_len, config.output_len, &mut next_id)?;
             }
-            let mut row = BenchRow {
-                batch,
-                prompt_len,
-                output_len: config.output_len,
-                prefill_tokens: 0,
-                prefill_time: Duration::ZERO,
-                decode_tokens: 0,
-                decode_time: Duration::ZERO,
-                decode_steps: 0,
-            };
-            while engine.has_unfinished() {
-                let start = Instant::now();
-                engine.step()?;
-                let took = start.elapsed();
-                let step = engine.last_step();
-                if step.prefill_tokens > 0 {
-                    row.prefill_tokens += step.prefill_tokens;
-                    row.prefill_time += took;
-                } else {
-                    row.decode_tokens += step.decode_tokens;
-                    row.decode_time += took;
-                    row.decode_steps += 1;
-                }
-            }
+            let row = run_point(engine, batch, prompt_len, config.output_len, &mut next_id)?;
             report(&row);
             rows.push(row);
         }
     }
     Ok(rows)
+}
+
+/// Runs `batch` requests of `prompt_len` prompt tokens to completion and times their steps; request
+/// ids (and the prompts derived from them) start at `next_id`, which moves past them.
+fn run_point(
+    engine: &mut Engine,
+    batch: usize,
+    prompt_len: usize,
+    output_len: usize,
+    next_id: &mut u64,
+) -> Result<BenchRow, BenchError> {
+    let vocab = engine.vocab_size() as u64;
+    for _ in 0..batch {
+        let prompt = (0..prompt_len as u64)
+            .map(|i| (mix64(*next_id << 32 | i) % vocab) as u32)
+            .collect();
+        let mut req = Request::new(SeqId(*next_id), prompt, output_len);
+        req.params = SamplingParams::greedy();
+        req.ignore_eos = true;
+        *next_id += 1;
+        engine
+            .add_request(req)
+            .map_err(|source| BenchError::Request {
+                batch,
+                prompt_len,
+                source,
+            })?;
+    }
+    let mut row = BenchRow {
+        batch,
+        prompt_len,
+        output_len,
+        prefill_tokens: 0,
+        prefill_time: Duration::ZERO,
+        decode_tokens: 0,
+        decode_time: Duration::ZERO,
+        decode_steps: 0,
+    };
+    while engine.has_unfinished() {
+        let start = Instant::now();
+        engine.step()?;
+        let took = start.elapsed();
+        let step = engine.last_step();
+        if step.prefill_tokens > 0 {
+            row.prefill_tokens += step.prefill_tokens;
+            row.prefill_time += took;
+        } else {
+            row.decode_tokens += step.decode_tokens;
+            row.decode_time += took;
+            row.decode_steps += 1;
+        }
+    }
+    Ok(row)
 }
 
 /// The header of [`markdown_row`]'s table.
@@ -175,6 +198,7 @@ mod tests {
             batch_sizes: vec![1, 3],
             prompt_lens: vec![5, 9],
             output_len: 4,
+            warmup: false,
         };
         let rows = run_bench(&mut engine, &config, |_| {}).expect("bench");
         assert_eq!(rows.len(), 4);
@@ -184,5 +208,29 @@ mod tests {
             assert_eq!(r.decode_steps, r.output_len - 1);
         }
         assert!(markdown_row(&rows[0]).starts_with("| 1 | 5 | 4 |"));
+    }
+
+    #[test]
+    fn warmup_runs_each_point_untimed_on_other_prompts() {
+        let (backend, model) = ToyBackend::with_config(50, 4, 200);
+        let mut engine =
+            Engine::new(Box::new(backend), &model, EngineConfig::default()).expect("engine");
+        let config = BenchConfig {
+            batch_sizes: vec![2],
+            prompt_lens: vec![6],
+            output_len: 3,
+            warmup: true,
+        };
+        let mut reported = 0;
+        let rows = run_bench(&mut engine, &config, |_| reported += 1).expect("bench");
+        // One reported row, counting only the measured run's tokens.
+        assert_eq!((rows.len(), reported), (1, 1));
+        assert_eq!(rows[0].prefill_tokens, 2 * 6);
+        assert_eq!(rows[0].decode_tokens, 2 * 2);
+        // The warm-up's two requests were scheduled too (the prefix cache was asked about both
+        // runs' prompts) and hit nothing: its prompts differ from the measured run's.
+        let stats = engine.stats();
+        assert_eq!(stats.prefix_queried_tokens, 2 * 2 * 6);
+        assert_eq!(stats.prefix_hit_tokens, 0);
     }
 }

@@ -104,7 +104,15 @@ fn add_rmsnorm_matches_cpu() {
     let g = gpu();
     let mut r = Rng(2);
     for dt in DTYPES {
-        for (rows, hidden, with_delta) in [(3, 64, false), (5, 4096, true), (2, 1000, true)] {
+        // 64, 4096, 1000: 16-byte vector path; 1001 (not whole 16-byte chunks) and 40,000 (more
+        // than NORM_CHUNKS chunks a thread): the scalar loop.
+        for (rows, hidden, with_delta) in [
+            (3, 64, false),
+            (5, 4096, true),
+            (2, 1000, true),
+            (2, 1001, true),
+            (1, 40_000, true),
+        ] {
             let res = q(&r.vec(rows * hidden), dt);
             let delta = q(&r.vec(rows * hidden), dt);
             let w = q(&r.vec(hidden), dt);
@@ -172,7 +180,8 @@ fn silu_mul_matches_cpu() {
     let g = gpu();
     let mut r = Rng(3);
     for dt in DTYPES {
-        for (rows, inter) in [(1, 176), (9, 1000), (4, 14336)] {
+        // 1001: not whole 16-byte chunks, the scalar path.
+        for (rows, inter) in [(1, 176), (9, 1000), (4, 14336), (3, 1001)] {
             let gu: Vec<f32> = q(
                 &r.vec(rows * 2 * inter)
                     .iter()
@@ -772,8 +781,16 @@ fn run_sampler(g: &Gpu, logits: &[f32], vocab: usize, rows: &[SampleRow]) -> Vec
     let bytes: Vec<u8> = rows.iter().flat_map(|r| r.to_bytes()).collect();
     let pb = g.upload_bytes(&bytes, DType::U32).unwrap();
     let out = g.alloc(DType::U32, rows.len()).unwrap();
-    ops::sample(g, &lb, &pb, &out, (rows.len(), vocab)).unwrap();
-    g.download_u32(&out, rows.len()).unwrap()
+    let scratch = g
+        .alloc(DType::U32, rows.len() * kernels::SAMPLE_SCRATCH_WORDS)
+        .unwrap();
+    ops::sample(g, &lb, &pb, &out, &scratch, (rows.len(), vocab)).unwrap();
+    // Twice on the same scratch: the kernel must leave its counters zeroed for the next launch.
+    let again = g.alloc(DType::U32, rows.len()).unwrap();
+    ops::sample(g, &lb, &pb, &again, &scratch, (rows.len(), vocab)).unwrap();
+    let first = g.download_u32(&out, rows.len()).unwrap();
+    assert_eq!(first, g.download_u32(&again, rows.len()).unwrap());
+    first
 }
 
 #[test]
@@ -789,7 +806,8 @@ fn sampling_on_device() {
         seed: 0,
         step: 0,
     };
-    for vocab in [10, 512, 128_256] {
+    // 10 and 512: one slice a row; 5,000: two uneven ones; 128,256: 32.
+    for vocab in [10, 512, 5_000, 128_256] {
         let rows = 6;
         let logits: Vec<f32> = r.vec(rows * vocab).iter().map(|v| v * 8.0).collect();
         let argmax: Vec<u32> = (0..rows)

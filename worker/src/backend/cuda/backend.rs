@@ -79,6 +79,8 @@ struct Workspace {
     logits: Buf,
     sampled: Buf,
     sample_params: Buf,
+    /// The sampling kernel's per-row counters and slice results (kept zeroed between steps).
+    sample_scratch: Buf,
     ids: Buf,
     positions: Buf,
     slots: Buf,
@@ -119,6 +121,7 @@ impl Workspace {
             logits: gpu.alloc(DType::F32, s * cfg.vocab_size)?,
             sampled: gpu.alloc(DType::U32, s)?,
             sample_params: gpu.alloc(DType::U32, 8 * s)?,
+            sample_scratch: gpu.alloc(DType::U32, kernels::SAMPLE_SCRATCH_WORDS * s)?,
             ids: gpu.alloc(DType::U32, t)?,
             positions: gpu.alloc(DType::U32, t)?,
             slots: gpu.alloc(DType::I64, t)?,
@@ -644,6 +647,7 @@ impl CudaBackend {
                 &ws.logits,
                 &ws.sample_params,
                 &ws.sampled,
+                &ws.sample_scratch,
                 (d.rows, cfg.vocab_size),
             )?;
         }

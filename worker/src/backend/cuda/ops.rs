@@ -102,7 +102,13 @@ pub fn add_rmsnorm(gpu: &Gpu, a: &AddRmsNorm<'_>) -> Result<(), BackendError> {
     let f = gpu.func(&format!("add_rmsnorm_{}", dt.suffix()))?;
     let delta = a.delta.map_or(0u64, |d| d.ptr());
     let hidden = int(a.hidden, "hidden")?;
-    let threads = (a.hidden.div_ceil(4).div_ceil(32) * 32).clamp(32, 1024) as u32;
+    // One 16-byte chunk a thread where the row is whole chunks (the kernel's vector path).
+    let per_thread = if a.hidden.is_multiple_of(16 / dt.size()) {
+        16 / dt.size()
+    } else {
+        4
+    };
+    let threads = (a.hidden.div_ceil(per_thread).div_ceil(32) * 32).clamp(32, 1024) as u32;
     let mut b = gpu.stream.launch_builder(f);
     b.arg(a.residual.dptr())
         .arg(&delta)
@@ -134,8 +140,19 @@ pub fn silu_mul(
     let inter_i = int(inter, "intermediate")?;
     let mut b = gpu.stream.launch_builder(f);
     b.arg(gate_up.dptr()).arg(out.dptr()).arg(&inter_i);
-    let grid = (dim(rows, "rows")?, dim(inter.div_ceil(256), "inter")?, 1);
-    // SAFETY: sizes checked above; the kernel bounds-checks the column index against inter.
+    // 16 bytes a thread where the row is whole 16-byte chunks (the kernel's vector path).
+    let per_thread = if inter.is_multiple_of(16 / dt.size()) {
+        16 / dt.size()
+    } else {
+        1
+    };
+    let grid = (
+        dim(rows, "rows")?,
+        dim(inter.div_ceil(256 * per_thread), "inter")?,
+        1,
+    );
+    // SAFETY: sizes checked above; the kernel bounds-checks the column index against inter (16-byte
+    // accesses only where inter is a multiple of 16 bytes' worth, so rows stay aligned).
     unsafe { b.launch(cfg(grid, 256, 0)) }
         .map(|_| ())
         .map_err(dev_err)
@@ -247,9 +264,12 @@ pub unsafe fn rope_kv_write(gpu: &Gpu, a: &RopeKv<'_>) -> Result<(), BackendErro
     let f = gpu.func(&format!("rope_kv_write_{}", dt.suffix()))?;
     let mut b = gpu.stream.launch_builder(f);
     b.arg(&p);
-    // SAFETY: sizes of qkv, bias, positions, inv_freq, q_out checked; cache slots are the
-    // caller's promise.
-    unsafe { b.launch(cfg((dim(a.n, "tokens")?, 1, 1), 256, 0)) }
+    let grid = (dim(a.n, "tokens")?, dim(a.hq + 2 * a.hkv, "heads")?, 1);
+    let threads = dim((a.d / 2).next_multiple_of(32), "head_dim")?;
+    // SAFETY: sizes of qkv, bias, positions, inv_freq, q_out checked; block (t, h) touches token
+    // t < n and head h < hq + 2*hkv, thread j < d/2 elements j and j + d/2 of it; cache slots are
+    // the caller's promise.
+    unsafe { b.launch(cfg(grid, threads, 0)) }
         .map(|_| ())
         .map_err(dev_err)
 }
@@ -700,28 +720,47 @@ impl SampleRow {
 }
 
 /// Samples one token per row of f32 `logits[rows, vocab]` into u32 `out[rows]`; `params` holds
-/// `rows` [`SampleRow`]s as bytes (a U32 buffer of `8 * rows` words).
+/// `rows` [`SampleRow`]s as bytes (a U32 buffer of `8 * rows` words). `scratch` is a U32 buffer of
+/// at least `rows * kernels::SAMPLE_SCRATCH_WORDS` words, zeroed when allocated, that the kernel
+/// leaves zeroed again for the next call: its first `4 * rows` words are per-row done-counters,
+/// the rest the slices' partial results.
 pub fn sample(
     gpu: &Gpu,
     logits: &Buf,
     params: &Buf,
     out: &Buf,
+    scratch: &Buf,
     (rows, vocab): (usize, usize),
 ) -> Result<(), BackendError> {
     logits.check("logits", DType::F32, rows * vocab)?;
     params.check("sample params", DType::U32, rows * 8)?;
     out.check("sampled", DType::U32, rows)?;
+    scratch.check(
+        "sample scratch",
+        DType::U32,
+        rows * kernels::SAMPLE_SCRATCH_WORDS,
+    )?;
     if rows == 0 {
         return Ok(());
     }
     let vocab_i = int(vocab, "vocab")?;
+    let slices = kernels::sample_slices(vocab);
+    // Counters first (16-byte aligned: 4 words a row), then the rows' slice results.
+    let parts = scratch.ptr_at(4 * rows);
+    let done = scratch.ptr();
     let mut b = gpu.stream.launch_builder(gpu.func("sample_f32")?);
     b.arg(logits.dptr())
         .arg(params.dptr())
         .arg(out.dptr())
-        .arg(&vocab_i);
-    // SAFETY: sizes checked above; one block per row, loops bounded by vocab.
-    unsafe { b.launch(cfg((dim(rows, "rows")?, 1, 1), kernels::SAMPLE_THREADS, 0)) }
+        .arg(&vocab_i)
+        .arg(&parts)
+        .arg(&done);
+    let grid = (dim(slices, "slices")?, dim(rows, "rows")?, 1);
+    // SAFETY: sizes checked above; block (s, r) reads logits of row r < rows in slice s < slices
+    // (bounded by vocab), writes its SlicePart at parts[r * slices + s] (inside the scratch: 4 *
+    // rows counter words, then rows * SAMPLE_MAX_SLICES >= rows * slices 16-byte parts) and bumps
+    // done[r] (the first rows words, read as u32 counters); the row's last block writes out[r].
+    unsafe { b.launch(cfg(grid, kernels::SAMPLE_THREADS, 0)) }
         .map(|_| ())
         .map_err(dev_err)
 }
