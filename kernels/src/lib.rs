@@ -40,6 +40,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("prefill_wgmma.cu", include_str!("prefill_wgmma.cu")),
     ("gemv.cu", include_str!("gemv.cu")),
     ("sampling.cu", include_str!("sampling.cu")),
+    ("prefetch.cu", include_str!("prefetch.cu")),
 ];
 
 /// Every kernel the sources define.
@@ -82,6 +83,7 @@ pub const KERNELS: &[&str] = &[
     "gemv_bf16_f32out_r16",
     "gemv_bf16_f32out_r32",
     "sample_f32",
+    "l2_prefetch_u8",
 ];
 
 /// Query rows one attention block handles (`ROWS` in `attention.cu`).
@@ -131,6 +133,9 @@ pub const GEMV_THREADS: u32 = 256;
 /// Weight rows per block of the bf16 GEMV kernels `gemv_bf16*_r<R>`; `gemv_f32` takes 8 (one per
 /// warp).
 pub const GEMV_BF16_ROWS: &[usize] = &[16, 32];
+/// Bytes one thread of `l2_prefetch_u8` asks for at a time (`PREFETCH_PIECE`).
+pub const PREFETCH_PIECE: usize = 16384;
+
 /// Threads per sampling block (`SAMPLE_THREADS`).
 pub const SAMPLE_THREADS: u32 = 1024;
 /// Logits a sampling block takes the max of (its row's slice; rows are split into at most

@@ -51,6 +51,10 @@ pub struct BenchRow {
     pub decode_tokens: usize,
     pub decode_time: Duration,
     pub decode_steps: usize,
+    /// Decode-only steps in which every request of the point decoded (before the first finished),
+    /// and their time: the step time at exactly `batch` sequences.
+    pub full_steps: usize,
+    pub full_time: Duration,
 }
 
 impl BenchRow {
@@ -60,6 +64,15 @@ impl BenchRow {
 
     pub fn decode_tokens_per_s(&self) -> f64 {
         per_second(self.decode_tokens, self.decode_time)
+    }
+
+    /// Mean time of a decode step of all `batch` requests (0 if none ran).
+    pub fn ms_per_full_step(&self) -> f64 {
+        if self.full_steps == 0 {
+            0.0
+        } else {
+            self.full_time.as_secs_f64() * 1e3 / self.full_steps as f64
+        }
     }
 
     /// Mean time of a decode-only step.
@@ -149,6 +162,8 @@ fn run_point(
         decode_tokens: 0,
         decode_time: Duration::ZERO,
         decode_steps: 0,
+        full_steps: 0,
+        full_time: Duration::ZERO,
     };
     while engine.has_unfinished() {
         let start = Instant::now();
@@ -162,24 +177,29 @@ fn run_point(
             row.decode_tokens += step.decode_tokens;
             row.decode_time += took;
             row.decode_steps += 1;
+            if step.decode_tokens == batch {
+                row.full_steps += 1;
+                row.full_time += took;
+            }
         }
     }
     Ok(row)
 }
 
 /// The header of [`markdown_row`]'s table.
-pub const MARKDOWN_HEADER: &str = "| batch | prompt | output | prefill tok/s | decode tok/s | ms / decode step |\n| ---: | ---: | ---: | ---: | ---: | ---: |";
+pub const MARKDOWN_HEADER: &str = "| batch | prompt | output | prefill tok/s | decode tok/s | ms / decode step | ms / full-batch step |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: |";
 
 /// One row of a markdown table.
 pub fn markdown_row(r: &BenchRow) -> String {
     format!(
-        "| {} | {} | {} | {:.0} | {:.1} | {:.2} |",
+        "| {} | {} | {} | {:.0} | {:.1} | {:.2} | {:.2} |",
         r.batch,
         r.prompt_len,
         r.output_len,
         r.prefill_tokens_per_s(),
         r.decode_tokens_per_s(),
-        r.ms_per_decode_step()
+        r.ms_per_decode_step(),
+        r.ms_per_full_step()
     )
 }
 
@@ -206,6 +226,8 @@ mod tests {
             assert_eq!(r.prefill_tokens, r.batch * r.prompt_len);
             assert_eq!(r.decode_tokens, r.batch * (r.output_len - 1));
             assert_eq!(r.decode_steps, r.output_len - 1);
+            // Small prompts prefill in one step: every decode step has the whole batch.
+            assert_eq!(r.full_steps, r.decode_steps);
         }
         assert!(markdown_row(&rows[0]).starts_with("| 1 | 5 | 4 |"));
     }
@@ -232,5 +254,32 @@ mod tests {
         let stats = engine.stats();
         assert_eq!(stats.prefix_queried_tokens, 2 * 2 * 6);
         assert_eq!(stats.prefix_hit_tokens, 0);
+    }
+
+    #[test]
+    fn full_batch_steps_exclude_the_ragged_tail() {
+        // Prefill in chunks of 10 tokens: the three 9-token prompts start decoding steps apart,
+        // so the last decode steps run without the requests that finished first.
+        let (backend, model) = ToyBackend::with_config(50, 4, 200);
+        let engine_config = EngineConfig {
+            max_num_batched_tokens: 10,
+            ..EngineConfig::default()
+        };
+        let mut engine = Engine::new(Box::new(backend), &model, engine_config).expect("engine");
+        let config = BenchConfig {
+            batch_sizes: vec![3],
+            prompt_lens: vec![9],
+            output_len: 6,
+            warmup: false,
+        };
+        let r = run_bench(&mut engine, &config, |_| {}).expect("bench")[0];
+        assert!(r.decode_steps > 0);
+        assert!(
+            r.full_steps < r.decode_steps,
+            "{} full of {} decode steps",
+            r.full_steps,
+            r.decode_steps
+        );
+        assert!(r.full_time <= r.decode_time);
     }
 }

@@ -196,6 +196,9 @@ pub fn arch_for(major: i32, minor: i32) -> String {
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
+    /// A second stream for work beside the main one: only L2 prefetches of weights, forked from
+    /// and joined back into `stream` (also inside CUDA-graph captures, as a parallel branch).
+    pub side: Arc<CudaStream>,
     pub blas: CudaBlas,
     funcs: HashMap<&'static str, CudaFunction>,
     /// `sm_XY`, or `sm_90a` (see [`arch_for`]).
@@ -221,10 +224,13 @@ impl Gpu {
             ));
         }
         let ctx = CudaContext::new(ordinal).map_err(dev_err)?;
-        // SAFETY: this backend uses a single stream for all work, so the cross-stream
-        // synchronisation that event tracking provides is never needed.
+        // SAFETY: event tracking orders cudarc's allocations across streams. This backend does
+        // all its work on one stream; the side stream only reads weights, which nothing writes
+        // after loading, after an explicit join (an event) on the main stream, and is joined
+        // back before anything follows that could free them. So the tracking is never needed.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(dev_err)?;
+        let side = ctx.new_stream().map_err(dev_err)?;
         let (major, minor) = ctx.compute_capability().map_err(dev_err)?;
         let arch = arch_for(major, minor);
         let prefill = PrefillKernel::select(&arch, std::env::var(PREFILL_ENV).ok().as_deref())?;
@@ -301,6 +307,7 @@ impl Gpu {
         Ok(Self {
             ctx,
             stream,
+            side,
             blas,
             funcs,
             arch,

@@ -158,6 +158,36 @@ pub fn silu_mul(
         .map_err(dev_err)
 }
 
+/// Whether `arch` (`sm_XY`, maybe with a suffix) has the bulk L2 prefetch of `l2_prefetch_u8`.
+pub fn has_l2_prefetch(arch: &str) -> bool {
+    arch.strip_prefix("sm_")
+        .map(|v| v.trim_end_matches(|c: char| c.is_ascii_alphabetic()))
+        .and_then(|v| v.parse::<u32>().ok())
+        .is_some_and(|v| v >= 90)
+}
+
+/// Asks L2 to fetch all of `buf` (rounded down to 16 bytes), on the side stream: a hint that
+/// returns once issued, for a kernel that reads `buf` later. Nothing below sm_90.
+pub fn l2_prefetch(gpu: &Gpu, buf: &Buf) -> Result<(), BackendError> {
+    let bytes = (buf.len() * buf.dtype().size()) & !15;
+    if bytes == 0 || !has_l2_prefetch(&gpu.arch) {
+        return Ok(());
+    }
+    let threads = 128;
+    let blocks = bytes
+        .div_ceil(kernels::PREFETCH_PIECE * threads)
+        .clamp(1, gpu.sms);
+    let (ptr, len) = (buf.ptr(), bytes as u64);
+    let mut b = gpu.side.launch_builder(gpu.func("l2_prefetch_u8")?);
+    b.arg(&ptr).arg(&len);
+    // SAFETY: ptr is the start of buf's allocation (16-byte aligned: device allocations are
+    // 256-byte aligned) and len <= its size in bytes, a multiple of 16, so every prefetch the
+    // kernel issues lies inside the allocation; a prefetch writes nothing.
+    unsafe { b.launch(cfg((dim(blocks, "blocks")?, 1, 1), threads as u32, 0)) }
+        .map(|_| ())
+        .map_err(dev_err)
+}
+
 /// Converts `n` elements between f32 and bf16.
 pub fn cast(gpu: &Gpu, src: &Buf, dst: &Buf, n: usize) -> Result<(), BackendError> {
     let name = match (src.dtype(), dst.dtype()) {
@@ -763,4 +793,24 @@ pub fn sample(
     unsafe { b.launch(cfg(grid, kernels::SAMPLE_THREADS, 0)) }
         .map(|_| ())
         .map_err(dev_err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::has_l2_prefetch;
+
+    #[test]
+    fn bulk_l2_prefetch_from_sm_90() {
+        for (arch, has) in [
+            ("sm_80", false),
+            ("sm_89", false),
+            ("sm_90", true),
+            ("sm_90a", true),
+            ("sm_100a", true),
+            ("sm_120", true),
+            ("gfx90a", false),
+        ] {
+            assert_eq!(has_l2_prefetch(arch), has, "{arch}");
+        }
+    }
 }
