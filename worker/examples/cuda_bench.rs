@@ -485,6 +485,23 @@ fn batch_invariance(backend: CudaBackend, model: &worker::config::ModelConfig) -
     )
 }
 
+/// What cuBLASLt tuning measured for the decode graphs' products.
+fn print_gemm_tuning(b: &CudaBackend) {
+    for r in b.gemm_tuning() {
+        let s = r.shape;
+        println!(
+            "gemm tuning m {} n {} k {}: cublasGemmEx {:.1} us, best cuBLASLt {}{}",
+            s.m,
+            s.n,
+            s.k,
+            r.gemm_ex_us,
+            r.best_lt_us
+                .map_or("none".to_string(), |us| format!("{us:.1} us")),
+            if r.chosen { " (chosen)" } else { "" }
+        );
+    }
+}
+
 /// The backend settings every model measurement here uses (the server's defaults, bf16).
 fn bench_options() -> CudaOptions {
     CudaOptions {
@@ -534,6 +551,7 @@ fn main() -> Res<()> {
                 batch as f64 * 1e3 / ms
             );
         }
+        print_gemm_tuning(&b);
         return Ok(());
     }
     if args.len() != 5 {
@@ -596,6 +614,7 @@ fn main() -> Res<()> {
     }
     res.insert("decode".into(), Value::Object(decode));
     println!("graphs captured: {}", b.num_graphs());
+    print_gemm_tuning(&b);
 
     let mut prefill = serde_json::Map::new();
     for batch in [1usize, 8] {

@@ -55,6 +55,8 @@ pub struct BenchRow {
     /// and their time: the step time at exactly `batch` sequences.
     pub full_steps: usize,
     pub full_time: Duration,
+    /// Of `full_time`, the time inside the backend's forward call.
+    pub full_backend_time: Duration,
 }
 
 impl BenchRow {
@@ -72,6 +74,16 @@ impl BenchRow {
             0.0
         } else {
             self.full_time.as_secs_f64() * 1e3 / self.full_steps as f64
+        }
+    }
+
+    /// Mean time a full-batch step spends outside the backend (the engine's host work).
+    pub fn ms_host_per_full_step(&self) -> f64 {
+        if self.full_steps == 0 {
+            0.0
+        } else {
+            (self.full_time.saturating_sub(self.full_backend_time)).as_secs_f64() * 1e3
+                / self.full_steps as f64
         }
     }
 
@@ -164,6 +176,7 @@ fn run_point(
         decode_steps: 0,
         full_steps: 0,
         full_time: Duration::ZERO,
+        full_backend_time: Duration::ZERO,
     };
     while engine.has_unfinished() {
         let start = Instant::now();
@@ -180,6 +193,7 @@ fn run_point(
             if step.decode_tokens == batch {
                 row.full_steps += 1;
                 row.full_time += took;
+                row.full_backend_time += step.backend_time;
             }
         }
     }
@@ -187,19 +201,20 @@ fn run_point(
 }
 
 /// The header of [`markdown_row`]'s table.
-pub const MARKDOWN_HEADER: &str = "| batch | prompt | output | prefill tok/s | decode tok/s | ms / decode step | ms / full-batch step |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: |";
+pub const MARKDOWN_HEADER: &str = "| batch | prompt | output | prefill tok/s | decode tok/s | ms / decode step | ms / full-batch step | of which engine host ms |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |";
 
 /// One row of a markdown table.
 pub fn markdown_row(r: &BenchRow) -> String {
     format!(
-        "| {} | {} | {} | {:.0} | {:.1} | {:.2} | {:.2} |",
+        "| {} | {} | {} | {:.0} | {:.1} | {:.2} | {:.2} | {:.3} |",
         r.batch,
         r.prompt_len,
         r.output_len,
         r.prefill_tokens_per_s(),
         r.decode_tokens_per_s(),
         r.ms_per_decode_step(),
-        r.ms_per_full_step()
+        r.ms_per_full_step(),
+        r.ms_host_per_full_step()
     )
 }
 
@@ -281,5 +296,6 @@ mod tests {
             r.decode_steps
         );
         assert!(r.full_time <= r.decode_time);
+        assert!(r.full_backend_time <= r.full_time);
     }
 }

@@ -95,6 +95,9 @@ pub struct StepStats {
     /// Sampling sequences computing exactly one token.
     pub decode_tokens: usize,
     pub num_seqs: usize,
+    /// Wall time inside the backend's forward call (the rest of a step is the engine's own
+    /// host work: scheduling, gathering inputs, applying tokens).
+    pub backend_time: std::time::Duration,
 }
 
 /// The engine cannot go on; the worker must stop (the KV cache may be half written).
@@ -396,7 +399,10 @@ impl Engine {
                     step: s.output().len() as u64,
                 })
                 .collect();
-            if let Some(tokens) = self.backend.forward_sampled(&batch, &sampling)? {
+            let started = std::time::Instant::now();
+            let sampled = self.backend.forward_sampled(&batch, &sampling);
+            self.last_step.backend_time = started.elapsed();
+            if let Some(tokens) = sampled? {
                 if tokens.len() != rows.len() {
                     return Err(EngineError::BadOutput {
                         got: format!("{} sampled tokens", tokens.len()),
@@ -412,7 +418,10 @@ impl Engine {
                 return Ok((tokens, vec![None; rows.len()]));
             }
         }
-        let logits = self.backend.forward(&batch)?;
+        let started = std::time::Instant::now();
+        let logits = self.backend.forward(&batch);
+        self.last_step.backend_time = started.elapsed();
+        let logits = logits?;
         if logits.vocab != self.vocab
             || logits.rows() != rows.len()
             || logits.data.len() != rows.len() * self.vocab
@@ -458,6 +467,7 @@ fn step_stats(plan: &StepPlan) -> StepStats {
         prefill_tokens: plan.num_tokens() - decode_tokens,
         decode_tokens,
         num_seqs: plan.seqs.len(),
+        backend_time: std::time::Duration::ZERO,
     }
 }
 

@@ -21,6 +21,7 @@ use cudarc::driver::CudaGraph;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 
 use super::device::{Buf, DType, Gpu, dev_err};
+use super::lt::{GEMM_TUNE_ENV, LtGemm, TuneRecord};
 use super::ops::{self, AddRmsNorm, Attention, Linear, RopeKv, SampleRow};
 use super::step::{self, DECODE_SPLIT, HostStep, Limits};
 use super::tp::{CudaTp, DeviceGroup};
@@ -167,6 +168,8 @@ pub struct CudaBackend {
     batch_invariant: bool,
     /// Which products take the GEMV kernel.
     gemv: GemvPolicy,
+    /// Tuned cuBLASLt products (bf16, unless [`GEMM_TUNE_ENV`] is `0` or batch-invariant mode).
+    lt: Option<LtGemm>,
     /// Whether small-batch steps prefetch each layer's o_proj weights into L2 while RoPE and
     /// attention run ([`L2_PREFETCH_ENV`]).
     l2_prefetch: bool,
@@ -345,6 +348,11 @@ impl CudaBackend {
         // The host path synchronises inside the forward pass, which a graph cannot hold.
         let enforce_eager = opts.enforce_eager || group.as_ref().is_some_and(|g| !g.capturable());
         let gpu_arch = gpu.arch.clone();
+        let lt = (opts.dtype == DType::Bf16
+            && !opts.batch_invariant
+            && std::env::var(GEMM_TUNE_ENV).as_deref() != Ok("0"))
+        .then(|| LtGemm::new(&gpu))
+        .transpose()?;
         Ok(Self {
             gpu,
             cfg: cfg.clone(),
@@ -363,6 +371,7 @@ impl CudaBackend {
             enforce_eager,
             batch_invariant: opts.batch_invariant,
             gemv: gemv_policy(std::env::var(GEMV_ENV).ok().as_deref()),
+            lt,
             l2_prefetch: opts.dtype == DType::Bf16
                 && ops::has_l2_prefetch(&gpu_arch)
                 && std::env::var(L2_PREFETCH_ENV).as_deref() != Ok("0"),
@@ -494,14 +503,86 @@ impl CudaBackend {
         }
     }
 
+    /// Whether `l` runs on the GEMV kernel.
+    fn uses_gemv(&self, l: &Linear<'_>) -> bool {
+        !self.batch_invariant && l.m <= GEMV_CROSSOVER_ROWS && l.gemv_ok() && self.gemv_takes(l)
+    }
+
     fn linear(&self, l: &Linear<'_>) -> Result<(), BackendError> {
         if self.batch_invariant {
             ops::linear_chunked(&self.gpu, l, INVARIANT_CHUNK)
-        } else if l.m <= GEMV_CROSSOVER_ROWS && l.gemv_ok() && self.gemv_takes(l) {
+        } else if self.uses_gemv(l) {
             ops::gemv(&self.gpu, l)
+        } else if let Some(lt) = &self.lt
+            && lt.run(&self.gpu, l)?
+        {
+            Ok(())
         } else {
             ops::linear(&self.gpu, l)
         }
+    }
+
+    /// Tunes cuBLASLt for the products of a decode graph of `m` rows (those not on the GEMV
+    /// kernel), before the graph is captured. Writes activations: call before the step's launch.
+    fn tune_products(&self, m: usize) -> Result<(), BackendError> {
+        let (Some(lt), Some(w)) = (&self.lt, self.weights.layers.first()) else {
+            return Ok(());
+        };
+        let (ws, h) = (&self.ws, self.cfg.hidden_size);
+        let (qd, kvd, inter) = (self.dims.q_dim, self.dims.kv_dim, self.dims.inter);
+        let mut products = vec![
+            Linear {
+                x: &ws.normed,
+                w: &w.qkv,
+                y: &ws.qkv,
+                m,
+                n: qd + 2 * kvd,
+                k: h,
+            },
+            Linear {
+                x: &ws.attn,
+                w: &w.o,
+                y: &ws.proj,
+                m,
+                n: h,
+                k: qd,
+            },
+            Linear {
+                x: &ws.normed,
+                w: &w.gate_up,
+                y: &ws.gate_up,
+                m,
+                n: 2 * inter,
+                k: h,
+            },
+            Linear {
+                x: &ws.act,
+                w: &w.down,
+                y: &ws.proj,
+                m,
+                n: h,
+                k: inter,
+            },
+        ];
+        if let (true, Some(lm_head)) = (self.samples, self.weights.lm_head()) {
+            products.push(Linear {
+                x: &ws.last,
+                w: lm_head,
+                y: &ws.logits,
+                m,
+                n: self.cfg.vocab_size,
+                k: h,
+            });
+        }
+        for l in products.iter().filter(|l| !self.uses_gemv(l)) {
+            lt.tune(&self.gpu, l)?;
+        }
+        Ok(())
+    }
+
+    /// What cuBLASLt tuning measured so far (empty with it off).
+    pub fn gemm_tuning(&self) -> Vec<TuneRecord> {
+        self.lt.as_ref().map_or_else(Vec::new, LtGemm::records)
     }
 
     /// Sums the first `len` elements of `buf` over the TP group (nothing alone).
@@ -741,6 +822,7 @@ impl CudaBackend {
                 };
                 let key = (bucket, stride);
                 if !self.graphs.contains_key(&key) {
+                    self.tune_products(bucket)?;
                     let graph = self.capture(dims)?;
                     self.graphs.insert(key, Graph(graph));
                 }

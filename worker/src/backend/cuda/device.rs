@@ -16,7 +16,7 @@ use half::bf16;
 use crate::backend::BackendError;
 
 /// Element type of a device buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
     F32,
     Bf16,

@@ -561,7 +561,8 @@ pub struct Linear<'a> {
 }
 
 impl Linear<'_> {
-    fn check(&self) -> Result<DType, BackendError> {
+    /// Checks the buffers hold the product's elements of matching types; returns the weights'.
+    pub fn check(&self) -> Result<DType, BackendError> {
         let dt = float_type(self.w, "weight")?;
         self.w.check("weight", dt, self.n * self.k)?;
         self.x.check("linear x", dt, self.m * self.k)?;
