@@ -21,10 +21,11 @@ for b in ${BATCHES:-1 128}; do
     $NSYS stats -r cuda_gpu_trace -f csv -o /tmp/tl_$b /tmp/tl_$b.nsys-rep > /dev/null 2>&1
     python3 scripts/timeline_summary.py /tmp/tl_${b}_cuda_gpu_trace.csv "batch $b" | tee -a "$OUT/timeline.txt"
   else
-    # ncu: two graph replays after the warm-up steps, every kernel node timed alone (no gaps).
+    # ncu: every kernel node of the graph replays after the warm-up steps timed alone (no gaps);
+    # 1,100 kernels hold two whole steps at batch 1 (about 355 kernels a step).
     K=$(( ${SKIP_KERNELS:-1200} ))
     ncu --graph-profiling node --cache-control none --clock-control none --csv \
-      --metrics gpu__time_duration.sum -s $K -c ${COUNT_KERNELS:-700} \
+      --metrics gpu__time_duration.sum -s $K -c ${COUNT_KERNELS:-1100} \
       ./cuda_bench decode $MODEL $b ${CTX:-512} 8 > /tmp/ncu_$b.csv 2> /tmp/ncu_$b.err
     python3 scripts/timeline_summary.py --ncu /tmp/ncu_$b.csv "batch $b" | tee -a "$OUT/timeline.txt"
     tail -3 /tmp/ncu_$b.err

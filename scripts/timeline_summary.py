@@ -46,7 +46,8 @@ for r in rows:
     cur.append(r)
 if cur:
     steps.append(cur)
-steps = [s for s in steps if s[-1][2].startswith("sample")][-20:]
+# Whole steps only: from an embedding to a sampling kernel (a profiler's window may cut the first).
+steps = [s for s in steps if s[0][2].startswith("embedding") and s[-1][2].startswith("sample")][-20:]
 if not steps:
     sys.exit("no complete steps in the trace")
 label = sys.argv[2]
@@ -55,9 +56,12 @@ busy = [sum(d for _, d, _ in s) for s in steps]
 between = [b[0][0] - (a[-1][0] + a[-1][1]) for a, b in zip(steps, steps[1:])]
 n = len(steps)
 print(f"== {label}: {n} steps, {len(steps[0])} kernels a step")
-print(f"GPU span {sum(span)/n/1e3:.1f} us, kernels {sum(busy)/n/1e3:.1f} us, idle inside step "
-      f"{(sum(span)-sum(busy))/n/1e3:.1f} us, host gap between steps "
-      f"{(sum(between)/max(len(between),1))/1e3:.1f} us")
+if ncu:
+    print(f"kernels timed alone, summed: {sum(busy)/n/1e3:.1f} us a step")
+else:
+    print(f"GPU span {sum(span)/n/1e3:.1f} us, kernels {sum(busy)/n/1e3:.1f} us, idle inside step "
+          f"{(sum(span)-sum(busy))/n/1e3:.1f} us, host gap between steps "
+          f"{(sum(between)/max(len(between),1))/1e3:.1f} us")
 per = defaultdict(lambda: [0, 0])
 for s in steps:
     for _, d, name in s:
