@@ -49,12 +49,29 @@ fn prompt(len: usize, salt: u64) -> Vec<u32> {
         .collect()
 }
 
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
 /// Runs decode steps for `batch` sequences whose contexts grow from `ctx`; returns ms/step.
 fn time_decode(b: &mut CudaBackend, batch: usize, ctx: usize, steps: usize) -> Res<f64> {
     let bs = b.block_size();
     let per_seq = (ctx + steps + 8).div_ceil(bs);
+    // Block ids: contiguous per sequence, or (CUDA_BENCH_TABLES) each sequence's in descending
+    // order ("reversed", as blocks freed last come back first) or a fixed permutation of them all
+    // ("scattered"), to see what the physical layout of a decode batch's KV costs.
+    let n = batch * per_seq;
+    let layout = std::env::var("CUDA_BENCH_TABLES").unwrap_or_default();
+    let block = |q: usize| -> u32 {
+        let p = match layout.as_str() {
+            "reversed" => q / per_seq * per_seq + (per_seq - 1 - q % per_seq),
+            "scattered" if gcd(7919, n) == 1 => q * 7919 % n,
+            _ => q,
+        };
+        (1 + p) as u32
+    };
     let tables: Vec<Vec<u32>> = (0..batch)
-        .map(|s| (0..per_seq).map(|j| (1 + s * per_seq + j) as u32).collect())
+        .map(|s| (0..per_seq).map(|j| block(s * per_seq + j)).collect())
         .collect();
     let ids: Vec<u32> = (0..batch as u32).map(|i| 1000 + i).collect();
     let sampling = vec![GREEDY; batch];
