@@ -3,10 +3,11 @@
 // Grid: (slices, rows). Each block takes the max, min and argmax of one slice of its row and
 // publishes them; the row's last block to finish (a counter per row, reset by that block for the
 // next launch or graph replay) combines them. Greedy is then the argmax (lowest index on ties), so
-// a greedy row reads its logits once, spread over many SMs. Otherwise the kept set is every token whose logit
-// is at least a threshold: min-p gives it in closed form, top-k and top-p by bisection on the
-// logit value (count of tokens above, or their probability mass). A uniform draw from a counter-
-// based generator keyed by (seed, step) then walks the kept tokens' CDF in vocabulary order.
+// a greedy row reads its logits once, spread over many SMs. Otherwise that last block goes on
+// alone: the kept set is every token whose logit is at least a threshold: min-p gives it in closed
+// form, top-k and top-p by bisection on the logit value (count of tokens above, or their
+// probability mass). A uniform draw from a counter-based generator keyed by (seed, step) then
+// walks the kept tokens' CDF in vocabulary order.
 #include "common.cuh"
 
 #define SAMPLE_THREADS 1024

@@ -188,7 +188,7 @@ pub const GEMV_ENV: &str = "RINGSERVE_CUDA_GEMV";
 /// (33.5 MB of its 50 MB on the 8B shape) before the product reads them.
 pub const L2_PREFETCH_ENV: &str = "RINGSERVE_CUDA_L2_PREFETCH";
 
-/// Largest step (tokens) that prefetches o_proj. On the H200 (run 12c) it gained 0.02–0.05 ms a
+/// Largest step (tokens) that prefetches o_proj. On the H200 (run 12d) it gained 0.02–0.05 ms a
 /// step at batch 1 and cost 0.15 ms at batch 8, where attention reads 8× the KV and the prefetch
 /// competes with it for HBM.
 pub const L2_PREFETCH_MAX_ROWS: usize = 1;

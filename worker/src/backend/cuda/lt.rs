@@ -111,9 +111,8 @@ impl Plan {
 impl Drop for Plan {
     fn drop(&mut self) {
         // SAFETY: each handle was created by cuBLASLt (or is null and skipped) and is destroyed
-        // once, here; no launch that uses them is pending when a plan is dropped (plans live as
-        // long as the backend, whose drop synchronises nothing after it but destroys the
-        // graphs that reference the algorithms first).
+        // once, here. They are host-side descriptions: launches already queued or captured into
+        // graphs do not refer to them.
         unsafe {
             for layout in [self.a, self.b, self.d] {
                 if !layout.is_null() {

@@ -117,7 +117,9 @@ pub fn add_rmsnorm(gpu: &Gpu, a: &AddRmsNorm<'_>) -> Result<(), BackendError> {
         .arg(&hidden)
         .arg(&a.eps);
     // SAFETY: every buffer holds rows*hidden (weight: hidden) elements of dt (checked above);
-    // delta is null or rows*hidden long; the arguments match add_rmsnorm_<dt>.
+    // delta is null or rows*hidden long; the arguments match add_rmsnorm_<dt>. The kernel's
+    // 16-byte accesses happen only where hidden is a multiple of 16 bytes' worth, so every row
+    // starts 16-byte aligned in these whole (256-byte aligned) allocations.
     unsafe { b.launch(cfg((dim(a.rows, "rows")?, 1, 1), threads, 0)) }
         .map(|_| ())
         .map_err(dev_err)
