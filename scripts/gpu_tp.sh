@@ -7,7 +7,11 @@
 #     (two ranks sharing GPU 0) and, with >= 2 GPUs, --tp 2 --gpus 0,1 (NCCL): the client's greedy
 #     tokens must equal HF's (expected.json);
 #  3. with --8b: the Llama-3-8B-shaped random model in float32, `serve` TP=1 vs TP=2 (host
-#     collectives on one GPU, or NCCL on two): 64 greedy tokens for 4 prompts must be identical.
+#     collectives on one GPU, or NCCL on two): 64 greedy tokens for 4 prompts must be identical;
+#  4. with --bf16 and >= 2 GPUs: tiny-llama in bf16 (the path with the L2 prefetch branch and the
+#     cuBLASLt tuning inside the decode graphs) under `serve` TP=1 and TP=2 (NCCL): both must
+#     answer every prompt; their tokens are compared with HF's float32 ones and each other
+#     (bf16 rounding may part them on near-ties, so this is reported, not required).
 # Logs go to $OUT (tp.log and the servers' logs).
 #   usage: scripts/gpu_tp.sh [--8b]
 set -uo pipefail
@@ -18,8 +22,8 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 LOG="$OUT/tp.log"; : > "$LOG"
 FIXTURE=${TINY_LLAMA_DIR:?set TINY_LLAMA_DIR to tests/fixtures/tiny-llama}
-EIGHT_B=0
-for a in "$@"; do case $a in --8b) EIGHT_B=1;; esac; done
+EIGHT_B=0; BF16=0
+for a in "$@"; do case $a in --8b) EIGHT_B=1;; --bf16) BF16=1;; esac; done
 NGPU=$(nvidia-smi -L | wc -l)
 nvidia-smi -L | tee -a "$LOG"
 ADDR=127.0.0.1:50061
@@ -85,6 +89,22 @@ start_server "$OUT/serve_tp2_host.log" "${TINY[@]}" --tp 2 --tp-collectives host
 if [ "$NGPU" -ge 2 ]; then
   start_server "$OUT/serve_tp2_nccl.log" "${TINY[@]}" --tp 2 --gpus 0,1 && {
     check_tiny "serve --tp 2 --gpus 0,1 (NCCL)"; stop_server; }
+fi
+
+if [ "$BF16" = 1 ] && [ "$NGPU" -ge 2 ]; then
+  BF=(--model "$FIXTURE" --device cuda --dtype bfloat16 --num-kv-blocks 256 --block-size 16)
+  : > /tmp/bf_tp1.txt; : > /tmp/bf_tp2.txt
+  start_server "$OUT/serve_bf16_tp1.log" "${BF[@]}" --gpus 0 && { client_tokens "$N" > /tmp/bf_tp1.txt; stop_server; }
+  start_server "$OUT/serve_bf16_tp2.log" "${BF[@]}" --tp 2 --gpus 0,1 && { client_tokens "$N" > /tmp/bf_tp2.txt; stop_server; }
+  python3 - /tmp/bf_tp1.txt /tmp/bf_tp2.txt /tmp/tp_expected.txt <<'EOF' | tee -a "$LOG"
+import re, sys
+tp1, tp2 = ([re.findall(r"\d+", l) for l in open(p)] for p in sys.argv[1:3])
+hf = [l.split() for l in open(sys.argv[3])]
+full = lambda rows: sum(len(r) == len(h) for r, h in zip(rows, hf))
+same = lambda a, b: sum(x == y for x, y in zip(a, b))
+print(f"tiny-llama bf16: TP=1 answered {full(tp1)}/{len(hf)}, TP=2 (NCCL) {full(tp2)}/{len(hf)} prompts in full; "
+      f"equal to HF float32: TP=1 {same(tp1, hf)}, TP=2 {same(tp2, hf)}; TP=2 equal to TP=1: {same(tp1, tp2)}")
+EOF
 fi
 
 if [ "$EIGHT_B" = 1 ]; then
