@@ -63,6 +63,24 @@ __device__ __forceinline__ void argmax_merge(float& bv, int& bi, float ov, int o
     if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
 }
 
+// The block's best (value, index) pair by argmax_merge: every thread passes its own, warp 0 gets
+// the result (thread 0 among them). sv and si hold a value and an index per warp; the barrier
+// first lets them be reused after an earlier call.
+__device__ __forceinline__ void block_argmax(float& bv, int& bi, float* sv, int* si) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    for (int o = 16; o > 0; o >>= 1)
+        argmax_merge(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+    __syncthreads();
+    if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
+    __syncthreads();
+    if (warp == 0) {
+        bv = lane < warps ? sv[lane] : -INFINITY;
+        bi = lane < warps ? si[lane] : 0x7fffffff;
+        for (int o = 16; o > 0; o >>= 1)
+            argmax_merge(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 sample_f32(const float* logits, const SampleRow* params, u32* out, int vocab, SlicePart* parts,
            u32* done) {
@@ -73,7 +91,6 @@ sample_f32(const float* logits, const SampleRow* params, u32* out, int vocab, Sl
     __shared__ bool last;
     const int row = blockIdx.y, slices = gridDim.x;
     const float* lg = logits + (size_t)row * vocab;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 
     // This slice's max (lowest index on ties) and min.
     const int per = (vocab + slices - 1) / slices;
@@ -85,16 +102,7 @@ sample_f32(const float* logits, const SampleRow* params, u32* out, int vocab, Sl
         if (v > bv) { bv = v; bi = i; }
         mn = fminf(mn, v);
     }
-    for (int o = 16; o > 0; o >>= 1)
-        argmax_merge(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
-    if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
-    __syncthreads();
-    if (warp == 0) {
-        bv = lane < (int)(blockDim.x >> 5) ? sv[lane] : -INFINITY;
-        bi = lane < (int)(blockDim.x >> 5) ? si[lane] : 0x7fffffff;
-        for (int o = 16; o > 0; o >>= 1)
-            argmax_merge(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
-    }
+    block_argmax(bv, bi, sv, si);
     mn = block_max(-mn, red); // every thread: minus this slice's min
     if (threadIdx.x == 0) {
         parts[(size_t)row * slices + blockIdx.x] = SlicePart{bv, bi, -mn, 0};
@@ -116,18 +124,8 @@ sample_f32(const float* logits, const SampleRow* params, u32* out, int vocab, Sl
         argmax_merge(bv, bi, sp.x, __float_as_int(sp.y));
         mn = fminf(mn, sp.z);
     }
-    for (int o = 16; o > 0; o >>= 1)
-        argmax_merge(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
-    __syncthreads();
-    if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
-    __syncthreads();
-    if (warp == 0) {
-        bv = lane < (int)(blockDim.x >> 5) ? sv[lane] : -INFINITY;
-        bi = lane < (int)(blockDim.x >> 5) ? si[lane] : 0x7fffffff;
-        for (int o = 16; o > 0; o >>= 1)
-            argmax_merge(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
-        if (lane == 0) { sv[0] = bv; si[0] = bi; }
-    }
+    block_argmax(bv, bi, sv, si);
+    if (threadIdx.x == 0) { sv[0] = bv; si[0] = bi; }
     mn = -block_max(-mn, red);
     __syncthreads();
     const float mx = sv[0];
