@@ -470,6 +470,19 @@ mod tests {
     }
 
     #[test]
+    fn sampling_and_prefetch_constants_mirror_the_kernels() {
+        let src = |name: &str| SOURCES.iter().find(|(n, _)| *n == name).unwrap().1;
+        let sampling = src("sampling.cu");
+        assert!(sampling.contains(&format!("#define SAMPLE_THREADS {SAMPLE_THREADS}\n")));
+        // SAMPLE_SCRATCH_WORDS sizes each slice's result as 4 words: SlicePart's four 4-byte
+        // fields, 16-byte aligned.
+        assert!(sampling.contains(
+            "struct __align__(16) SlicePart {\n    float max;\n    int idx;\n    float min;\n    int pad;\n};"
+        ));
+        assert!(src("prefetch.cu").contains(&format!("#define PREFETCH_PIECE {PREFETCH_PIECE} ")));
+    }
+
+    #[test]
     fn prefill_wgmma_constants_mirror_the_kernel() {
         let src = SOURCES
             .iter()
