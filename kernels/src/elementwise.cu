@@ -16,11 +16,15 @@ template <typename T> __device__ __forceinline__ constexpr int vec16() { return 
 template <typename T> __device__ __forceinline__ void load16(const T* p, float* out) {
     unpack16(*(const uint4*)p, out, T());
 }
-template <typename T> __device__ __forceinline__ void store16(T* p, const float* in) {
+// 16 bytes of T from floats (each rounded to T).
+template <typename T> __device__ __forceinline__ uint4 pack16(const float* in) {
     alignas(16) T t[vec16<T>()];
 #pragma unroll
     for (int e = 0; e < vec16<T>(); e++) t[e] = from_f<T>(in[e]);
-    *(uint4*)p = *(const uint4*)t;
+    return *(const uint4*)t;
+}
+template <typename T> __device__ __forceinline__ void store16(T* p, const float* in) {
+    *(uint4*)p = pack16<T>(in);
 }
 
 // 16-byte chunks of a row one thread keeps in registers in add_rmsnorm's vector path.
@@ -29,8 +33,9 @@ template <typename T> __device__ __forceinline__ void store16(T* p, const float*
 // residual[i] += delta[i] (rounded to T, as the model keeps its residual stream in T), then
 // out[i] = rmsnorm(residual[i]) * weight. delta may be null (first layer). Grid: one block per row.
 // Where a row is whole 16-byte chunks and at most NORM_CHUNKS of them per thread (hidden 4096 in
-// bf16: 512 threads, one chunk each), every load of the row is issued before any store and the
-// row stays in registers; else a scalar loop (whose stores to the residual serialise its loads).
+// bf16: 512 threads, one chunk each), every load of the row, the delta and the weight is issued
+// before any store (one memory round trip before the reduction, none after it) and the row stays
+// in registers; else a scalar loop (whose stores to the residual serialise its loads).
 template <typename T>
 __device__ void add_rmsnorm_impl(T* __restrict__ residual, const T* __restrict__ delta,
                                  const T* __restrict__ weight, T* __restrict__ out, int hidden,
@@ -42,26 +47,32 @@ __device__ void add_rmsnorm_impl(T* __restrict__ residual, const T* __restrict__
     T* o = out + (size_t)blockIdx.x * hidden;
     float ss = 0.f;
     if (hidden % V == 0 && hidden <= NORM_CHUNKS * V * (int)blockDim.x) {
-        float v[NORM_CHUNKS][V];
+        // The row (already rounded to T) and the weight stay packed: 8 registers a chunk.
+        uint4 row[NORM_CHUNKS], wt[NORM_CHUNKS];
 #pragma unroll
         for (int c = 0; c < NORM_CHUNKS; c++) {
             const int i = (c * blockDim.x + threadIdx.x) * V;
             if (i >= hidden) break;
-            load16(res + i, v[c]);
+            row[c] = *(const uint4*)(res + i);
+            wt[c] = *(const uint4*)(weight + i);
             if (del) {
-                float dv[V];
+                float v[V], dv[V];
+                unpack16(row[c], v, T());
                 load16(del + i, dv);
 #pragma unroll
-                for (int e = 0; e < V; e++) v[c][e] = to_f(from_f<T>(v[c][e] + dv[e]));
+                for (int e = 0; e < V; e++) v[e] += dv[e];
+                row[c] = pack16<T>(v);
             }
         }
 #pragma unroll
         for (int c = 0; c < NORM_CHUNKS; c++) {
             const int i = (c * blockDim.x + threadIdx.x) * V;
             if (i >= hidden) break;
-            if (del) store16(res + i, v[c]);
+            if (del) *(uint4*)(res + i) = row[c];
+            float v[V];
+            unpack16(row[c], v, T());
 #pragma unroll
-            for (int e = 0; e < V; e++) ss += v[c][e] * v[c][e];
+            for (int e = 0; e < V; e++) ss += v[e] * v[e];
         }
         ss = block_sum(ss, red);
         const float scale = rsqrtf(ss / (float)hidden + eps);
@@ -69,11 +80,12 @@ __device__ void add_rmsnorm_impl(T* __restrict__ residual, const T* __restrict__
         for (int c = 0; c < NORM_CHUNKS; c++) {
             const int i = (c * blockDim.x + threadIdx.x) * V;
             if (i >= hidden) break;
-            float w[V];
-            load16(weight + i, w);
+            float v[V], w[V];
+            unpack16(row[c], v, T());
+            unpack16(wt[c], w, T());
 #pragma unroll
-            for (int e = 0; e < V; e++) v[c][e] = v[c][e] * scale * w[e];
-            store16(o + i, v[c]);
+            for (int e = 0; e < V; e++) v[e] = v[e] * scale * w[e];
+            store16(o + i, v);
         }
         return;
     }

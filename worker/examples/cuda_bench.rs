@@ -58,14 +58,21 @@ fn time_decode(b: &mut CudaBackend, batch: usize, ctx: usize, steps: usize) -> R
     let bs = b.block_size();
     let per_seq = (ctx + steps + 8).div_ceil(bs);
     // Block ids: contiguous per sequence, or (CUDA_BENCH_TABLES) each sequence's in descending
-    // order ("reversed", as blocks freed last come back first) or a fixed permutation of them all
-    // ("scattered"), to see what the physical layout of a decode batch's KV costs.
+    // order ("reversed", as blocks freed last come back first), a fixed permutation of them all
+    // ("scattered"), or as the engine allocates them ("engine": the blocks the prompt fills
+    // contiguous per sequence, then the decode blocks interleaved across the batch, one per
+    // sequence whenever its context crosses a block), to see what the physical layout of a decode
+    // batch's KV costs.
     let n = batch * per_seq;
+    let prompt_blocks = ctx.div_ceil(bs).min(per_seq);
     let layout = std::env::var("CUDA_BENCH_TABLES").unwrap_or_default();
     let block = |q: usize| -> u32 {
+        let (s, j) = (q / per_seq, q % per_seq);
         let p = match layout.as_str() {
-            "reversed" => q / per_seq * per_seq + (per_seq - 1 - q % per_seq),
+            "reversed" => s * per_seq + (per_seq - 1 - j),
             "scattered" if gcd(7919, n) == 1 => q * 7919 % n,
+            "engine" if j < prompt_blocks => s * prompt_blocks + j,
+            "engine" => batch * prompt_blocks + (j - prompt_blocks) * batch + s,
             _ => q,
         };
         (1 + p) as u32
@@ -104,36 +111,47 @@ fn time_decode(b: &mut CudaBackend, batch: usize, ctx: usize, steps: usize) -> R
             b.forward_sampled(&batch_in, &vec![GREEDY; group.len()])?;
         }
     }
-    let ids: Vec<u32> = (0..batch as u32).map(|i| 1000 + i).collect();
+    let mut ids: Vec<u32> = (0..batch as u32).map(|i| 1000 + i).collect();
     let sampling = vec![GREEDY; batch];
-    let run = |b: &mut CudaBackend, step: usize| -> Res<()> {
-        let pos: Vec<u32> = vec![(ctx + step - 1) as u32; batch];
+    // CUDA_BENCH_FIXED_CTX=1: every step decodes at context `ctx` (rewriting the same KV slot),
+    // so a long run's step time changes only with the GPU's state (clocks under the power cap),
+    // not with a growing context.
+    let fixed = std::env::var("CUDA_BENCH_FIXED_CTX").as_deref() == Ok("1");
+    // CUDA_BENCH_FEED=1: each step's input tokens are the previous step's sampled ones, as in
+    // generation, instead of the same ids every step.
+    let feed = std::env::var("CUDA_BENCH_FEED").as_deref() == Ok("1");
+    let run = |b: &mut CudaBackend, step: usize, ids: &[u32]| -> Res<Vec<u32>> {
+        let context = if fixed { ctx } else { ctx + step };
+        let pos: Vec<u32> = vec![(context - 1) as u32; batch];
         let seqs: Vec<SeqInput<'_>> = (0..batch)
             .map(|s| SeqInput {
                 query_start: s,
                 query_len: 1,
-                context_len: ctx + step,
+                context_len: context,
                 block_table: &tables[s],
                 sample: true,
             })
             .collect();
-        b.forward_sampled(
+        let sampled = b.forward_sampled(
             &ForwardBatch {
-                token_ids: &ids,
+                token_ids: ids,
                 positions: &pos,
                 seqs: &seqs,
             },
             &sampling,
         )?;
-        Ok(())
+        Ok(sampled.unwrap_or_default())
     };
-    for s in 0..3 {
-        run(b, s)?;
-    }
-    b.gpu().sync()?;
-    let t = Instant::now();
-    for s in 3..3 + steps {
-        run(b, s)?;
+    let mut t = Instant::now();
+    for s in 0..3 + steps {
+        if s == 3 {
+            b.gpu().sync()?;
+            t = Instant::now();
+        }
+        let sampled = run(b, s, &ids)?;
+        if feed && sampled.len() == batch {
+            ids = sampled;
+        }
     }
     b.gpu().sync()?;
     Ok(t.elapsed().as_secs_f64() * 1e3 / steps as f64)
