@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Summarises gpu_ab.sh's CLOCKS=1 logs: per phase of marks.log (tests, decode SETTING,
 engine SETTING), the GPU's mean and minimum SM clock, mean memory clock, mean and peak power,
-peak temperature and the throttle reasons seen while the GPU was busy (SM clock above idle).
+peak temperature and the throttle reasons seen while the GPU was busy (drawing over 150 W; an
+idle H200 draws 80-130 W). Throttle reason 0x4 is the software power cap.
 usage: clock_summary.py clocks.csv marks.log"""
 import csv
 import sys

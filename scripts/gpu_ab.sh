@@ -4,8 +4,10 @@
 #   usage: scripts/gpu_ab.sh [--tests] "ENV=VALUE ..." ["ENV=VALUE ..." ...]   ("" = defaults)
 # BATCHES / PROMPTS override the points (default 1,128 and 512; 64 output tokens each).
 # DECODE=1 also times `cuda_bench decode` (batches $BATCHES, ctx 512, $STEPS steps, default 30)
-# per setting, before the engine; NO_ENGINE=1 leaves the engine out. CLOCKS=1 samples the GPU's clocks, power and throttle reasons every 200 ms into
-# $OUT/clocks.csv, with each phase's start in $OUT/marks.log (scripts/clock_summary.py reads them).
+# per setting, before the engine; NO_ENGINE=1 leaves the engine out. CLOCKS=1 samples the GPU's
+# clocks, power and throttle reasons every 200 ms into $OUT/clocks.csv, with each phase's start in
+# $OUT/marks.log (scripts/clock_summary.py reads them; a second run into the same $OUT replaces
+# clocks.csv and appends to marks.log).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}

@@ -806,8 +806,9 @@ fn sampling_on_device() {
         seed: 0,
         step: 0,
     };
-    // 10 and 512: one slice a row; 5,000: two uneven ones; 128,256: 32.
-    for vocab in [10, 512, 5_000, 128_256] {
+    // 10 and 512: one slice a row; 5,000: two uneven ones; 128,256: 32. 10 and 5,001 are not
+    // whole float4s (the scalar loop); 12,292's four 16-byte-rounded slices leave the last short.
+    for vocab in [10, 512, 5_000, 5_001, 12_292, 128_256] {
         let rows = 6;
         let logits: Vec<f32> = r.vec(rows * vocab).iter().map(|v| v * 8.0).collect();
         let argmax: Vec<u32> = (0..rows)
