@@ -53,7 +53,8 @@ fn gcd(a: usize, b: usize) -> usize {
     if b == 0 { a } else { gcd(b, a % b) }
 }
 
-/// Runs decode steps for `batch` sequences whose contexts grow from `ctx`; returns ms/step.
+/// Runs decode steps for `batch` sequences whose contexts grow from `ctx` (or stay at it with
+/// `CUDA_BENCH_FIXED_CTX=1`); returns ms/step.
 fn time_decode(b: &mut CudaBackend, batch: usize, ctx: usize, steps: usize) -> Res<f64> {
     let bs = b.block_size();
     let per_seq = (ctx + steps + 8).div_ceil(bs);
