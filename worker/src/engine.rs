@@ -95,8 +95,9 @@ pub struct StepStats {
     /// Sampling sequences computing exactly one token.
     pub decode_tokens: usize,
     pub num_seqs: usize,
-    /// Wall time inside the backend's forward call (the rest of a step is the engine's own
-    /// host work: scheduling, gathering inputs, applying tokens).
+    /// Wall time inside the backend's forward calls (both, where `forward_sampled` declines and
+    /// `forward` follows; the rest of a step is the engine's own host work: scheduling, gathering
+    /// inputs, applying tokens).
     pub backend_time: std::time::Duration,
 }
 
@@ -401,7 +402,7 @@ impl Engine {
                 .collect();
             let started = std::time::Instant::now();
             let sampled = self.backend.forward_sampled(&batch, &sampling);
-            self.last_step.backend_time = started.elapsed();
+            self.last_step.backend_time += started.elapsed();
             if let Some(tokens) = sampled? {
                 if tokens.len() != rows.len() {
                     return Err(EngineError::BadOutput {
@@ -420,7 +421,7 @@ impl Engine {
         }
         let started = std::time::Instant::now();
         let logits = self.backend.forward(&batch);
-        self.last_step.backend_time = started.elapsed();
+        self.last_step.backend_time += started.elapsed();
         let logits = logits?;
         if logits.vocab != self.vocab
             || logits.rows() != rows.len()
