@@ -60,27 +60,30 @@ __device__ __forceinline__ void gemv_mma(float* c, u32 a0, u32 a2, u32 b0, u32 b
         : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
 }
 
-// NT tiles of 8 weight rows per block, U k-steps of 32 in flight per warp.
-template <int NT, int U, typename To>
-__device__ __forceinline__ void gemv_mma_impl(const GemvParams& p) {
-    __shared__ __align__(16) float red[GEMV_WARPS * NT * 64]; // [warp][tile][batch 8][row 8]
+// The block's partial sums: NT tiles of 8 weight rows, U k-steps of 32 in flight per warp. Tile
+// row v (0 <= v < 8 NT) is weight row rows(v), or none when rows(v) < 0 (its sums are zeros).
+// On return (after a block barrier) red[((warp * NT + j) * 8 + bb) * 8 + r] holds warp `warp`'s
+// share of batch row bb's product with tile row 8j + r; gemv_sum adds the warps up.
+template <int NT, int U, typename RowMap>
+__device__ __forceinline__ void gemv_mma_partials(const void* xp, const void* wp, int b, int k,
+                                                  RowMap rows, float* red) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int row0 = blockIdx.x * (8 * NT);
-    const int k = p.k;
     const int nsteps = (k + 31) >> 5; // the last one partial when k % 32 != 0
     const int nfull = k >> 5;         // steps where every lane's 8 k are in range
-    const bool rows_full = row0 + 8 * NT <= p.n;
-    const bool xrow = g < p.b;
+    bool rows_full = true;
+#pragma unroll
+    for (int v = 0; v < 8 * NT; v++) rows_full = rows_full && rows(v) >= 0;
+    const bool xrow = g < b;
     // Element pointers at this lane's k offset 8t; invalid rows point at row 0 and are never read.
-    const bf16* x = (const bf16*)p.x + (size_t)(xrow ? g : 0) * k + 8 * t;
+    const bf16* x = (const bf16*)xp + (size_t)(xrow ? g : 0) * k + 8 * t;
     const bf16* w[NT];
     bool wrow[NT];
 #pragma unroll
     for (int j = 0; j < NT; j++) {
-        const int r = row0 + 8 * j + g;
-        wrow[j] = r < p.n;
-        w[j] = (const bf16*)p.w + (size_t)(wrow[j] ? r : 0) * k + 8 * t;
+        const int r = rows(8 * j + g);
+        wrow[j] = r >= 0;
+        w[j] = (const bf16*)wp + (size_t)(wrow[j] ? r : 0) * k + 8 * t;
     }
     float acc[NT][4];
 #pragma unroll
@@ -124,20 +127,36 @@ __device__ __forceinline__ void gemv_mma_impl(const GemvParams& p) {
         }
     }
 
-    // c0, c1 of tile j = y[batch g, row0 + 8j + 2t, +1]; c2, c3 are batch rows 8..15 (zero).
+    // c0, c1 of tile j = y[batch g, tile rows 8j + 2t, +1]; c2, c3 are batch rows 8..15 (zero).
 #pragma unroll
     for (int j = 0; j < NT; j++)
         *(float2*)&red[((warp * NT + j) * 8 + g) * 8 + 2 * t] = make_float2(acc[j][0], acc[j][1]);
     __syncthreads();
-    for (int o = threadIdx.x; o < NT * 64; o += blockDim.x) {
-        const int j = o >> 6, bb = (o >> 3) & 7, rr = o & 7;
-        const int row = row0 + 8 * j + rr;
-        if (bb < p.b && row < p.n) {
-            float s = red[o];
+}
+
+// Batch row bb's product with tile row v, from gemv_mma_partials' red: the warps' partials added
+// in warp order.
+template <int NT>
+__device__ __forceinline__ float gemv_sum(const float* red, int bb, int v) {
+    const int o = ((v >> 3) * 8 + bb) * 8 + (v & 7);
+    float s = red[o];
 #pragma unroll
-            for (int v = 1; v < GEMV_WARPS; v++) s += red[v * NT * 64 + o];
-            ((To*)p.y)[(size_t)bb * p.n + row] = from_f<To>(s);
-        }
+    for (int w = 1; w < GEMV_WARPS; w++) s += red[w * NT * 64 + o];
+    return s;
+}
+
+// Plain products: block i takes weight rows [8 NT i, 8 NT (i + 1)) and stores y.
+template <int NT, int U, typename To>
+__device__ __forceinline__ void gemv_mma_impl(const GemvParams& p) {
+    __shared__ __align__(16) float red[GEMV_WARPS * NT * 64]; // [warp][tile][batch 8][row 8]
+    const int row0 = blockIdx.x * (8 * NT), n = p.n;
+    const auto rows = [=](int v) { return row0 + v < n ? row0 + v : -1; };
+    gemv_mma_partials<NT, U>(p.x, p.w, p.b, p.k, rows, red);
+    for (int o = threadIdx.x; o < NT * 64; o += blockDim.x) {
+        const int bb = o / (8 * NT), v = o % (8 * NT);
+        const int row = row0 + v;
+        if (bb < p.b && row < p.n)
+            ((To*)p.y)[(size_t)bb * p.n + row] = from_f<To>(gemv_sum<NT>(red, bb, v));
     }
 }
 
@@ -201,4 +220,32 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_bf16_f32out_r
 }
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_bf16_f32out_r32(GemvParams p) {
     gemv_mma_impl<4, 2, float>(p);
+}
+
+// The q/k/v product fused with RoPE and the paged KV write (bf16, 16 tile rows a block, head size
+// a multiple of 16). Block i takes head h = i / (d / 16) and the rotation pairs j0 .. j0 + 7,
+// j0 = 8 (i % (d / 16)): tile rows 0-7 are the head's dims j0 + r, rows 8-15 the dims j0 + r + d/2
+// they rotate with, so a thread holds both halves of its pair. Each output is rounded to bf16 (as
+// the q/k/v buffer would hold it) and finished by rope_pair_store: the bits of gemv_bf16_r16
+// followed by rope_kv_write_bf16, in one launch. Batch row t is token t of the step.
+struct GemvRopeParams {
+    const void* x; // bf16[b, k], the normed hidden states
+    const void* w; // bf16[(hq + 2 hkv) d, k], the fused q/k/v weights
+    int b, k;
+    RopeParams rope; // its qkv field is unused
+};
+
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_rope_kv_bf16(GemvRopeParams p) {
+    __shared__ __align__(16) float red[GEMV_WARPS * 2 * 64];
+    const int half = p.rope.d / 2, per_head = half / 8;
+    const int h = blockIdx.x / per_head, j0 = (blockIdx.x % per_head) * 8;
+    const int base = h * p.rope.d + j0;
+    const auto rows = [=](int v) { return base + (v < 8 ? v : half + v - 8); };
+    gemv_mma_partials<2, 4>(p.x, p.w, p.b, p.k, rows, red);
+    const int bb = threadIdx.x >> 3, r = threadIdx.x & 7;
+    if (bb < p.b) {
+        const float x1 = to_f(from_f<bf16>(gemv_sum<2>(red, bb, r)));
+        const float x2 = to_f(from_f<bf16>(gemv_sum<2>(red, bb, 8 + r)));
+        rope_pair_store<bf16>(p.rope, bb, h, j0 + r, x1, x2);
+    }
 }

@@ -7,11 +7,12 @@
 //! the paged KV write), `attention.cu` (general paged attention, any head size, split combine),
 //! `decode.cu` (bandwidth-oriented single-token attention), `prefill_mma.cu` (tensor-core prefill
 //! attention, bf16, head size 128), `prefill_wgmma.cu` (the same on Hopper's wgmma; its body is
-//! compiled only for `sm_90a`, elsewhere it traps), `gemv.cu` (small-batch matrix-vector),
-//! `sampling.cu` (greedy, temperature, top-k, top-p, min-p, seeded). All sources form one
-//! translation unit, compiled straight to a CUBIN for the device's architecture (`sm_90a` on
-//! compute capability 9.0), so loading it needs no JIT. NVRTC is loaded at run time (cudarc's dynamic
-//! loading): a machine without CUDA builds and runs everything else, and [`compile`] answers
+//! compiled only for `sm_90a`, elsewhere it traps), `gemv.cu` (small-batch matrix-vector, alone
+//! or fused with RoPE and the KV write), `sampling.cu` (greedy, temperature, top-k, top-p, min-p,
+//! seeded). All sources form one translation unit,
+//! compiled straight to a CUBIN for the device's architecture (`sm_90a` on compute capability
+//! 9.0), so loading it needs no JIT. NVRTC is loaded at run time (cudarc's dynamic loading): a
+//! machine without CUDA builds and runs everything else, and [`compile`] answers
 //! [`KernelError::NvrtcMissing`] there.
 //!
 //! ```no_run
@@ -82,6 +83,7 @@ pub const KERNELS: &[&str] = &[
     "gemv_bf16_r32",
     "gemv_bf16_f32out_r16",
     "gemv_bf16_f32out_r32",
+    "gemv_rope_kv_bf16",
     "sample_f32",
     "l2_prefetch_u8",
 ];

@@ -14,22 +14,19 @@ struct RopeParams {
     int hq, hkv, d, block_size;
 };
 
-// Grid: (tokens, hq + 2*hkv heads), block: one thread per rotated pair (d/2 of them, rounded up
-// to a warp). Heads [0, hq) are q (rotated into q_out), [hq, hq+hkv) k (rotated into the cache),
-// the rest v (copied into the cache). One block per head keeps a decode step's rotation one
-// memory round trip deep.
+// Finishes rotated pair (j, j + d/2) of head h of token t from the projection's two outputs
+// x1, x2 (already rounded to T, as the projection stores them): adds the bias, rotates q and k
+// heads, and stores q into q_out, k and v into the cache (unless the token's slot is negative).
+// Shared by rope_kv_write and the fused q/k/v product (gemv.cu), so both give the same bits.
 template <typename T>
-__device__ void rope_kv_impl(const RopeParams& p) {
-    const int t = blockIdx.x, h = blockIdx.y, j = threadIdx.x, d = p.d, half = d / 2;
-    if (j >= half) return;
-    const int width = (p.hq + 2 * p.hkv) * d;
-    const T* row = (const T*)p.qkv + (size_t)t * width;
-    const T* bias = (const T*)p.bias;
+__device__ __forceinline__ void rope_pair_store(const RopeParams& p, int t, int h, int j, float x1,
+                                                float x2) {
+    const int d = p.d, half = d / 2;
     const long long slot = p.slots[t];
     if (h >= p.hq && slot < 0) return;
     const long long blk = slot / p.block_size, off = slot % p.block_size;
     const int col = h * d + j;
-    float x1 = to_f(row[col]), x2 = to_f(row[col + half]);
+    const T* bias = (const T*)p.bias;
     if (bias) {
         // The projection output is rounded to T before the bias, as a separate add would be.
         x1 = to_f(from_f<T>(x1 + to_f(bias[col])));
@@ -49,6 +46,20 @@ __device__ void rope_kv_impl(const RopeParams& p) {
     }
     dst[j] = from_f<T>(x1);
     dst[j + half] = from_f<T>(x2);
+}
+
+// Grid: (tokens, hq + 2*hkv heads), block: one thread per rotated pair (d/2 of them, rounded up
+// to a warp). Heads [0, hq) are q (rotated into q_out), [hq, hq+hkv) k (rotated into the cache),
+// the rest v (copied into the cache). One block per head keeps a decode step's rotation one
+// memory round trip deep.
+template <typename T>
+__device__ void rope_kv_impl(const RopeParams& p) {
+    const int t = blockIdx.x, h = blockIdx.y, j = threadIdx.x, d = p.d, half = d / 2;
+    if (j >= half) return;
+    if (h >= p.hq && p.slots[t] < 0) return;
+    const T* row = (const T*)p.qkv + (size_t)t * (p.hq + 2 * p.hkv) * d;
+    const int col = h * d + j;
+    rope_pair_store<T>(p, t, h, j, to_f(row[col]), to_f(row[col + half]));
 }
 
 extern "C" __global__ void rope_kv_write_f32(RopeParams p) { rope_kv_impl<float>(p); }

@@ -776,6 +776,105 @@ fn gemv_and_gemm_match_cpu() {
     }
 }
 
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The q/k/v product fused with RoPE and the KV write gives exactly the bits of the GEMV followed
+/// by `rope_kv_write` (each checked against the CPU in the tests above), for every batch size the
+/// GEMV takes, with and without a bias, with a skipped slot.
+#[test]
+#[ignore = "requires a CUDA device"]
+fn gemv_rope_kv_matches_the_unfused_kernels() {
+    let g = gpu();
+    let mut r = Rng(11);
+    let dt = DType::Bf16;
+    // (batch, hq, hkv, d, k): head sizes 16 (one block a head) and 128 (the 8B shape), k with a
+    // partial last k-step (40) and the 8B hidden size.
+    for (b, hq, hkv, d, k) in [
+        (1, 4, 2, 16, 40),
+        (3, 4, 2, 16, 64),
+        (1, 32, 8, 128, 4096),
+        (5, 32, 8, 128, 4096),
+        (8, 8, 8, 64, 256),
+    ] {
+        let (bs, blocks) = (16, 4);
+        let width = (hq + 2 * hkv) * d;
+        let x = q(&r.vec(b * k), dt);
+        let w: Vec<f32> = r.vec(width * k).iter().map(|v| v * 0.05).collect();
+        let bias = q(&r.vec(width), dt);
+        let positions: Vec<u32> = (0..b).map(|_| r.below(8000) as u32).collect();
+        let inv_freq: Vec<f32> = (0..d / 2)
+            .map(|i| 500000f32.powf(-(2.0 * i as f32) / d as f32))
+            .collect();
+        let mut slots: Vec<i64> = (0..b as i64)
+            .map(|i| (i * 5 + 3) % (blocks * bs) as i64)
+            .collect();
+        if b > 1 {
+            slots[b / 2] = -1;
+        }
+        let cache_len = blocks * hkv * bs * d;
+        let kc0 = q(&r.vec(cache_len), dt);
+        let vc0 = q(&r.vec(cache_len), dt);
+        let (xb, wb) = (g.upload_f32(&x, dt).unwrap(), g.upload_f32(&w, dt).unwrap());
+        let (pb, fb, sb) = (
+            g.upload_u32(&positions).unwrap(),
+            g.upload_f32(&inv_freq, DType::F32).unwrap(),
+            g.upload_i64(&slots).unwrap(),
+        );
+        let bb = g.upload_f32(&bias, dt).unwrap();
+        for use_bias in [false, true] {
+            let mut outs = Vec::new();
+            for fused in [false, true] {
+                let qkv = g.alloc(dt, b * width).unwrap();
+                let qo = g.alloc(dt, b * hq * d).unwrap();
+                let kc = g.upload_f32(&kc0, dt).unwrap();
+                let vc = g.upload_f32(&vc0, dt).unwrap();
+                let l = Linear {
+                    x: &xb,
+                    w: &wb,
+                    y: &qkv,
+                    m: b,
+                    n: width,
+                    k,
+                };
+                let rope = RopeKv {
+                    qkv: &qkv,
+                    bias: use_bias.then_some(&bb),
+                    positions: &pb,
+                    inv_freq: &fb,
+                    slots: &sb,
+                    q_out: &qo,
+                    k_cache: &kc,
+                    v_cache: &vc,
+                    n: b,
+                    hq,
+                    hkv,
+                    d,
+                    block_size: bs,
+                };
+                assert!(ops::gemv_rope_fits(&l, &rope), "b{b} d{d} k{k}: should fit");
+                // SAFETY: every slot is < blocks * bs or negative.
+                unsafe {
+                    if fused {
+                        ops::gemv_rope_kv(&g, &l, &rope).unwrap();
+                    } else {
+                        ops::gemv(&g, &l).unwrap();
+                        ops::rope_kv_write(&g, &rope).unwrap();
+                    }
+                }
+                outs.push([qo, kc, vc].map(|buf| bits(&g.download_f32(&buf).unwrap())));
+            }
+            for (i, what) in ["q", "k cache", "v cache"].iter().enumerate() {
+                assert!(
+                    outs[0][i] == outs[1][i],
+                    "b{b} hq{hq} hkv{hkv} d{d} k{k} bias {use_bias}: fused {what} differs"
+                );
+            }
+        }
+    }
+}
+
 fn run_sampler(g: &Gpu, logits: &[f32], vocab: usize, rows: &[SampleRow]) -> Vec<u32> {
     let lb = g.upload_f32(logits, DType::F32).unwrap();
     let bytes: Vec<u8> = rows.iter().flat_map(|r| r.to_bytes()).collect();

@@ -6,7 +6,9 @@
 //! cuBLAS, except products of at most [`GEMV_CROSSOVER_ROWS`] rows with bf16 weights of at most
 //! [`GEMV_MAX_WEIGHT`] elements (q/k/v and o at the 8B shape), which take the tensor-core GEMV
 //! kernel: it beats cuBLAS there and not on the larger matrices (`cuda_bench gemv`, run 10).
-//! Logits are computed only for sampling rows.
+//! Where the q/k/v product takes the GEMV kernel, RoPE and the KV write run in its epilogue
+//! ([`ops::gemv_rope_kv`]: one launch fewer a layer, the same bits). Logits are computed only for
+//! sampling rows.
 //! Decode steps (every sequence one token, all sampling) replay a CUDA graph captured per
 //! (batch bucket, block-table width), with inputs copied into fixed device buffers first.
 //!
@@ -173,8 +175,15 @@ pub struct CudaBackend {
     /// Whether small-batch steps prefetch each layer's o_proj weights into L2 while RoPE and
     /// attention run ([`L2_PREFETCH_ENV`]).
     l2_prefetch: bool,
+    /// Whether the q/k/v product runs fused with RoPE and the KV write where it takes the GEMV
+    /// kernel ([`FUSE_ROPE_ENV`]).
+    fuse_rope: bool,
     _blas_workspace: Buf,
 }
+
+/// Environment variable turning off (`0`) the q/k/v product fused with RoPE and the KV write
+/// ([`ops::gemv_rope_kv`]), which small steps use where the q/k/v product takes the GEMV kernel.
+pub const FUSE_ROPE_ENV: &str = "RINGSERVE_CUDA_FUSE_ROPE";
 
 /// Environment variable overriding [`GemvPolicy::Small`]: `1` sends every product of up to
 /// [`GEMV_CROSSOVER_ROWS`] rows to the GEMV kernel, `0` keeps them all on cuBLAS, a larger number
@@ -375,6 +384,7 @@ impl CudaBackend {
             l2_prefetch: opts.dtype == DType::Bf16
                 && ops::has_l2_prefetch(&gpu_arch)
                 && std::env::var(L2_PREFETCH_ENV).as_deref() != Ok("0"),
+            fuse_rope: std::env::var(FUSE_ROPE_ENV).as_deref() != Ok("0"),
             _blas_workspace: blas_ws,
         })
     }
@@ -508,6 +518,11 @@ impl CudaBackend {
         !self.batch_invariant && l.m <= GEMV_CROSSOVER_ROWS && l.gemv_ok() && self.gemv_takes(l)
     }
 
+    /// Whether the q/k/v product `l` runs fused with RoPE and the KV write `a`.
+    fn fuses_rope(&self, l: &Linear<'_>, a: &RopeKv<'_>) -> bool {
+        self.fuse_rope && self.uses_gemv(l) && ops::gemv_rope_fits(l, a)
+    }
+
     fn linear(&self, l: &Linear<'_>) -> Result<(), BackendError> {
         if self.batch_invariant {
             ops::linear_chunked(&self.gpu, l, INVARIANT_CHUNK)
@@ -616,20 +631,14 @@ impl CudaBackend {
                     eps,
                 },
             )?;
-            self.linear(&Linear {
+            let qkv = Linear {
                 x: &ws.normed,
                 w: &w.qkv,
                 y: &ws.qkv,
                 m: n,
                 n: width,
                 k: h,
-            })?;
-            // o_proj's weights into L2 on a branch beside RoPE and attention (joined before o).
-            let prefetch_o = self.l2_prefetch && n <= L2_PREFETCH_MAX_ROWS;
-            if prefetch_o {
-                g.side.join(&g.stream).map_err(dev_err)?;
-                ops::l2_prefetch(g, &w.o)?;
-            }
+            };
             let rope = RopeKv {
                 qkv: &ws.qkv,
                 bias: w.qkv_bias.as_ref(),
@@ -645,9 +654,24 @@ impl CudaBackend {
                 d: hd,
                 block_size: self.block_size,
             };
-            // SAFETY: step::build derived every slot from a checked block id < num_blocks
-            // (padding uses block 0), so slots index inside the cache.
-            unsafe { ops::rope_kv_write(g, &rope) }?;
+            let fused_rope = self.fuses_rope(&qkv, &rope);
+            if fused_rope {
+                // SAFETY: as rope_kv_write's below.
+                unsafe { ops::gemv_rope_kv(g, &qkv, &rope) }?;
+            } else {
+                self.linear(&qkv)?;
+            }
+            // o_proj's weights into L2 on a branch beside RoPE and attention (joined before o).
+            let prefetch_o = self.l2_prefetch && n <= L2_PREFETCH_MAX_ROWS;
+            if prefetch_o {
+                g.side.join(&g.stream).map_err(dev_err)?;
+                ops::l2_prefetch(g, &w.o)?;
+            }
+            if !fused_rope {
+                // SAFETY: step::build derived every slot from a checked block id < num_blocks
+                // (padding uses block 0), so slots index inside the cache.
+                unsafe { ops::rope_kv_write(g, &rope) }?;
+            }
             let mut attn = Attention {
                 q: &ws.q,
                 k_cache: &self.k_cache[l],

@@ -256,43 +256,54 @@ pub struct RopeKv<'a> {
     pub block_size: usize,
 }
 
+impl RopeKv<'_> {
+    /// Checks the buffers against the shape; returns their type and the kernel's parameters.
+    fn params(&self) -> Result<(DType, RopeParamsC), BackendError> {
+        let dt = float_type(self.qkv, "qkv")?;
+        let width = (self.hq + 2 * self.hkv) * self.d;
+        if !self.d.is_multiple_of(2) {
+            return Err(BackendError::InvalidBatch(format!(
+                "odd head_dim {}",
+                self.d
+            )));
+        }
+        self.qkv.check("qkv", dt, self.n * width)?;
+        if let Some(b) = self.bias {
+            b.check("qkv bias", dt, width)?;
+        }
+        self.positions.check("positions", DType::U32, self.n)?;
+        self.inv_freq.check("inv_freq", DType::F32, self.d / 2)?;
+        self.slots.check("slots", DType::I64, self.n)?;
+        self.q_out.check("q_out", dt, self.n * self.hq * self.d)?;
+        self.k_cache.check("k_cache", dt, 0)?;
+        self.v_cache.check("v_cache", dt, self.k_cache.len())?;
+        let p = RopeParamsC {
+            qkv: self.qkv.ptr(),
+            bias: self.bias.map_or(0, |b| b.ptr()),
+            positions: self.positions.ptr(),
+            inv_freq: self.inv_freq.ptr(),
+            slots: self.slots.ptr(),
+            q_out: self.q_out.ptr(),
+            k_cache: self.k_cache.ptr(),
+            v_cache: self.v_cache.ptr(),
+            hq: int(self.hq, "hq")?,
+            hkv: int(self.hkv, "hkv")?,
+            d: int(self.d, "d")?,
+            block_size: int(self.block_size, "block_size")?,
+        };
+        Ok((dt, p))
+    }
+}
+
 /// Rotates q and k and writes k and v into the paged cache.
 ///
 /// # Safety
 /// Every one of the first `n` slots is `< k_cache.len() / (hkv * d)` (or negative: skipped).
 pub unsafe fn rope_kv_write(gpu: &Gpu, a: &RopeKv<'_>) -> Result<(), BackendError> {
-    let dt = float_type(a.qkv, "qkv")?;
-    let width = (a.hq + 2 * a.hkv) * a.d;
-    if !a.d.is_multiple_of(2) {
-        return Err(BackendError::InvalidBatch(format!("odd head_dim {}", a.d)));
-    }
-    a.qkv.check("qkv", dt, a.n * width)?;
-    if let Some(b) = a.bias {
-        b.check("qkv bias", dt, width)?;
-    }
-    a.positions.check("positions", DType::U32, a.n)?;
-    a.inv_freq.check("inv_freq", DType::F32, a.d / 2)?;
-    a.slots.check("slots", DType::I64, a.n)?;
-    a.q_out.check("q_out", dt, a.n * a.hq * a.d)?;
-    a.k_cache.check("k_cache", dt, 0)?;
-    a.v_cache.check("v_cache", dt, a.k_cache.len())?;
+    let (dt, p) = a.params()?;
     if a.n == 0 {
         return Ok(());
     }
-    let p = RopeParamsC {
-        qkv: a.qkv.ptr(),
-        bias: a.bias.map_or(0, |b| b.ptr()),
-        positions: a.positions.ptr(),
-        inv_freq: a.inv_freq.ptr(),
-        slots: a.slots.ptr(),
-        q_out: a.q_out.ptr(),
-        k_cache: a.k_cache.ptr(),
-        v_cache: a.v_cache.ptr(),
-        hq: int(a.hq, "hq")?,
-        hkv: int(a.hkv, "hkv")?,
-        d: int(a.d, "d")?,
-        block_size: int(a.block_size, "block_size")?,
-    };
     let f = gpu.func(&format!("rope_kv_write_{}", dt.suffix()))?;
     let mut b = gpu.stream.launch_builder(f);
     b.arg(&p);
@@ -302,6 +313,68 @@ pub unsafe fn rope_kv_write(gpu: &Gpu, a: &RopeKv<'_>) -> Result<(), BackendErro
     // t < n and head h < hq + 2*hkv, thread j < d/2 elements j and j + d/2 of it; cache slots are
     // the caller's promise.
     unsafe { b.launch(cfg(grid, threads, 0)) }
+        .map(|_| ())
+        .map_err(dev_err)
+}
+
+/// The kernel's `GemvRopeParams` (gemv.cu), field for field.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct GemvRopeParamsC {
+    x: u64,
+    w: u64,
+    b: i32,
+    k: i32,
+    rope: RopeParamsC,
+}
+// SAFETY: plain-old-data, #[repr(C)] with the same field order and types as GemvRopeParams.
+unsafe impl DeviceRepr for GemvRopeParamsC {}
+
+/// Whether [`gemv_rope_kv`] can run the q/k/v product `l` with `a`: bf16, a shape the GEMV kernel
+/// takes ([`Linear::gemv_ok`]), `l` producing exactly `a`'s `[n, (hq + 2 hkv) d]` and a head size
+/// that is a multiple of 16 (the kernel's blocks take 8 rotation pairs of one head).
+pub fn gemv_rope_fits(l: &Linear<'_>, a: &RopeKv<'_>) -> bool {
+    l.w.dtype() == DType::Bf16
+        && l.y.dtype() == DType::Bf16
+        && l.gemv_ok()
+        && a.d.is_multiple_of(16)
+        && l.m == a.n
+        && l.n == (a.hq + 2 * a.hkv) * a.d
+}
+
+/// The q/k/v product `l` and [`rope_kv_write`] of its output in one launch (`l.y` and `a.qkv` are
+/// not written): the same bits as [`gemv`] followed by [`rope_kv_write`].
+///
+/// # Safety
+/// As [`rope_kv_write`]: every one of the first `n` slots is `< k_cache.len() / (hkv * d)` (or
+/// negative: skipped).
+pub unsafe fn gemv_rope_kv(gpu: &Gpu, l: &Linear<'_>, a: &RopeKv<'_>) -> Result<(), BackendError> {
+    l.check()?;
+    let (_, rope) = a.params()?;
+    if !gemv_rope_fits(l, a) {
+        return Err(BackendError::InvalidBatch(
+            "gemv_rope_kv: shape, type or alignment unsupported".into(),
+        ));
+    }
+    if a.n == 0 {
+        return Ok(());
+    }
+    let p = GemvRopeParamsC {
+        x: l.x.ptr(),
+        w: l.w.ptr(),
+        b: int(l.m, "m")?,
+        k: int(l.k, "k")?,
+        rope,
+    };
+    let mut b = gpu.stream.launch_builder(gpu.func("gemv_rope_kv_bf16")?);
+    b.arg(&p);
+    let grid = dim((a.hq + 2 * a.hkv) * a.d / 16, "q/k/v rows")?;
+    // SAFETY: as gemv_rows for the product (l checked, gemv_ok: m <= 8, k a multiple of 8 and
+    // x, w 16-byte aligned), with n = (hq + 2 hkv) d a multiple of 16 so the grid's blocks cover
+    // every row once: block i reads rows of head i / (d/16), dims 8 (i % (d/16)) + 0..8 and the
+    // same + d/2, all < n. Its epilogue is rope_kv_write's for token t < m = a.n, head h, pair j
+    // < d/2, whose buffers a.params() checked; cache slots are the caller's promise.
+    unsafe { b.launch(cfg((grid, 1, 1), kernels::GEMV_THREADS, 0)) }
         .map(|_| ())
         .map_err(dev_err)
 }
