@@ -822,8 +822,7 @@ impl CudaBackend {
         if graphable {
             let bucket = n.next_power_of_two();
             let stride = st.stride.next_power_of_two().max(1);
-            let st = step::build(batch, lim, stride)?;
-            if let Some(padded) = step::pad_decode(&st, bucket) {
+            if let Some(padded) = step::pad_decode(&st, bucket, stride) {
                 let split = self.decode_split(bucket, stride * self.block_size);
                 let splits = (stride * self.block_size).div_ceil(split).max(1);
                 self.ensure(Caps {

@@ -148,16 +148,29 @@ pub fn build(
     Ok(st)
 }
 
-/// Pads a decode step to `bucket` sequences: each extra sequence is one token at position 0 whose
-/// K/V go to slot 0 of the null block 0 (never read by a real sequence), with no sampling row
-/// beyond the bucket's. Returns `None` unless every sequence is a sampling decode.
-pub fn pad_decode(st: &HostStep, bucket: usize) -> Option<HostStep> {
+/// Pads a decode step to `bucket` sequences and its block tables to `stride` entries a sequence
+/// (a CUDA graph's fixed shape): each extra sequence is one token at position 0 whose K/V go to
+/// slot 0 of the null block 0 (never read by a real sequence), with no sampling row beyond the
+/// bucket's, and table entries past a sequence's own are 0. Returns `None` unless every sequence
+/// is a sampling decode and `stride` holds every table.
+pub fn pad_decode(st: &HostStep, bucket: usize, stride: usize) -> Option<HostStep> {
     let n = st.n();
-    if n > bucket || st.num_seqs() != n || !st.items_prefill.is_empty() || st.sample_idx.len() != n
+    if n > bucket
+        || st.num_seqs() != n
+        || !st.items_prefill.is_empty()
+        || st.sample_idx.len() != n
+        || stride < st.stride
     {
         return None;
     }
     let mut p = st.clone();
+    if stride != st.stride {
+        p.tables = vec![0; n * stride];
+        for (row, old) in p.tables.chunks_mut(stride).zip(st.tables.chunks(st.stride)) {
+            row[..old.len()].copy_from_slice(old);
+        }
+        p.stride = stride;
+    }
     for i in n..bucket {
         p.ids.push(0);
         p.positions.push(0);
@@ -231,7 +244,10 @@ mod tests {
         assert_eq!(st.tables, vec![3, 5, 7, 0]);
         assert_eq!(st.sample_idx, vec![2, 3]);
         assert_eq!(st.max_decode_ctx, 2);
-        assert!(pad_decode(&st, 4).is_none(), "prefill steps are not padded");
+        assert!(
+            pad_decode(&st, 4, 4).is_none(),
+            "prefill steps are not padded"
+        );
     }
 
     #[test]
@@ -279,12 +295,20 @@ mod tests {
             seqs: &seqs,
         };
         let st = build(&b, LIM, 4).unwrap();
-        let p = pad_decode(&st, 4).unwrap();
+        let p = pad_decode(&st, 4, 4).unwrap();
         assert_eq!(p.n(), 4);
         assert_eq!(p.num_seqs(), 4);
         assert_eq!(p.tables.len(), 16);
         assert_eq!(&p.slots[1..], &[0, 0, 0]);
         assert_eq!(p.items_decode, vec![0, 0, 1, 0, 2, 0, 3, 0]);
         assert_eq!(p.sample_idx, vec![0, 1, 2, 3]);
+        // Widening the tables of a step built at its own stride gives the step built at the wider
+        // one; a narrower stride than the step's is refused.
+        let own = build(&b, LIM, 0).unwrap();
+        assert_eq!(own.stride, 2);
+        assert_eq!(pad_decode(&own, 4, 4), Some(p));
+        assert_eq!(pad_decode(&own, 4, 1), None);
+        let same = pad_decode(&own, 1, 2).unwrap();
+        assert_eq!(same.tables, vec![3, 4]);
     }
 }
