@@ -27,7 +27,7 @@ use super::lt::{GEMM_TUNE_ENV, LtGemm, TuneRecord};
 use super::ops::{self, AddRmsNorm, Attention, Linear, RopeKv, SampleRow};
 use super::step::{self, DECODE_SPLIT, HostStep, Limits};
 use super::tp::{CudaTp, DeviceGroup};
-use super::weights::{self, Weights};
+use super::weights::{self, LayerWeights, Weights};
 use crate::backend::{Backend, BackendError, DeviceSampling, ForwardBatch, Logits};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
@@ -137,6 +137,14 @@ impl Workspace {
             part_ml: gpu.alloc(DType::F32, s * dims.heads * caps.splits * 2)?,
         })
     }
+}
+
+/// One layer's products for a step (see [`CudaBackend::layer_products`]).
+struct LayerProducts<'a> {
+    qkv: Linear<'a>,
+    o: Linear<'a>,
+    gate_up: Linear<'a>,
+    down: Linear<'a>,
 }
 
 /// A captured decode step.
@@ -543,10 +551,24 @@ impl CudaBackend {
         let (Some(lt), Some(w)) = (&self.lt, self.weights.layers.first()) else {
             return Ok(());
         };
+        let p = self.layer_products(w, m);
+        let mut products = vec![p.qkv, p.o, p.gate_up, p.down];
+        if self.samples {
+            products.extend(self.lm_product(m));
+        }
+        for l in products.iter().filter(|l| !self.uses_gemv(l)) {
+            lt.tune(&self.gpu, l)?;
+        }
+        Ok(())
+    }
+
+    /// The four products of a layer with weights `w` for a step of `m` tokens, on the workspace's
+    /// buffers (what [`Self::launch_model`] runs and [`Self::tune_products`] tunes).
+    fn layer_products<'a>(&'a self, w: &'a LayerWeights, m: usize) -> LayerProducts<'a> {
         let (ws, h) = (&self.ws, self.cfg.hidden_size);
         let (qd, kvd, inter) = (self.dims.q_dim, self.dims.kv_dim, self.dims.inter);
-        let mut products = vec![
-            Linear {
+        LayerProducts {
+            qkv: Linear {
                 x: &ws.normed,
                 w: &w.qkv,
                 y: &ws.qkv,
@@ -554,7 +576,7 @@ impl CudaBackend {
                 n: qd + 2 * kvd,
                 k: h,
             },
-            Linear {
+            o: Linear {
                 x: &ws.attn,
                 w: &w.o,
                 y: &ws.proj,
@@ -562,7 +584,7 @@ impl CudaBackend {
                 n: h,
                 k: qd,
             },
-            Linear {
+            gate_up: Linear {
                 x: &ws.normed,
                 w: &w.gate_up,
                 y: &ws.gate_up,
@@ -570,7 +592,7 @@ impl CudaBackend {
                 n: 2 * inter,
                 k: h,
             },
-            Linear {
+            down: Linear {
                 x: &ws.act,
                 w: &w.down,
                 y: &ws.proj,
@@ -578,21 +600,19 @@ impl CudaBackend {
                 n: h,
                 k: inter,
             },
-        ];
-        if let (true, Some(lm_head)) = (self.samples, self.weights.lm_head()) {
-            products.push(Linear {
-                x: &ws.last,
-                w: lm_head,
-                y: &ws.logits,
-                m,
-                n: self.cfg.vocab_size,
-                k: h,
-            });
         }
-        for l in products.iter().filter(|l| !self.uses_gemv(l)) {
-            lt.tune(&self.gpu, l)?;
-        }
-        Ok(())
+    }
+
+    /// The LM head's product for `rows` sampling rows, if this rank holds the LM head.
+    fn lm_product(&self, rows: usize) -> Option<Linear<'_>> {
+        Some(Linear {
+            x: &self.ws.last,
+            w: self.weights.lm_head()?,
+            y: &self.ws.logits,
+            m: rows,
+            n: self.cfg.vocab_size,
+            k: self.cfg.hidden_size,
+        })
     }
 
     /// What cuBLASLt tuning measured so far (empty with it off).
@@ -613,8 +633,7 @@ impl CudaBackend {
         let (g, ws, cfg, dims) = (&self.gpu, &self.ws, &self.cfg, &self.dims);
         let (h, n) = (cfg.hidden_size, d.n);
         let (hq, hkv, hd) = (dims.heads, dims.kv_heads, cfg.head_dim);
-        let (qd, kvd, inter) = (dims.q_dim, dims.kv_dim, dims.inter);
-        let width = qd + 2 * kvd;
+        let inter = dims.inter;
         let eps = cfg.rms_norm_eps;
         // SAFETY: step::build checked every id < vocab.
         unsafe { ops::embedding(g, &ws.x, &self.weights.embed, &ws.ids, (n, h)) }?;
@@ -631,14 +650,7 @@ impl CudaBackend {
                     eps,
                 },
             )?;
-            let qkv = Linear {
-                x: &ws.normed,
-                w: &w.qkv,
-                y: &ws.qkv,
-                m: n,
-                n: width,
-                k: h,
-            };
+            let p = self.layer_products(w, n);
             let rope = RopeKv {
                 qkv: &ws.qkv,
                 bias: w.qkv_bias.as_ref(),
@@ -654,12 +666,12 @@ impl CudaBackend {
                 d: hd,
                 block_size: self.block_size,
             };
-            let fused_rope = self.fuses_rope(&qkv, &rope);
+            let fused_rope = self.fuses_rope(&p.qkv, &rope);
             if fused_rope {
                 // SAFETY: as rope_kv_write's below.
-                unsafe { ops::gemv_rope_kv(g, &qkv, &rope) }?;
+                unsafe { ops::gemv_rope_kv(g, &p.qkv, &rope) }?;
             } else {
-                self.linear(&qkv)?;
+                self.linear(&p.qkv)?;
             }
             // o_proj's weights into L2 on a branch beside RoPE and attention (joined before o).
             let prefetch_o = self.l2_prefetch && n <= L2_PREFETCH_MAX_ROWS;
@@ -709,14 +721,7 @@ impl CudaBackend {
             if prefetch_o {
                 g.stream.join(&g.side).map_err(dev_err)?;
             }
-            self.linear(&Linear {
-                x: &ws.attn,
-                w: &w.o,
-                y: &ws.proj,
-                m: n,
-                n: h,
-                k: qd,
-            })?;
+            self.linear(&p.o)?;
             self.all_reduce(&ws.proj, n * h)?;
             ops::add_rmsnorm(
                 g,
@@ -730,23 +735,9 @@ impl CudaBackend {
                     eps,
                 },
             )?;
-            self.linear(&Linear {
-                x: &ws.normed,
-                w: &w.gate_up,
-                y: &ws.gate_up,
-                m: n,
-                n: 2 * inter,
-                k: h,
-            })?;
+            self.linear(&p.gate_up)?;
             ops::silu_mul(g, &ws.gate_up, &ws.act, (n, inter))?;
-            self.linear(&Linear {
-                x: &ws.act,
-                w: &w.down,
-                y: &ws.proj,
-                m: n,
-                n: h,
-                k: inter,
-            })?;
+            self.linear(&p.down)?;
             self.all_reduce(&ws.proj, n * h)?;
         }
         ops::add_rmsnorm(
@@ -764,21 +755,13 @@ impl CudaBackend {
         if d.rows == 0 {
             return Ok(());
         }
-        let lm_head = self.weights.lm_head().ok_or_else(|| {
+        let lm = self.lm_product(d.rows).ok_or_else(|| {
             BackendError::InvalidOptions(
                 "this tensor-parallel rank holds no LM head (only rank 0 computes logits)".into(),
             )
         })?;
         // SAFETY: sample_idx entries are token indices < n (step::build).
         unsafe { ops::embedding(g, &ws.last, &ws.normed, &ws.sample_idx, (d.rows, h)) }?;
-        let lm = Linear {
-            x: &ws.last,
-            w: lm_head,
-            y: &ws.logits,
-            m: d.rows,
-            n: cfg.vocab_size,
-            k: h,
-        };
         self.linear(&lm)?;
         if d.sample {
             ops::sample(
