@@ -9,11 +9,10 @@
 //! attention, bf16, head size 128), `prefill_wgmma.cu` (the same on Hopper's wgmma; its body is
 //! compiled only for `sm_90a`, elsewhere it traps), `gemv.cu` (small-batch matrix-vector, alone
 //! or fused with RoPE and the KV write), `sampling.cu` (greedy, temperature, top-k, top-p, min-p,
-//! seeded). All sources form one translation unit,
-//! compiled straight to a CUBIN for the device's architecture (`sm_90a` on compute capability
-//! 9.0), so loading it needs no JIT. NVRTC is loaded at run time (cudarc's dynamic loading): a
-//! machine without CUDA builds and runs everything else, and [`compile`] answers
-//! [`KernelError::NvrtcMissing`] there.
+//! seeded). All sources form one translation unit, compiled straight to a CUBIN for the device's
+//! architecture (`sm_90a` on compute capability 9.0), so loading it needs no JIT. NVRTC is loaded
+//! at run time (cudarc's dynamic loading): a machine without CUDA builds and runs everything else,
+//! and [`compile`] answers [`KernelError::NvrtcMissing`] there.
 //!
 //! ```no_run
 //! let opts = kernels::CompileOptions::for_arch("sm_90");

@@ -166,8 +166,9 @@ pub fn pad_decode(st: &HostStep, bucket: usize, stride: usize) -> Option<HostSte
     let mut p = st.clone();
     if stride != st.stride {
         p.tables = vec![0; n * stride];
-        for (row, old) in p.tables.chunks_mut(stride).zip(st.tables.chunks(st.stride)) {
-            row[..old.len()].copy_from_slice(old);
+        for s in 0..n {
+            let old = &st.tables[s * st.stride..(s + 1) * st.stride];
+            p.tables[s * stride..s * stride + old.len()].copy_from_slice(old);
         }
         p.stride = stride;
     }
