@@ -39,11 +39,10 @@ __device__ void attention_impl(const AttnParams& p) {
     const int tile_tokens = ROWS / group > 0 ? ROWS / group : 1;
     const int item = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
     if (item >= p.num_items) return;
-    const int seq = p.items[2 * item], q0 = p.items[2 * item + 1];
-    const int q_start = p.seqs[4 * seq], q_len = p.seqs[4 * seq + 1], ctx = p.seqs[4 * seq + 2];
-    const int n_tok = min(tile_tokens, q_len - q0);
+    const QueryTile qt = query_tile(p.items, p.seqs, item, tile_tokens);
+    const int seq = qt.seq, q0 = qt.q0, q_start = qt.q_start, n_tok = qt.n_tok;
     const int rows = n_tok * group;
-    const int first_pos = ctx - q_len + q0; // absolute position of the tile's first query
+    const int first_pos = qt.first_pos;
     const int last_pos = first_pos + n_tok - 1;
     const int kv_lo = split * p.split_size;
     const int kv_hi = min(last_pos + 1, kv_lo + p.split_size);
@@ -168,13 +167,11 @@ __device__ void combine_impl(const AttnParams& p) {
     extern "C" __global__ void __launch_bounds__(128) attention_##S(AttnParams p) {                \
         const int group = p.hq / p.hkv, tile = ROWS / group > 0 ? ROWS / group : 1;                \
         if (p.num_splits > 1 && blockIdx.x < p.num_items) {                                        \
-            const int seq = p.items[2 * blockIdx.x], q0 = p.items[2 * blockIdx.x + 1];             \
-            const int q_len = p.seqs[4 * seq + 1], ctx = p.seqs[4 * seq + 2];                      \
-            const int n_tok = min(tile, q_len - q0);                                               \
-            const int last = ctx - q_len + q0 + n_tok - 1;                                         \
+            const QueryTile qt = query_tile(p.items, p.seqs, blockIdx.x, tile);                    \
+            const int last = qt.first_pos + qt.n_tok - 1;                                          \
             if ((int)blockIdx.z * p.split_size > last) {                                           \
                 const int w = threadIdx.x;                                                         \
-                if (w < n_tok * group) {                                                           \
+                if (w < qt.n_tok * group) {                                                        \
                     const int h = blockIdx.y * group + w % group;                                  \
                     const size_t slot = ((size_t)blockIdx.x * p.hq + h) * p.num_splits + blockIdx.z; \
                     p.part_ml[2 * slot] = -INFINITY;                                               \

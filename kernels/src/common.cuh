@@ -52,6 +52,29 @@ __device__ __forceinline__ float block_max(float v, float* red) {
     return warp_max(v);
 }
 
+// One attention work item: a tile of up to `tile` consecutive query tokens of one sequence, from
+// the kernels' items (int2: sequence, first query in it) and seqs (int4: query_start, query_len,
+// context_len, unused) arrays.
+struct QueryTile {
+    int seq, q0;                // the sequence and the tile's first query index in it
+    int q_start, q_len, ctx;    // the sequence's first token in the step, query count, context
+    int n_tok;                  // query tokens in the tile
+    int first_pos;              // absolute position of the tile's first query
+};
+
+__device__ __forceinline__ QueryTile query_tile(const int* items, const int* seqs, int item,
+                                                int tile) {
+    QueryTile q;
+    q.seq = items[2 * item];
+    q.q0 = items[2 * item + 1];
+    q.q_start = seqs[4 * q.seq];
+    q.q_len = seqs[4 * q.seq + 1];
+    q.ctx = seqs[4 * q.seq + 2];
+    q.n_tok = min(tile, q.q_len - q.q0);
+    q.first_pos = q.ctx - q.q_len + q.q0;
+    return q;
+}
+
 // Unpacks 16 bytes holding 16/sizeof(T) elements into floats.
 __device__ __forceinline__ void unpack16(const uint4& u, float* out, float) {
     out[0] = __uint_as_float(u.x); out[1] = __uint_as_float(u.y);

@@ -99,10 +99,9 @@ extern "C" __global__ void __launch_bounds__(128, 2) attn_prefill_bf16_d128(Attn
     const int item = gridDim.x - 1 - blockIdx.x, h = blockIdx.y;
     if (item >= p.num_items) return;
     const int group = p.hq / p.hkv, kvh = h / group;
-    const int seq = p.items[2 * item], q0 = p.items[2 * item + 1];
-    const int q_start = p.seqs[4 * seq], q_len = p.seqs[4 * seq + 1], ctx = p.seqs[4 * seq + 2];
-    const int n_tok = min(PF_BM, q_len - q0);
-    const int first_pos = ctx - q_len + q0;
+    const QueryTile qt = query_tile(p.items, p.seqs, item, PF_BM);
+    const int seq = qt.seq, q0 = qt.q0, q_start = qt.q_start, n_tok = qt.n_tok;
+    const int first_pos = qt.first_pos;
     // The last row's position is first_pos + n_tok - 1 <= ctx - 1: no key at or past kv_end is
     // ever unmasked, so the causal test alone also masks the zero-filled keys.
     const int kv_end = first_pos + n_tok;
