@@ -865,6 +865,48 @@ fn gemv_rope_kv_matches_the_unfused_kernels() {
                 }
                 outs.push([qo, kc, vc].map(|buf| bits(&g.download_f32(&buf).unwrap())));
             }
+            if b == 1 && d == 16 && !use_bias {
+                // RoPE buffers of another type than the weights: refused, nothing launched.
+                let (qkv32, qo32) = (
+                    g.alloc(DType::F32, b * width).unwrap(),
+                    g.alloc(DType::F32, b * hq * d).unwrap(),
+                );
+                let (kc32, vc32) = (
+                    g.alloc(DType::F32, cache_len).unwrap(),
+                    g.alloc(DType::F32, cache_len).unwrap(),
+                );
+                let y = g.alloc(dt, b * width).unwrap();
+                let l = Linear {
+                    x: &xb,
+                    w: &wb,
+                    y: &y,
+                    m: b,
+                    n: width,
+                    k,
+                };
+                let rope = RopeKv {
+                    qkv: &qkv32,
+                    bias: None,
+                    positions: &pb,
+                    inv_freq: &fb,
+                    slots: &sb,
+                    q_out: &qo32,
+                    k_cache: &kc32,
+                    v_cache: &vc32,
+                    n: b,
+                    hq,
+                    hkv,
+                    d,
+                    block_size: bs,
+                };
+                assert!(
+                    !ops::gemv_rope_fits(&l, &rope),
+                    "f32 RoPE buffers should not fit"
+                );
+                // SAFETY: every slot is < blocks * bs or negative (and nothing is launched).
+                let err = unsafe { ops::gemv_rope_kv(&g, &l, &rope) }.unwrap_err();
+                assert!(err.to_string().contains("gemv_rope_kv"), "{err}");
+            }
             for (i, what) in ["q", "k cache", "v cache"].iter().enumerate() {
                 assert!(
                     outs[0][i] == outs[1][i],

@@ -330,12 +330,14 @@ struct GemvRopeParamsC {
 // SAFETY: plain-old-data, #[repr(C)] with the same field order and types as GemvRopeParams.
 unsafe impl DeviceRepr for GemvRopeParamsC {}
 
-/// Whether [`gemv_rope_kv`] can run the q/k/v product `l` with `a`: bf16, a shape the GEMV kernel
-/// takes ([`Linear::gemv_ok`]), `l` producing exactly `a`'s `[n, (hq + 2 hkv) d]` and a head size
-/// that is a multiple of 16 (the kernel's blocks take 8 rotation pairs of one head).
+/// Whether [`gemv_rope_kv`] can run the q/k/v product `l` with `a`: bf16 weights, output and
+/// RoPE buffers (the kernel stores bf16 into q_out and the cache), a shape the GEMV kernel takes
+/// ([`Linear::gemv_ok`]), `l` producing exactly `a`'s `[n, (hq + 2 hkv) d]` and a head size that
+/// is a multiple of 16 (the kernel's blocks take 8 rotation pairs of one head).
 pub fn gemv_rope_fits(l: &Linear<'_>, a: &RopeKv<'_>) -> bool {
     l.w.dtype() == DType::Bf16
         && l.y.dtype() == DType::Bf16
+        && a.qkv.dtype() == DType::Bf16
         && l.gemv_ok()
         && a.d.is_multiple_of(16)
         && l.m == a.n
