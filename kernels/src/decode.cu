@@ -1,5 +1,6 @@
 // Paged attention for single-token queries (decodes), tuned for bandwidth: the counterpart of
 // attention.cu's general kernel for head sizes 64 and 128 and 1, 2, 4 or 8 query heads per KV head.
+// bf16 at head size 128 runs on decode_mma.cu's tensor-core version of it by default.
 //
 // A block of 128 threads takes one (decode item, KV head, context split). K and V stream through a
 // ring of 32-key shared-memory stages (dynamic shared memory: up to 4 stages within 48 KiB for

@@ -5,7 +5,8 @@
 //! specialisations add `_d<D>_g<G>`); [`KERNELS`] lists them all. Sources: `elementwise.cu`
 //! (embedding gather, fused residual add + RMSNorm, SiLU·mul, casts), `rope.cu` (RoPE fused with
 //! the paged KV write), `attention.cu` (general paged attention, any head size, split combine),
-//! `decode.cu` (bandwidth-oriented single-token attention), `prefill_mma.cu` (tensor-core prefill
+//! `decode.cu` (bandwidth-oriented single-token attention), `decode_mma.cu` (the same on tensor
+//! cores for bf16 head size 128), `prefill_mma.cu` (tensor-core prefill
 //! attention, bf16, head size 128), `prefill_wgmma.cu` (the same on Hopper's wgmma; its body is
 //! compiled only for `sm_90a`, elsewhere it traps), `gemv.cu` (small-batch matrix-vector, alone
 //! or fused with RoPE and the KV write), `sampling.cu` (greedy, temperature, top-k, top-p, min-p,
@@ -36,6 +37,8 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("attention.cu", include_str!("attention.cu")),
     ("decode.cu", include_str!("decode.cu")),
     ("prefill_mma.cu", include_str!("prefill_mma.cu")),
+    // After decode.cu and prefill_mma.cu: uses their parameter struct and mma helpers.
+    ("decode_mma.cu", include_str!("decode_mma.cu")),
     // After prefill_mma.cu: uses its parameter struct and helpers.
     ("prefill_wgmma.cu", include_str!("prefill_wgmma.cu")),
     ("gemv.cu", include_str!("gemv.cu")),
@@ -75,6 +78,7 @@ pub const KERNELS: &[&str] = &[
     "attn_decode_bf16_d128_g2",
     "attn_decode_bf16_d128_g4",
     "attn_decode_bf16_d128_g8",
+    "attn_decode_mma_bf16_d128",
     "attn_prefill_bf16_d128",
     "attn_prefill_wgmma_bf16_d128",
     "gemv_f32",
@@ -101,6 +105,10 @@ pub const DECODE_HEAD_DIMS: &[usize] = &[64, 128];
 pub const DECODE_GROUPS: &[usize] = &[1, 2, 4, 8];
 /// Threads per decode attention block.
 pub const DECODE_THREADS: u32 = 128;
+/// The tensor-core decode attention kernel (bf16, head size 128, every group of
+/// [`DECODE_GROUPS`]); same grid, block, shared memory and parameters as
+/// `attn_decode_bf16_d128_g<G>`.
+pub const DECODE_MMA_KERNEL: &str = "attn_decode_mma_bf16_d128";
 
 /// Dynamic shared memory (bytes) of a decode attention block: its K/V ring of 32-key stages, as
 /// many as fit up to 4 in 48 KiB for 2-byte elements (4 blocks an SM) or 64 KiB for f32
@@ -446,13 +454,14 @@ mod tests {
             let direct = all.contains(&format!(" {k}(")) || all.contains(&format!("\n{k}("));
             let by_macro =
                 all.contains(&format!(" {op}_##S(")) && all.contains(&format!(", {dtype})"));
-            let decode = k.strip_prefix("attn_decode_").is_some_and(|rest| {
-                let (s, dg) = rest
-                    .split_once("_d")
-                    .expect("attn_decode_<dtype>_d<D>_g<G>");
-                let (d, g) = dg.split_once("_g").expect("attn_decode_<dtype>_d<D>_g<G>");
-                all.contains(&format!(", {s}, {d})")) && all.contains(&format!(", D, {g})"))
-            });
+            // attn_decode_<dtype>_d<D>_g<G>, instantiated by DECODE_G(T, <dtype>, <D>).
+            let decode = k
+                .strip_prefix("attn_decode_")
+                .and_then(|rest| rest.split_once("_d"))
+                .and_then(|(s, dg)| Some((s, dg.split_once("_g")?)))
+                .is_some_and(|(s, (d, g))| {
+                    all.contains(&format!(", {s}, {d})")) && all.contains(&format!(", D, {g})"))
+                });
             assert!(direct || by_macro || decode, "{k} not found");
         }
     }

@@ -304,20 +304,32 @@ fn attention_alone(g: &Gpu, only: Option<usize>) -> Res<Value> {
                 decode: qlen == 1,
             };
             // Prefill: every kernel this device runs, each also under its own key; the plain key
-            // is the one the backend picks (the first).
+            // is the one the backend picks (the first). Decodes: also the CUDA-core kernel when
+            // the tensor-core one is the default (key suffix `_cudacore`).
             let prefills: &[Option<PrefillKernel>] = if qlen > 1 {
                 &[None, Some(PrefillKernel::Mma), Some(PrefillKernel::Wgmma)]
             } else {
                 &[None]
             };
-            for &prefill in prefills {
+            let decode_mma = g.decode_mma;
+            let decode_kernels: &[bool] = if qlen == 1 && decode_mma {
+                &[true, false]
+            } else {
+                &[decode_mma]
+            };
+            for (&prefill, &mma) in prefills
+                .iter()
+                .flat_map(|p| decode_kernels.iter().map(move |m| (p, m)))
+            {
                 if prefill.is_some_and(|k| !PrefillKernel::available(&g.arch).contains(&k)) {
                     continue;
                 }
                 let kernel = prefill.unwrap_or(g.prefill);
-                // SAFETY: seqs/items/tables built consistently above; every table entry <
-                // blocks; the partials hold `max_splits >= splits` per item and head.
-                let ms = time_ms(g, 10, || Ok(unsafe { ops::attention_with(g, &a, kernel) }?))?;
+                let ms = time_ms(g, 10, || {
+                    // SAFETY: seqs/items/tables built consistently above; every table entry <
+                    // blocks; the partials hold `max_splits >= splits` per item and head.
+                    Ok(unsafe { ops::attention_with(g, &a, kernel, mma) }?)
+                })?;
                 let flops = if qlen > 1 {
                     4.0 * (batch * hq) as f64 * (qlen * ctx) as f64 * d as f64 / 2.0
                 } else {
@@ -334,6 +346,9 @@ fn attention_alone(g: &Gpu, only: Option<usize>) -> Res<Value> {
                     } else {
                         "_wgmma"
                     });
+                }
+                if mma != decode_mma {
+                    key.push_str("_cudacore");
                 }
                 println!(
                     "attention {key}: {ms:.3} ms, {:.1} TFLOP/s, KV read {:.0} GB/s",

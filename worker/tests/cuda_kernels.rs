@@ -502,6 +502,26 @@ fn attention_matches_cpu() {
             split_size: 512,
             num_splits: 2,
         },
+        // tensor-core decode kernel, groups of 1 and 8 (d 128): a split shorter than a tile, one
+        // of several tiles, blocks of 5 keys
+        AttnCase {
+            hq: 4,
+            hkv: 4,
+            d: 128,
+            bs: 5,
+            seqs: vec![(1, 90), (1, 7), (1, 33)],
+            split_size: 32,
+            num_splits: 3,
+        },
+        AttnCase {
+            hq: 16,
+            hkv: 2,
+            d: 128,
+            bs: 16,
+            seqs: vec![(1, 1), (1, 250), (1, 129)],
+            split_size: 128,
+            num_splits: 2,
+        },
         // 1024-key splits (the graphs' choice at batch 128 for contexts of 513-1024)
         AttnCase {
             hq: 32,
@@ -591,22 +611,31 @@ fn attention_matches_cpu() {
                     let args = Attention { out: &out, ..args };
                     // SAFETY: seqs/items/tables built consistently above; every table entry <
                     // blocks.
-                    unsafe { ops::attention_with(&g, &args, k) }.unwrap();
+                    unsafe { ops::attention_with(&g, &args, k, g.decode_mma) }.unwrap();
                     (k, g.download_f32(&out).unwrap())
                 })
                 .collect();
-            // Decode-only batches also through the decode kernel (its items: one per token).
-            let got_decode = (all_decode && tile == 1).then(|| {
-                let out2 = g.alloc(dt, n * c.hq * c.d).unwrap();
-                let args = Attention {
-                    out: &out2,
-                    decode: true,
-                    ..args
-                };
-                // SAFETY: as above, and every sequence has one query token.
-                unsafe { ops::attention(&g, &args) }.unwrap();
-                g.download_f32(&out2).unwrap()
-            });
+            // Decode-only batches also through the decode kernels (their items: one per token):
+            // for bf16 head size 128 both the tensor-core and the CUDA-core one.
+            let decode_kernels: &[bool] = match (all_decode && tile == 1, dt, c.d) {
+                (false, _, _) => &[],
+                (true, DType::Bf16, 128) => &[true, false],
+                (true, _, _) => &[false],
+            };
+            let got_decode: Vec<(bool, Vec<f32>)> = decode_kernels
+                .iter()
+                .map(|&mma| {
+                    let out2 = g.alloc(dt, n * c.hq * c.d).unwrap();
+                    let args = Attention {
+                        out: &out2,
+                        decode: true,
+                        ..args
+                    };
+                    // SAFETY: as above, and every sequence has one query token.
+                    unsafe { ops::attention_with(&g, &args, g.prefill, mma) }.unwrap();
+                    (mma, g.download_f32(&out2).unwrap())
+                })
+                .collect();
             let mut want = vec![0f32; n * c.hq * c.d];
             for (s, &(ql, ctx)) in c.seqs.iter().enumerate() {
                 let qs = seqs[4 * s] as usize;
@@ -640,7 +669,9 @@ fn attention_matches_cpu() {
                 }
             }
             // Outputs are convex combinations of values in [-1, 1]. f32: exp2f and summation
-            // order, ~1e-6. bf16: the final rounding (≤ 2^-9 absolute for |out| < 1) dominates.
+            // order, ~1e-6. bf16: the final rounding (≤ 2^-9 absolute for |out| < 1) dominates;
+            // the tensor-core kernels also round the softmax weights to bf16 (2^-9 relative each,
+            // errors of both signs that largely cancel over the keys).
             let (abs, rel) = if dt == DType::F32 {
                 (2e-5, 1e-5)
             } else {
@@ -650,9 +681,10 @@ fn attention_matches_cpu() {
                 let what = format!("attention {dt:?} hq{} d{} bs{} ({k:?})", c.hq, c.d, c.bs);
                 assert_close(&what, got, &want, abs, rel);
             }
-            if let Some(got) = got_decode {
-                let what = format!("decode attention {dt:?} hq{} d{}", c.hq, c.d);
-                assert_close(&what, &got, &want, abs, rel);
+            for (mma, got) in &got_decode {
+                let kernel = if *mma { "tensor cores" } else { "CUDA cores" };
+                let what = format!("decode attention {dt:?} hq{} d{} ({kernel})", c.hq, c.d);
+                assert_close(&what, got, &want, abs, rel);
             }
         }
     }

@@ -113,6 +113,10 @@ pub(crate) fn dev_err(e: impl std::fmt::Debug) -> BackendError {
 /// `wgmma` (the latter only on compute capability 9.0, whose kernels compile for `sm_90a`).
 pub const PREFILL_ENV: &str = "RINGSERVE_CUDA_PREFILL";
 
+/// Set to `0` to run bf16 head-size-128 decode attention on the CUDA-core kernel
+/// (`attn_decode_bf16_d128_g<G>`) instead of the tensor-core one.
+pub const DECODE_MMA_ENV: &str = "RINGSERVE_CUDA_DECODE_MMA";
+
 /// The kernel that runs bf16 head-size-128 prefill attention; both take the same work items of
 /// [`kernels::PREFILL_MMA_TOKENS`] query tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -206,6 +210,9 @@ pub struct Gpu {
     /// The kernel [`crate::backend::cuda::ops::attention`] launches for bf16 head-size-128
     /// prefill.
     pub prefill: PrefillKernel,
+    /// Whether bf16 head-size-128 decode attention runs on the tensor-core kernel
+    /// ([`kernels::DECODE_MMA_KERNEL`]); off with [`DECODE_MMA_ENV`]`=0`.
+    pub decode_mma: bool,
     /// Streaming multiprocessors.
     pub sms: usize,
     /// Seconds spent compiling (or loading from cache) and loading the kernels.
@@ -276,6 +283,17 @@ impl Gpu {
                 }
             }
         }
+        let f = &funcs[kernels::DECODE_MMA_KERNEL];
+        f.set_attribute(
+            Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            kernels::decode_smem_bytes(2, 128) as i32,
+        )
+        .map_err(dev_err)?;
+        f.set_attribute(
+            Attr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+            100,
+        )
+        .map_err(dev_err)?;
         // The tensor-core prefill kernel's K/V ring and Q tile: 96 KiB, two blocks per SM.
         let f = &funcs["attn_prefill_bf16_d128"];
         f.set_attribute(
@@ -312,6 +330,7 @@ impl Gpu {
             funcs,
             arch,
             prefill,
+            decode_mma: std::env::var(DECODE_MMA_ENV).as_deref() != Ok("0"),
             sms,
             kernel_load_s: t.elapsed().as_secs_f64(),
             kernels_from_cache: compiled.from_cache,

@@ -14,5 +14,5 @@ pub use backend::{
     CudaBackend, CudaOptions, GEMV_CROSSOVER_ROWS, GEMV_ENV, GEMV_MAX_WEIGHT, INVARIANT_CHUNK,
     MAX_GRAPH_BATCH,
 };
-pub use device::{Buf, DType, Gpu, PREFILL_ENV, PrefillKernel};
+pub use device::{Buf, DECODE_MMA_ENV, DType, Gpu, PREFILL_ENV, PrefillKernel};
 pub use tp::CudaTp;

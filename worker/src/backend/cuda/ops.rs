@@ -482,11 +482,12 @@ pub fn attention_items(query_lens: &[usize], tile: usize) -> Vec<i32> {
 /// block of the cache. With `num_splits > 1` every sequence has `query_len == 1`.
 pub unsafe fn attention(gpu: &Gpu, a: &Attention<'_>) -> Result<(), BackendError> {
     // SAFETY: the caller's promise, passed on.
-    unsafe { attention_with(gpu, a, gpu.prefill) }
+    unsafe { attention_with(gpu, a, gpu.prefill, gpu.decode_mma) }
 }
 
 /// [`attention`] with bf16 head-size-128 prefill on `prefill` (one of
-/// [`PrefillKernel::available`] for `gpu.arch`), for tests and benchmarks of each kernel.
+/// [`PrefillKernel::available`] for `gpu.arch`) and bf16 head-size-128 decodes on the tensor-core
+/// kernel if `decode_mma` (else the CUDA-core one), for tests and benchmarks of each kernel.
 ///
 /// # Safety
 /// As for [`attention`].
@@ -494,6 +495,7 @@ pub unsafe fn attention_with(
     gpu: &Gpu,
     a: &Attention<'_>,
     prefill: PrefillKernel,
+    decode_mma: bool,
 ) -> Result<(), BackendError> {
     let dt = float_type(a.q, "q")?;
     if a.hkv == 0 || !a.hq.is_multiple_of(a.hkv) || a.hq / a.hkv > kernels::ATTN_ROWS {
@@ -568,7 +570,11 @@ pub unsafe fn attention_with(
         && kernels::DECODE_HEAD_DIMS.contains(&a.d)
         && kernels::DECODE_GROUPS.contains(&(a.hq / a.hkv));
     if use_decode {
-        let name = format!("attn_decode_{}_d{}_g{}", dt.suffix(), a.d, a.hq / a.hkv);
+        let name = if decode_mma && dt == DType::Bf16 && a.d == 128 {
+            kernels::DECODE_MMA_KERNEL.to_string()
+        } else {
+            format!("attn_decode_{}_d{}_g{}", dt.suffix(), a.d, a.hq / a.hkv)
+        };
         let f = gpu.func(&name)?;
         let mut b = gpu.stream.launch_builder(f);
         b.arg(&p);
