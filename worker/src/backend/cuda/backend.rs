@@ -364,7 +364,7 @@ impl CudaBackend {
         gpu.sync()?;
         // The host path synchronises inside the forward pass, which a graph cannot hold.
         let enforce_eager = opts.enforce_eager || group.as_ref().is_some_and(|g| !g.capturable());
-        let gpu_arch = gpu.arch.clone();
+        let capability = gpu.capability;
         let lt = (opts.dtype == DType::Bf16
             && !opts.batch_invariant
             && std::env::var(GEMM_TUNE_ENV).as_deref() != Ok("0"))
@@ -390,7 +390,7 @@ impl CudaBackend {
             gemv: gemv_policy(std::env::var(GEMV_ENV).ok().as_deref()),
             lt,
             l2_prefetch: opts.dtype == DType::Bf16
-                && ops::has_l2_prefetch(&gpu_arch)
+                && ops::has_l2_prefetch(capability)
                 && std::env::var(L2_PREFETCH_ENV).as_deref() != Ok("0"),
             fuse_rope: std::env::var(FUSE_ROPE_ENV).as_deref() != Ok("0"),
             _blas_workspace: blas_ws,

@@ -207,6 +207,8 @@ pub struct Gpu {
     funcs: HashMap<&'static str, CudaFunction>,
     /// `sm_XY`, or `sm_90a` (see [`arch_for`]).
     pub arch: String,
+    /// Compute capability `(major, minor)`.
+    pub capability: (i32, i32),
     /// The kernel [`crate::backend::cuda::ops::attention`] launches for bf16 head-size-128
     /// prefill.
     pub prefill: PrefillKernel,
@@ -329,6 +331,7 @@ impl Gpu {
             blas,
             funcs,
             arch,
+            capability: (major, minor),
             prefill,
             decode_mma: std::env::var(DECODE_MMA_ENV).as_deref() != Ok("0"),
             sms,

@@ -160,19 +160,17 @@ pub fn silu_mul(
         .map_err(dev_err)
 }
 
-/// Whether `arch` (`sm_XY`, maybe with a suffix) has the bulk L2 prefetch of `l2_prefetch_u8`.
-pub fn has_l2_prefetch(arch: &str) -> bool {
-    arch.strip_prefix("sm_")
-        .map(|v| v.trim_end_matches(|c: char| c.is_ascii_alphabetic()))
-        .and_then(|v| v.parse::<u32>().ok())
-        .is_some_and(|v| v >= 90)
+/// Whether a device of compute capability `(major, minor)` has the bulk L2 prefetch of
+/// `l2_prefetch_u8` (`cp.async.bulk.prefetch.L2`, sm_90 and later).
+pub fn has_l2_prefetch(capability: (i32, i32)) -> bool {
+    capability.0 >= 9
 }
 
 /// Asks L2 to fetch all of `buf` (rounded down to 16 bytes), on the side stream: a hint that
 /// returns once issued, for a kernel that reads `buf` later. Nothing below sm_90.
 pub fn l2_prefetch(gpu: &Gpu, buf: &Buf) -> Result<(), BackendError> {
     let bytes = (buf.len() * buf.dtype().size()) & !15;
-    if bytes == 0 || !has_l2_prefetch(&gpu.arch) {
+    if bytes == 0 || !has_l2_prefetch(gpu.capability) {
         return Ok(());
     }
     let threads = 128;
@@ -885,16 +883,14 @@ mod tests {
 
     #[test]
     fn bulk_l2_prefetch_from_sm_90() {
-        for (arch, has) in [
-            ("sm_80", false),
-            ("sm_89", false),
-            ("sm_90", true),
-            ("sm_90a", true),
-            ("sm_100a", true),
-            ("sm_120", true),
-            ("gfx90a", false),
+        for (capability, has) in [
+            ((8, 0), false),
+            ((8, 9), false),
+            ((9, 0), true),
+            ((10, 0), true),
+            ((12, 0), true),
         ] {
-            assert_eq!(has_l2_prefetch(arch), has, "{arch}");
+            assert_eq!(has_l2_prefetch(capability), has, "{capability:?}");
         }
     }
 }
