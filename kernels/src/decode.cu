@@ -107,6 +107,72 @@ template <int G, int TPK> __device__ __forceinline__ float from_head(float v, in
 // exp2(m - top) as a merge weight; 0 for a part that saw no keys.
 __device__ __forceinline__ float merge_weight(float m, float top) { return m == -INFINITY ? 0.f : exp2f(m - top); }
 
+// The keys [kv_lo, kv_hi) of its sequence's context that a decode block (item, split) takes.
+struct DecodeSplit {
+    int seq, q_start, kv_lo, kv_hi;
+};
+__device__ __forceinline__ DecodeSplit decode_split(const AttnParamsD& p, int item, int split) {
+    DecodeSplit s;
+    s.seq = p.items[2 * item];
+    s.q_start = p.seqs[4 * s.seq];
+    const int ctx = p.seqs[4 * s.seq + 2];
+    s.kv_lo = split * p.split_size;
+    s.kv_hi = min(ctx, s.kv_lo + p.split_size);
+    return s;
+}
+
+// Whether the block's split of a split launch has no keys; such a split only marks its G
+// partials empty (attn_combine then skips their part_o).
+__device__ __forceinline__ bool skip_empty_split(const AttnParamsD& p, const DecodeSplit& s, int item,
+                                                 int kvh, int split, int G) {
+    if (s.kv_lo < s.kv_hi || p.num_splits == 1) return false;
+    if ((int)threadIdx.x < G) {
+        const size_t slot = ((size_t)item * p.hq + kvh * G + threadIdx.x) * p.num_splits + split;
+        p.part_ml[2 * slot] = -INFINITY;
+        p.part_ml[2 * slot + 1] = 0.f;
+    }
+    return true;
+}
+
+// Threads < G: the top max and the total sum of head tid over the block's `parts` online-softmax
+// states (m and l of part k at [k * stride + head]), into mf[tid] and lf[tid].
+__device__ __forceinline__ void merge_states(const float* m, const float* l, int parts, int stride,
+                                             int G, float* mf, float* lf) {
+    const int h = threadIdx.x;
+    if (h < G) {
+        float top = -INFINITY, tot = 0.f;
+        for (int k = 0; k < parts; k++) top = fmaxf(top, m[k * stride + h]);
+        for (int k = 0; k < parts; k++) tot += merge_weight(m[k * stride + h], top) * l[k * stride + h];
+        mf[h] = top;
+        lf[h] = tot;
+    }
+}
+
+// Sums the block's `parts` rescaled partial outputs (accs: [parts][G][D]) in order and writes the
+// result: normalised into out for a single split, else as the split's partial (part_o, and part_ml
+// from mf, lf) for attn_combine.
+template <typename T, int D>
+__device__ __forceinline__ void write_decode_out(const AttnParamsD& p, const float* accs, int parts, int G,
+                                                 int item, int kvh, int split, int q_start,
+                                                 const float* mf, const float* lf) {
+    for (int i = threadIdx.x; i < G * D; i += DEC_THREADS) {
+        const int h = i / D, c = i % D, qh = kvh * G + h;
+        float o = 0.f;
+        for (int k = 0; k < parts; k++) o += accs[(k * G + h) * D + c];
+        if (p.num_splits == 1) {
+            const float tot = lf[h];
+            ((T*)p.out)[((size_t)q_start * p.hq + qh) * D + c] = from_f<T>(tot > 0.f ? o / tot : 0.f);
+        } else {
+            const size_t slot = ((size_t)item * p.hq + qh) * p.num_splits + split;
+            p.part_o[slot * D + c] = o;
+            if (c == 0) {
+                p.part_ml[2 * slot] = mf[h];
+                p.part_ml[2 * slot + 1] = lf[h];
+            }
+        }
+    }
+}
+
 template <typename T, int D, int G>
 __device__ void decode_impl(const AttnParamsD& p) {
     constexpr int EPC = 16 / sizeof(T);    // elements per 16-byte chunk
@@ -123,19 +189,9 @@ __device__ void decode_impl(const AttnParamsD& p) {
     __shared__ float m_s[KPP][G], l_s[KPP][G], mf_s[G], lf_s[G];
 
     const int item = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
-    const int seq = p.items[2 * item];
-    const int q_start = p.seqs[4 * seq], ctx = p.seqs[4 * seq + 2];
-    const int kv_lo = split * p.split_size;
-    const int kv_hi = min(ctx, kv_lo + p.split_size);
-    // An empty split only marks its partial empty (attn_combine then skips part_o).
-    if (kv_lo >= kv_hi && p.num_splits > 1) {
-        if (tid < G) {
-            const size_t slot = ((size_t)item * p.hq + kvh * G + tid) * p.num_splits + split;
-            p.part_ml[2 * slot] = -INFINITY;
-            p.part_ml[2 * slot + 1] = 0.f;
-        }
-        return;
-    }
+    const DecodeSplit ds = decode_split(p, item, split);
+    if (skip_empty_split(p, ds, item, kvh, split, G)) return;
+    const int seq = ds.seq, q_start = ds.q_start, kv_lo = ds.kv_lo, kv_hi = ds.kv_hi;
     const int tiles = (max(kv_hi - kv_lo, 0) + DEC_TK - 1) / DEC_TK;
     const u32* table = p.block_tables + (size_t)seq * p.table_stride;
     const uint4* kc = (const uint4*)p.k_cache;
@@ -256,13 +312,7 @@ __device__ void decode_impl(const AttnParamsD& p) {
         l_s[kl][head] = l;
     }
     __syncthreads();
-    if (tid < G) {
-        float top = -INFINITY, tot = 0.f;
-        for (int k = 0; k < KPP; k++) top = fmaxf(top, m_s[k][tid]);
-        for (int k = 0; k < KPP; k++) tot += merge_weight(m_s[k][tid], top) * l_s[k][tid];
-        mf_s[tid] = top;
-        lf_s[tid] = tot;
-    }
+    merge_states(&m_s[0][0], &l_s[0][0], KPP, G, G, mf_s, lf_s);
     __syncthreads();
     float* accs = (float*)ring; // [KPP][G][D]
 #pragma unroll
@@ -274,22 +324,7 @@ __device__ void decode_impl(const AttnParamsD& p) {
                 make_float4(acc[h][e] * w, acc[h][e + 1] * w, acc[h][e + 2] * w, acc[h][e + 3] * w);
     }
     __syncthreads();
-    for (int i = tid; i < G * D; i += DEC_THREADS) {
-        const int h = i / D, c = i % D, qh = kvh * G + h;
-        float o = 0.f;
-        for (int k = 0; k < KPP; k++) o += accs[(k * G + h) * D + c];
-        if (p.num_splits == 1) {
-            const float tot = lf_s[h];
-            ((T*)p.out)[((size_t)q_start * p.hq + qh) * D + c] = from_f<T>(tot > 0.f ? o / tot : 0.f);
-        } else {
-            const size_t slot = ((size_t)item * p.hq + qh) * p.num_splits + split;
-            p.part_o[slot * D + c] = o;
-            if (c == 0) {
-                p.part_ml[2 * slot] = mf_s[h];
-                p.part_ml[2 * slot + 1] = lf_s[h];
-            }
-        }
-    }
+    write_decode_out<T, D>(p, accs, KPP, G, item, kvh, split, q_start, mf_s, lf_s);
 }
 
 #define DECODE(T, S, D, G)                                                                         \

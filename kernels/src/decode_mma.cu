@@ -59,18 +59,9 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) attn_decode_mma_bf1
     if (blockIdx.x >= p.num_items) return;
     const int item = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
     const int G = p.hq / p.hkv;
-    const int seq = p.items[2 * item];
-    const int q_start = p.seqs[4 * seq], ctx = p.seqs[4 * seq + 2];
-    const int kv_lo = split * p.split_size;
-    const int kv_hi = min(ctx, kv_lo + p.split_size);
-    if (kv_lo >= kv_hi && p.num_splits > 1) {
-        if (tid < G) {
-            const size_t slot = ((size_t)item * p.hq + kvh * G + tid) * p.num_splits + split;
-            p.part_ml[2 * slot] = -INFINITY;
-            p.part_ml[2 * slot + 1] = 0.f;
-        }
-        return;
-    }
+    const DecodeSplit ds = decode_split(p, item, split);
+    if (skip_empty_split(p, ds, item, kvh, split, G)) return;
+    const int seq = ds.seq, q_start = ds.q_start, kv_lo = ds.kv_lo, kv_hi = ds.kv_hi;
     const int tiles = (max(kv_hi - kv_lo, 0) + DEC_TK - 1) / DEC_TK;
     const u32* table = p.block_tables + (size_t)seq * p.table_stride;
     const bf16* kc = (const bf16*)p.k_cache;
@@ -195,13 +186,7 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) attn_decode_mma_bf1
         l_s[warp][g] = l;
     }
     __syncthreads();
-    if (tid < G) {
-        float top = -INFINITY, tot = 0.f;
-        for (int w = 0; w < NW; w++) top = fmaxf(top, m_s[w][tid]);
-        for (int w = 0; w < NW; w++) tot += merge_weight(m_s[w][tid], top) * l_s[w][tid];
-        mf_s[tid] = top;
-        lf_s[tid] = tot;
-    }
+    merge_states(&m_s[0][0], &l_s[0][0], NW, 8, G, mf_s, lf_s);
     __syncthreads();
     float* accs = (float*)dm_ring; // [NW][G][D]
     if (g < G) {
@@ -211,20 +196,5 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) attn_decode_mma_bf1
             *(float2*)&accs[(warp * G + g) * D + 8 * j + 2 * t] = make_float2(o[j][0] * w, o[j][1] * w);
     }
     __syncthreads();
-    for (int i = tid; i < G * D; i += DEC_THREADS) {
-        const int h = i / D, c = i % D, qh = kvh * G + h;
-        float acc = 0.f;
-        for (int w = 0; w < NW; w++) acc += accs[(w * G + h) * D + c];
-        if (p.num_splits == 1) {
-            const float tot = lf_s[h];
-            ((bf16*)p.out)[((size_t)q_start * p.hq + qh) * D + c] = from_f<bf16>(tot > 0.f ? acc / tot : 0.f);
-        } else {
-            const size_t slot = ((size_t)item * p.hq + qh) * p.num_splits + split;
-            p.part_o[slot * D + c] = acc;
-            if (c == 0) {
-                p.part_ml[2 * slot] = mf_s[h];
-                p.part_ml[2 * slot + 1] = lf_s[h];
-            }
-        }
-    }
+    write_decode_out<bf16, D>(p, accs, NW, G, item, kvh, split, q_start, mf_s, lf_s);
 }
