@@ -16,10 +16,10 @@ const DECODE_SPLITS: [(usize, usize); 4] = [(1024, 4), (512, 1), (256, 1), (DECO
 /// multiprocessors a block, or 1024 where that still gives each 4 (the bf16 decode kernels keep 4
 /// resident; the CUDA-core one 3 at 8 query heads per KV head). Longer splits cost less per key
 /// (fewer partials to combine, a longer pipeline per block: on the H200 at batch 128, 512 keys
-/// run 18–21 % faster than 128), shorter ones keep small
-/// batches spread over the GPU. 1024 matters for CUDA graphs, whose context capacity is a power of
-/// two: contexts of 513–1024 would otherwise take a second, nearly empty 512-key split and the
-/// combine. It depends on the batch, so batch-invariant mode uses [`DECODE_SPLIT`] instead.
+/// run 18–21 % faster than 128), shorter ones keep small batches spread over the GPU. 1024
+/// matters for CUDA graphs, whose context capacity is a power of two: contexts of 513–1024 would
+/// otherwise take a second, nearly empty 512-key split and the combine. It depends on the batch,
+/// so batch-invariant mode uses [`DECODE_SPLIT`] instead.
 pub fn decode_split(items: usize, kv_heads: usize, max_ctx: usize, sms: usize) -> usize {
     DECODE_SPLITS
         .into_iter()
