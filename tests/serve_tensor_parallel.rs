@@ -144,7 +144,8 @@ fn tp2_streams_the_tokens_of_one_worker_and_of_transformers() {
 #[test]
 fn a_killed_rank_restarts_its_group_while_the_other_group_serves() {
     let model = model_arg();
-    let work = workload(12, 40);
+    // Long enough streams that the kill lands mid-stream (see the lone-group test).
+    let work = workload(12, 200);
     let mut server = Server::start(
         &[
             "--model",
@@ -206,7 +207,9 @@ fn a_killed_rank_restarts_its_group_while_the_other_group_serves() {
 #[test]
 fn a_lone_group_with_a_killed_rank_restarts_and_its_streams_resume() {
     let model = model_arg();
-    let work = workload(6, 40);
+    // Streams long enough that the kill (after 20 tokens have reached the client) lands while
+    // they still run, even when the client reads far behind the workers on a loaded machine.
+    let work = workload(6, 200);
     let mut server = Server::start(
         &[
             "--model",
@@ -238,10 +241,7 @@ fn a_lone_group_with_a_killed_rank_restarts_and_its_streams_resume() {
         assert_ne!(o, n, "rank {rank} of the group got a new process");
     }
     assert!(
-        server
-            .metric("ringserve_requests_resumed_total")
-            .unwrap_or(0.0)
-            >= 1.0,
+        server.wait_metric("ringserve_requests_resumed_total", WAIT, |v| v >= 1.0),
         "the cut streams were resumed"
     );
     assert!(
