@@ -1,12 +1,15 @@
 //! `ringserve`: the one command line. Every subcommand parses its flags and calls into a library crate.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 
 mod engine_cli;
 mod scale_cli;
+mod security_cli;
 mod serve_cli;
 
 #[derive(Parser)]
@@ -16,8 +19,74 @@ mod serve_cli;
     about = "Serve Llama-family models over gRPC, fast"
 )]
 struct Cli {
+    /// Log lines as text (coloured on a terminal) or as JSON objects, one per line (timestamp,
+    /// level, target, message and fields such as request_id), for log collectors. Levels come
+    /// from RUST_LOG (default: info).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+/// How log lines are written to stderr.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl LogFormat {
+    /// The flag that gives a child process the same format.
+    pub fn to_args(self) -> [String; 2] {
+        let name = self.to_possible_value().map(|v| v.get_name().to_owned());
+        ["--log-format".into(), name.unwrap_or_default()]
+    }
+}
+
+/// Installs the stderr logger: levels from RUST_LOG (default info), colours only on a terminal.
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::builder()
+        .with_default_directive(tracing_subscriber::filter::LevelFilter::INFO.into())
+        .from_env_lossy();
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .init(),
+    }
+}
+
+/// Reports a failed command: one line, then the chain of causes, never a backtrace (whatever
+/// RUST_BACKTRACE says: these are errors of input or environment, not of the program).
+fn report(error: &anyhow::Error, format: LogFormat) {
+    // Many errors already spell out their source in their own message: print a cause only when
+    // the line before it does not already say it.
+    let mut causes: Vec<String> = Vec::new();
+    let mut last = error.to_string();
+    for cause in error.chain().skip(1) {
+        let text = cause.to_string();
+        if !last.contains(&text) {
+            causes.push(text.clone());
+        }
+        last = text;
+    }
+    match format {
+        LogFormat::Text => {
+            eprintln!("error: {error}");
+            for cause in &causes {
+                eprintln!("  caused by: {cause}");
+            }
+        }
+        LogFormat::Json => {
+            tracing::error!(causes = ?causes, "{error}");
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -66,15 +135,23 @@ enum BenchCommand {
     Serve(serve_cli::BenchServeArgs),
 }
 
-fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
+fn main() -> ExitCode {
     let cli = Cli::parse();
+    init_logging(cli.log_format);
+    let format = cli.log_format;
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            report(&e, format);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Generate(args) => engine_cli::generate(args),
-        Command::Serve(args) => serve_cli::serve(args),
+        Command::Serve(args) => serve_cli::serve(args, cli.log_format),
         Command::Worker(args) => serve_cli::worker(args),
         Command::Client(args) => serve_cli::client(args),
         Command::Bench(BenchCommand::Ring {

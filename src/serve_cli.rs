@@ -18,8 +18,10 @@ use worker::serve::launch::{WorkerDevice, WorkerOptions, run_joined_worker, run_
 use worker::serve::tp::{TpOptions, check_model};
 use worker::tp::TpCollectives;
 
+use crate::LogFormat;
 use crate::engine_cli::{DtypeFlag, compute_dtype};
 use crate::scale_cli::{ServeScaleFlags, WorkerLifeFlags};
+use crate::security_cli::{ClientSecurityFlags, ServerSecurityFlags};
 
 /// Engine knobs shared by `serve` and `worker` (vLLM's flag names).
 #[derive(Args, Debug, Clone)]
@@ -179,6 +181,8 @@ pub struct ServeArgs {
     pub scale: ServeScaleFlags,
     #[command(flatten)]
     pub life: WorkerLifeFlags,
+    #[command(flatten)]
+    pub security: ServerSecurityFlags,
 }
 
 /// `ringserve worker`: one engine on one device, serving a gateway's rings.
@@ -297,8 +301,9 @@ fn check_cuda_tp(
     Ok(())
 }
 
-pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
+pub fn serve(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
     args.engine.check()?;
+    let security = args.security.security()?;
     let tp = args.engine.tensor_parallel_size;
     let workers = serve_workers(args.workers, tp, args.engine.device, &args.gpus)?;
     check_cuda_tp(
@@ -331,6 +336,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     ];
     worker_args.extend(args.engine.to_args());
     worker_args.extend(args.life.to_args());
+    worker_args.extend(log_format.to_args());
     args.life.lifecycle()?;
     let config = ServerConfig {
         model_dir: dir,
@@ -355,6 +361,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         failover_timeout: Duration::from_secs_f64(args.failover_timeout.max(0.0)),
         name: args.scale.name.clone(),
         affinity: args.scale.affinity()?,
+        security,
     };
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(gateway::server::run(config))?;
@@ -436,14 +443,12 @@ pub struct ClientArgs {
     /// Stop strings (repeatable).
     #[arg(long)]
     pub stop: Vec<String>,
+    #[command(flatten)]
+    pub security: ClientSecurityFlags,
 }
 
 pub fn client(args: ClientArgs) -> anyhow::Result<()> {
-    let addr = if args.addr.contains("://") {
-        args.addr
-    } else {
-        format!("http://{}", args.addr)
-    };
+    let addr = gateway::connect::with_scheme(&args.addr);
     let opts = gateway::client::ClientOptions {
         addr,
         prompt: args.prompt,
@@ -457,6 +462,7 @@ pub fn client(args: ClientArgs) -> anyhow::Result<()> {
         seed: args.seed,
         stop: args.stop,
         print_ids: args.print_ids,
+        security: args.security.security(),
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -512,14 +518,12 @@ pub struct BenchServeArgs {
     /// Where --sweep draws its PNG.
     #[arg(long, default_value = "sweep.png")]
     pub plot: PathBuf,
+    #[command(flatten)]
+    pub security: ClientSecurityFlags,
 }
 
 pub fn bench_serve(args: BenchServeArgs) -> anyhow::Result<()> {
-    let addr = if args.addr.contains("://") {
-        args.addr.clone()
-    } else {
-        format!("http://{}", args.addr)
-    };
+    let addr = gateway::connect::with_scheme(&args.addr);
     let opts = gateway::bench::BenchOptions {
         addr,
         num_requests: args.num_requests,
@@ -531,6 +535,7 @@ pub fn bench_serve(args: BenchServeArgs) -> anyhow::Result<()> {
         seed: args.seed,
         connections: args.connections,
         progress: !args.quiet,
+        security: args.security.security(),
     };
     let rt = tokio::runtime::Runtime::new()?;
     if !args.sweep.is_empty() {

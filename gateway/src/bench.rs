@@ -18,7 +18,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use tokio::sync::Mutex;
-use tonic::transport::Channel;
+
+use crate::connect::{Bearer, Client};
 
 /// How to load the server.
 #[derive(Debug, Clone)]
@@ -43,6 +44,8 @@ pub struct BenchOptions {
     pub connections: usize,
     /// Draw a progress bar on stderr.
     pub progress: bool,
+    /// API key and TLS settings.
+    pub security: crate::connect::ClientSecurity,
 }
 
 /// Percentiles of a latency, in milliseconds.
@@ -139,11 +142,8 @@ impl std::fmt::Display for BenchReport {
 /// The benchmark could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
-    #[error("connecting to {addr}: {source}")]
-    Connect {
-        addr: String,
-        source: tonic::transport::Error,
-    },
+    #[error(transparent)]
+    Connect(#[from] crate::connect::ConnectError),
     #[error("asking for the model's info: {0}")]
     ModelInfo(tonic::Status),
     #[error("{0}")]
@@ -191,7 +191,7 @@ fn requests(opts: &BenchOptions, vocab: u32, max_len: u32) -> Vec<GenerateReques
         .collect()
 }
 
-async fn one(mut client: InferenceClient<Channel>, req: GenerateRequest) -> Sample {
+async fn one(mut client: Client, req: GenerateRequest) -> Sample {
     let input = match &req.prompt {
         Some(generate_request::Prompt::TokenIds(t)) => t.ids.len() as u64,
         _ => 0,
@@ -242,17 +242,10 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
     }
     let mut channels = Vec::new();
     for _ in 0..opts.connections.max(1) {
-        let ch = Channel::from_shared(opts.addr.clone())
-            .map_err(|e| BenchError::Options(format!("address {}: {e}", opts.addr)))?
-            .connect()
-            .await
-            .map_err(|source| BenchError::Connect {
-                addr: opts.addr.clone(),
-                source,
-            })?;
-        channels.push(ch);
+        channels.push(crate::connect::channel(&opts.addr, &opts.security).await?);
     }
-    let info = InferenceClient::new(channels[0].clone())
+    let bearer = Bearer::new(opts.security.api_key.as_deref())?;
+    let info = InferenceClient::with_interceptor(channels[0].clone(), bearer.clone())
         .model_info(ModelInfoRequest {})
         .await
         .map_err(BenchError::ModelInfo)?
@@ -271,7 +264,9 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
     };
     let samples = Arc::new(Mutex::new(Vec::with_capacity(reqs.len())));
     let start = Instant::now();
-    let client_for = |i: usize| InferenceClient::new(channels[i % channels.len()].clone());
+    let client_for = |i: usize| {
+        InferenceClient::with_interceptor(channels[i % channels.len()].clone(), bearer.clone())
+    };
     match opts.request_rate {
         Some(rate) => {
             let mut rng = StdRng::seed_from_u64(opts.seed ^ 0x5eed);
@@ -301,12 +296,14 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
                 let (reqs, samples, bar, counter) =
                     (reqs.clone(), samples.clone(), bar.clone(), counter.clone());
                 let channels = channels.clone();
+                let bearer = bearer.clone();
                 tasks.push(tokio::spawn(async move {
                     loop {
                         let next = reqs.lock().unwrap_or_else(|e| e.into_inner()).next();
                         let Some(req) = next else { break };
                         let i = counter.fetch_add(1, Ordering::Relaxed);
-                        let client = InferenceClient::new(channels[i % channels.len()].clone());
+                        let channel = channels[i % channels.len()].clone();
+                        let client = InferenceClient::with_interceptor(channel, bearer.clone());
                         let s = one(client, req).await;
                         samples.lock().await.push(s);
                         bar.inc(1);
@@ -391,6 +388,7 @@ mod tests {
             seed: 3,
             connections: 1,
             progress: false,
+            security: Default::default(),
         };
         let a = requests(&opts, 1000, 512);
         assert_eq!(a, requests(&opts, 1000, 512));

@@ -3,7 +3,6 @@
 use std::io::Write;
 use std::time::Instant;
 
-use protos::v1::inference_client::InferenceClient;
 use protos::v1::{
     ChatMessage, ChatMessages, FinishReason, GenerateRequest, SamplingParams, TokenIds,
     generate_request,
@@ -30,22 +29,27 @@ pub struct ClientOptions {
     pub stop: Vec<String>,
     /// Print the token ids instead of the text.
     pub print_ids: bool,
+    /// API key and TLS settings.
+    pub security: crate::connect::ClientSecurity,
 }
 
 /// The client failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("connecting to {addr}: {source}")]
-    Connect {
-        addr: String,
-        source: tonic::transport::Error,
-    },
+    #[error(transparent)]
+    Connect(#[from] crate::connect::ConnectError),
     #[error("server: {} ({:?})", .0.message(), .0.code())]
-    Status(#[from] tonic::Status),
+    Status(tonic::Status),
     #[error("prompt: {0}")]
     Prompt(String),
     #[error("writing output: {0}")]
     Io(#[from] std::io::Error),
+}
+
+impl From<tonic::Status> for ClientError {
+    fn from(status: tonic::Status) -> Self {
+        Self::Status(status)
+    }
 }
 
 /// What came back.
@@ -104,12 +108,8 @@ pub fn build_request(opts: &ClientOptions) -> Result<GenerateRequest, ClientErro
 
 /// Streams the completion into `out` as it arrives; returns it whole.
 pub async fn run(opts: &ClientOptions, out: &mut impl Write) -> Result<Completion, ClientError> {
-    let mut client = InferenceClient::connect(opts.addr.clone())
-        .await
-        .map_err(|source| ClientError::Connect {
-            addr: opts.addr.clone(),
-            source,
-        })?;
+    let channel = crate::connect::channel(&opts.addr, &opts.security).await?;
+    let mut client = crate::connect::client(channel, &opts.security)?;
     let request = build_request(opts)?;
     let start = Instant::now();
     let mut stream = client.generate(request).await?.into_inner();

@@ -66,6 +66,49 @@ pub fn current_uid() -> std::io::Result<u32> {
     Ok(std::fs::metadata("/proc/self")?.uid())
 }
 
+/// A socket file younger than this is never reaped: its gateway may be between `bind` and
+/// `listen`.
+const STALE_SOCKET_MIN_AGE: Duration = Duration::from_secs(2);
+
+/// Removes the join sockets in `dir` that nobody listens on (their gateway died without removing
+/// them) and returns their paths. Only sockets owned by this user and older than a couple of
+/// seconds are touched; a live gateway's socket answers the probe and stays.
+pub fn reap_stale_sockets(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let uid = current_uid()?;
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().is_none_or(|e| e != "sock") {
+            continue;
+        }
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        use std::os::unix::fs::FileTypeExt;
+        let old = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age >= STALE_SOCKET_MIN_AGE);
+        if !meta.file_type().is_socket() || meta.uid() != uid || !old {
+            continue;
+        }
+        let refused = matches!(
+            std::os::unix::net::UnixStream::connect(&path),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused
+        );
+        if refused && std::fs::remove_file(&path).is_ok() {
+            removed.push(path);
+        }
+    }
+    Ok(removed)
+}
+
 /// The bound join socket; its file is removed on drop.
 #[derive(Debug)]
 pub struct JoinListener {

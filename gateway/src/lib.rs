@@ -8,12 +8,15 @@
 #![forbid(unsafe_code)]
 
 pub mod admission;
+pub mod auth;
 pub mod bench;
 pub mod bench_plot;
 pub mod chat;
 pub mod client;
+pub mod connect;
 pub mod detok;
 pub mod group;
+pub mod guard;
 pub mod health;
 pub mod join;
 pub mod link;

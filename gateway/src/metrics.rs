@@ -54,6 +54,8 @@ pub const WORKERS_JOINED: &str = "ringserve_workers_joined_total";
 pub const JOINS_REFUSED: &str = "ringserve_join_refused_total";
 /// Workers that drained and left (counter).
 pub const WORKERS_DRAINED: &str = "ringserve_workers_drained_total";
+/// Calls refused for a missing or wrong API key (counter).
+pub const AUTH_FAILURES: &str = "ringserve_auth_failures_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,

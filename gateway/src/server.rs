@@ -14,8 +14,11 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 use crate::admission::{Admission, AdmissionLimits};
+use crate::auth::ApiKey;
+use crate::guard::GuardLayer;
 use crate::health::Health;
 use crate::join::{JoinContext, JoinListener};
 use crate::router::{AffinityConfig, Router};
@@ -48,6 +51,45 @@ pub struct ServerConfig {
     pub name: Option<String>,
     /// How prefix affinity trades cache hits against load balance.
     pub affinity: AffinityConfig,
+    /// The API key and TLS settings of the gRPC server.
+    pub security: ServerSecurity,
+}
+
+/// Who may connect to the gRPC server.
+#[derive(Debug, Clone, Default)]
+pub struct ServerSecurity {
+    /// Required as `authorization: Bearer KEY` on every call but `grpc.health.v1`.
+    pub api_key: Option<ApiKey>,
+    /// Serve TLS instead of plain HTTP/2.
+    pub tls: Option<ServerTls>,
+}
+
+/// PEM files of the server's TLS identity and, for mutual TLS, of the authority that signs the
+/// clients' certificates.
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// With this, a client must present a certificate signed by it.
+    pub client_ca: Option<PathBuf>,
+}
+
+impl ServerTls {
+    /// Reads the files into tonic's (rustls') configuration.
+    fn load(&self) -> Result<ServerTlsConfig, ServerError> {
+        let read = |path: &PathBuf| {
+            std::fs::read(path).map_err(|source| ServerError::TlsFile {
+                path: path.clone(),
+                source,
+            })
+        };
+        let mut config = ServerTlsConfig::new()
+            .identity(Identity::from_pem(read(&self.cert)?, read(&self.key)?));
+        if let Some(ca) = &self.client_ca {
+            config = config.client_ca_root(Certificate::from_pem(read(ca)?));
+        }
+        Ok(config)
+    }
 }
 
 /// The server could not start.
@@ -66,6 +108,13 @@ pub enum ServerError {
     Reflection(String),
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("TLS: reading {path}: {source}")]
+    TlsFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("TLS: {0}")]
+    Tls(#[source] tonic::transport::Error),
     #[error("join socket: {0}")]
     Join(#[from] crate::join::JoinServerError),
     #[error("{0}")]
@@ -129,9 +178,39 @@ async fn shutdown_signal() {
     }
 }
 
+/// What every gateway's ring names start with (`ringbuf::unique_name(RING_NAME_BASE)`).
+const RING_NAME_BASE: &str = "ringserve";
+
+/// Removes what gateways of this user that died without cleaning up (SIGKILL, OOM) left behind:
+/// ring segments whose creator is dead and join sockets nobody listens on. A live gateway's
+/// segments and socket are never touched. Logs what it removed.
+pub fn reap_leftovers() {
+    match ringbuf::reap(&format!("{RING_NAME_BASE}.")) {
+        Ok(names) if !names.is_empty() => {
+            tracing::warn!(count = names.len(), segments = ?names, "removed shared-memory segments of dead gateways");
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "looking for segments of dead gateways"),
+    }
+    let dir = crate::join::current_uid().map(protos::join::runtime_dir);
+    match dir.and_then(|dir| crate::join::reap_stale_sockets(&dir)) {
+        Ok(paths) if !paths.is_empty() => {
+            tracing::warn!(count = paths.len(), sockets = ?paths, "removed join sockets of dead gateways");
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "looking for join sockets of dead gateways"),
+    }
+}
+
 /// Runs the gateway until SIGTERM/SIGINT, then drains and cleans up.
 pub async fn run(mut config: ServerConfig) -> Result<(), ServerError> {
+    reap_leftovers();
     let slots = worker_slots(config.workers, config.worker.tensor_parallel_size)?;
+    // Checked before anything starts, so bad certificates are one clear error.
+    let mut grpc = tonic::transport::Server::builder();
+    if let Some(tls) = &config.security.tls {
+        grpc = grpc.tls_config(tls.load()?).map_err(ServerError::Tls)?;
+    }
     let dir = config.model_dir.clone();
     let text = tokio::task::spawn_blocking(move || TextModel::load(&dir))
         .await
@@ -189,7 +268,7 @@ pub async fn run(mut config: ServerConfig) -> Result<(), ServerError> {
     let join_listener = JoinListener::bind(&name)?;
     let join_path = join_listener.path().display().to_string();
 
-    config.worker.ring_prefix = ringbuf::unique_name("ringserve");
+    config.worker.ring_prefix = ringbuf::unique_name(RING_NAME_BASE);
     let prefix = config.worker.ring_prefix.clone();
     let (stop_tx, stop_rx) = watch::channel(false);
     let join_ctx = Arc::new(JoinContext::new(
@@ -220,7 +299,17 @@ pub async fn run(mut config: ServerConfig) -> Result<(), ServerError> {
         "listening grpc={grpc_bound} metrics={} rings={prefix} name={name} join={join_path}",
         metrics_bound.map_or_else(|| "off".to_owned(), |a| a.to_string())
     );
-    tracing::info!(%grpc_bound, ?metrics_bound, workers = config.workers, %name, "gateway listening");
+    let security = &config.security;
+    tracing::info!(
+        %grpc_bound,
+        ?metrics_bound,
+        workers = config.workers,
+        %name,
+        tls = security.tls.is_some(),
+        mutual_tls = security.tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
+        api_key = security.api_key.is_some(),
+        "gateway listening"
+    );
 
     let (server_stop_tx, server_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let drain = {
@@ -256,7 +345,8 @@ pub async fn run(mut config: ServerConfig) -> Result<(), ServerError> {
         })
     };
 
-    let result = tonic::transport::Server::builder()
+    let result = grpc
+        .layer(GuardLayer::new(config.security.api_key.clone()))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

@@ -12,13 +12,12 @@ use protos::records::Submit;
 use protos::v1::inference_server::Inference;
 use protos::v1::{
     GenerateRequest, GenerateResponse, ModelInfoRequest, ModelInfoResponse, TokenizeRequest,
-    TokenizeResponse, tokenize_request,
+    TokenizeResponse,
 };
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use crate::admission::{Admission, Permit};
-use crate::chat::Message;
 use crate::metrics as m;
 use crate::router::Router;
 use crate::stream::{Failover, RequestTask, run_request};
@@ -121,16 +120,21 @@ fn outcome(label: &'static str) {
     metrics::counter!(m::REQUESTS, "outcome" => label).increment(1);
 }
 
-/// Tokenizes a prompt on the blocking pool.
-async fn tokenize(text: Option<Arc<TextModel>>, prompt: Prompt) -> Result<Vec<u32>, Status> {
+/// Tokenizes a prompt on the blocking pool; errors name the field under `base` (`prompt` for
+/// `Generate`, `input` for `Tokenize`).
+async fn tokenize(
+    text: Option<Arc<TextModel>>,
+    prompt: Prompt,
+    base: &str,
+) -> Result<Vec<u32>, Status> {
     let field = match prompt {
         Prompt::Ids(ids) => return Ok(ids),
-        Prompt::Text(_) => "prompt.text",
-        Prompt::Chat(_) => "prompt.chat",
+        Prompt::Text(_) => format!("{base}.text"),
+        Prompt::Chat(_) => format!("{base}.chat"),
     };
     let text = text.ok_or_else(|| {
         Status::invalid_argument(format!(
-            "{field}: this model has no tokenizer; send prompt.token_ids"
+            "{field}: this model has no tokenizer; send token ids"
         ))
     })?;
     tokio::task::spawn_blocking(move || match prompt {
@@ -188,7 +192,7 @@ impl Inference for InferenceService {
             .await
             .inspect_err(|_| outcome("no_worker"))?;
         let limits = s.limits()?;
-        let prompt = tokenize(s.text.clone(), checked.prompt.clone())
+        let prompt = tokenize(s.text.clone(), checked.prompt.clone(), "prompt")
             .await
             .inspect_err(|_| outcome("invalid"))?;
         let valid =
@@ -273,27 +277,8 @@ impl Inference for InferenceService {
         &self,
         request: Request<TokenizeRequest>,
     ) -> Result<Response<TokenizeResponse>, Status> {
-        let prompt = match request.into_inner().input {
-            None => return Err(Status::invalid_argument("input: missing")),
-            Some(tokenize_request::Input::Text(t)) => Prompt::Text(t),
-            Some(tokenize_request::Input::Chat(c)) => {
-                let mut msgs = Vec::with_capacity(c.messages.len());
-                for (i, m) in c.messages.into_iter().enumerate() {
-                    if !crate::chat::ROLES.contains(&m.role.as_str()) {
-                        return Err(Status::invalid_argument(format!(
-                            "input.chat.messages[{i}].role: unknown role {:?}",
-                            m.role
-                        )));
-                    }
-                    msgs.push(Message {
-                        role: m.role,
-                        content: m.content,
-                    });
-                }
-                Prompt::Chat(msgs)
-            }
-        };
-        let ids = tokenize(self.shared.text.clone(), prompt).await?;
+        let prompt = validate::check_tokenize(request.into_inner())?;
+        let ids = tokenize(self.shared.text.clone(), prompt, "input").await?;
         let tokens = self
             .shared
             .text

@@ -3,6 +3,12 @@
 //! Text that could be the beginning of a stop string is held back until it is known not to be, so
 //! a client never receives text that a later match would have cut off. On a match the text is
 //! truncated before it.
+//!
+//! All stop strings are searched at once by one Aho-Corasick automaton built when the request
+//! starts, over the held-back text only, so a push costs time in the new text plus the longest
+//! stop string, not in the number of stop strings (which validation bounds anyway).
+
+use aho_corasick::{AhoCorasick, MatchKind};
 
 /// What a [`StopMatcher`] decided about new text.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,7 +22,10 @@ pub enum StopOutcome {
 /// Finds the first occurrence of any stop string in a growing text.
 #[derive(Debug, Clone)]
 pub struct StopMatcher {
-    stops: Vec<String>,
+    /// None without stop strings (or when it could not be built: see `fallback`).
+    automaton: Option<AhoCorasick>,
+    /// The stop strings, searched one by one, only if the automaton could not be built.
+    fallback: Vec<String>,
     hold: usize,
     pending: String,
 }
@@ -24,10 +33,28 @@ pub struct StopMatcher {
 impl StopMatcher {
     /// A matcher for `stops` (empty strings are ignored).
     pub fn new(stops: &[String]) -> Self {
-        let stops: Vec<String> = stops.iter().filter(|s| !s.is_empty()).cloned().collect();
+        let stops: Vec<&str> = stops
+            .iter()
+            .map(String::as_str)
+            .filter(|s| !s.is_empty())
+            .collect();
         let hold = stops.iter().map(|s| s.len()).max().unwrap_or(1) - 1;
+        // Leftmost-first: the match that starts earliest wins, as a search for each string would.
+        // Building fails only past the automaton's size limits, far above validation's bounds;
+        // should it ever, each string is searched on its own (same result, slower).
+        let automaton = (!stops.is_empty()).then(|| {
+            AhoCorasick::builder()
+                .match_kind(MatchKind::LeftmostFirst)
+                .build(&stops)
+        });
+        let (automaton, fallback) = match automaton {
+            Some(Ok(a)) => (Some(a), Vec::new()),
+            Some(Err(_)) => (None, stops.iter().map(|s| (*s).to_owned()).collect()),
+            None => (None, Vec::new()),
+        };
         Self {
-            stops,
+            automaton,
+            fallback,
             hold,
             pending: String::new(),
         }
@@ -35,21 +62,28 @@ impl StopMatcher {
 
     /// Whether there are stop strings at all.
     pub fn is_active(&self) -> bool {
-        !self.stops.is_empty()
+        self.automaton.is_some() || !self.fallback.is_empty()
+    }
+
+    /// Where the earliest stop string in the held-back text starts.
+    fn first_match(&self) -> Option<usize> {
+        match &self.automaton {
+            Some(a) => a.find(self.pending.as_str()).map(|m| m.start()),
+            None => self
+                .fallback
+                .iter()
+                .filter_map(|s| self.pending.find(s.as_str()))
+                .min(),
+        }
     }
 
     /// Adds text; returns what can be sent now.
     pub fn push(&mut self, text: &str) -> StopOutcome {
-        if self.stops.is_empty() {
+        if !self.is_active() {
             return StopOutcome::Continue(text.to_owned());
         }
         self.pending.push_str(text);
-        let first = self
-            .stops
-            .iter()
-            .filter_map(|s| self.pending.find(s.as_str()))
-            .min();
-        if let Some(at) = first {
+        if let Some(at) = self.first_match() {
             let out = self.pending[..at].to_owned();
             self.pending.clear();
             return StopOutcome::Stopped(out);
@@ -131,5 +165,30 @@ mod tests {
         let mut m = StopMatcher::new(&stops);
         assert_eq!(m.push("xxab"), StopOutcome::Continue("xx".into()));
         assert_eq!(m.push("c"), StopOutcome::Stopped("".into()));
+    }
+
+    /// The slow way: after each piece, search the whole text for each stop string; the first
+    /// piece that completes one ends the text before the earliest match.
+    fn naive(stops: &[String], pieces: &[String]) -> (String, bool) {
+        let mut all = String::new();
+        for p in pieces {
+            all.push_str(p);
+            if let Some(at) = stops.iter().filter_map(|s| all.find(s.as_str())).min() {
+                return (all[..at].to_owned(), true);
+            }
+        }
+        (all, false)
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn matches_a_search_for_each_string(
+            stops in proptest::collection::vec("[ab\u{e9}]{1,4}", 0..12),
+            pieces in proptest::collection::vec("[abc\u{e9}]{0,5}", 0..12),
+        ) {
+            let refs: Vec<&str> = stops.iter().map(String::as_str).collect();
+            let pieces_ref: Vec<&str> = pieces.iter().map(String::as_str).collect();
+            proptest::prop_assert_eq!(run(&refs, &pieces_ref), naive(&stops, &pieces));
+        }
     }
 }

@@ -6,7 +6,9 @@
 //! the vocabulary and the context length.
 
 use protos::records::{MAX_TOP_LOGPROBS, SamplingWire};
-use protos::v1::{GenerateRequest, generate_request};
+use protos::v1::{
+    ChatMessages, GenerateRequest, TokenizeRequest, generate_request, tokenize_request,
+};
 
 use crate::chat::{Message, ROLES};
 
@@ -83,42 +85,132 @@ fn in_range(field: &str, v: f32, ok: bool, what: &str) -> Result<(), InvalidArgu
     }
 }
 
+/// `request_id` at most: it is echoed in every response message, so its size multiplies.
+pub const MAX_REQUEST_ID_LEN: usize = 128;
+/// Stop strings per request at most.
+pub const MAX_STOP_STRINGS: usize = 64;
+/// Bytes of one stop string at most (text this long is held back before it is streamed).
+pub const MAX_STOP_STRING_LEN: usize = 512;
+/// Bytes of all of a request's stop strings together at most.
+pub const MAX_STOP_TOTAL_LEN: usize = 8192;
+/// Stop token ids per request at most.
+pub const MAX_STOP_TOKEN_IDS: usize = 1024;
+
+fn check_request_id(id: &str) -> Result<(), InvalidArgument> {
+    if id.len() > MAX_REQUEST_ID_LEN {
+        return Err(InvalidArgument::new(
+            "request_id",
+            format!(
+                "{} bytes is over the limit of {MAX_REQUEST_ID_LEN}",
+                id.len()
+            ),
+        ));
+    }
+    if let Some(i) = id.bytes().position(|b| !(b' '..=b'~').contains(&b)) {
+        return Err(InvalidArgument::new(
+            "request_id",
+            format!("byte {i} is not printable ASCII (at most {MAX_REQUEST_ID_LEN} of ' '..='~')"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_stops(stop: &[String], stop_token_ids: &[u32]) -> Result<(), InvalidArgument> {
+    if stop.len() > MAX_STOP_STRINGS {
+        return Err(InvalidArgument::new(
+            "stop",
+            format!(
+                "{} stop strings is over the limit of {MAX_STOP_STRINGS}",
+                stop.len()
+            ),
+        ));
+    }
+    for (i, s) in stop.iter().enumerate() {
+        if s.is_empty() {
+            return Err(InvalidArgument::new(format!("stop[{i}]"), "empty"));
+        }
+        if s.len() > MAX_STOP_STRING_LEN {
+            return Err(InvalidArgument::new(
+                format!("stop[{i}]"),
+                format!(
+                    "{} bytes is over the limit of {MAX_STOP_STRING_LEN}",
+                    s.len()
+                ),
+            ));
+        }
+    }
+    let total: usize = stop.iter().map(String::len).sum();
+    if total > MAX_STOP_TOTAL_LEN {
+        return Err(InvalidArgument::new(
+            "stop",
+            format!("{total} bytes in all is over the limit of {MAX_STOP_TOTAL_LEN}"),
+        ));
+    }
+    if stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
+        return Err(InvalidArgument::new(
+            "stop_token_ids",
+            format!(
+                "{} ids is over the limit of {MAX_STOP_TOKEN_IDS}",
+                stop_token_ids.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A text prompt at `field`: it must not be empty.
+fn check_text(field: &str, text: String) -> Result<Prompt, InvalidArgument> {
+    if text.is_empty() {
+        return Err(InvalidArgument::new(field, "empty"));
+    }
+    Ok(Prompt::Text(text))
+}
+
+/// Chat messages at `field` (e.g. `prompt.chat`): at least one, each with a known role.
+fn check_chat(field: &str, chat: ChatMessages) -> Result<Prompt, InvalidArgument> {
+    if chat.messages.is_empty() {
+        return Err(InvalidArgument::new(format!("{field}.messages"), "empty"));
+    }
+    let mut out = Vec::with_capacity(chat.messages.len());
+    for (i, m) in chat.messages.into_iter().enumerate() {
+        if !ROLES.contains(&m.role.as_str()) {
+            return Err(InvalidArgument::new(
+                format!("{field}.messages[{i}].role"),
+                format!("unknown role {:?} (expected one of {ROLES:?})", m.role),
+            ));
+        }
+        out.push(Message {
+            role: m.role,
+            content: m.content,
+        });
+    }
+    Ok(Prompt::Chat(out))
+}
+
+/// Checks a `Tokenize` request's input by the same rules as a `Generate` prompt.
+pub fn check_tokenize(req: TokenizeRequest) -> Result<Prompt, InvalidArgument> {
+    match req.input {
+        None => Err(InvalidArgument::new("input", "missing")),
+        Some(tokenize_request::Input::Text(t)) => check_text("input.text", t),
+        Some(tokenize_request::Input::Chat(c)) => check_chat("input.chat", c),
+    }
+}
+
 /// Checks everything that needs no tokenizer. `seed` is used when the request has none.
 pub fn check(req: GenerateRequest, seed: u64) -> Result<CheckedRequest, InvalidArgument> {
+    check_request_id(&req.request_id)?;
     let prompt = match req.prompt {
         None => return Err(InvalidArgument::new("prompt", "missing")),
-        Some(generate_request::Prompt::Text(t)) => {
-            if t.is_empty() {
-                return Err(InvalidArgument::new("prompt.text", "empty"));
-            }
-            Prompt::Text(t)
-        }
+        Some(generate_request::Prompt::Text(t)) => check_text("prompt.text", t)?,
         Some(generate_request::Prompt::TokenIds(ids)) => {
             if ids.ids.is_empty() {
                 return Err(InvalidArgument::new("prompt.token_ids", "empty"));
             }
             Prompt::Ids(ids.ids)
         }
-        Some(generate_request::Prompt::Chat(chat)) => {
-            if chat.messages.is_empty() {
-                return Err(InvalidArgument::new("prompt.chat.messages", "empty"));
-            }
-            let mut out = Vec::with_capacity(chat.messages.len());
-            for (i, m) in chat.messages.into_iter().enumerate() {
-                if !ROLES.contains(&m.role.as_str()) {
-                    return Err(InvalidArgument::new(
-                        format!("prompt.chat.messages[{i}].role"),
-                        format!("unknown role {:?} (expected one of {ROLES:?})", m.role),
-                    ));
-                }
-                out.push(Message {
-                    role: m.role,
-                    content: m.content,
-                });
-            }
-            Prompt::Chat(out)
-        }
+        Some(generate_request::Prompt::Chat(chat)) => check_chat("prompt.chat", chat)?,
     };
+    check_stops(&req.stop, &req.stop_token_ids)?;
     let s = req.sampling.unwrap_or_default();
     let temperature = s.temperature.unwrap_or(1.0);
     in_range(
@@ -167,9 +259,6 @@ pub fn check(req: GenerateRequest, seed: u64) -> Result<CheckedRequest, InvalidA
             "logprobs",
             format!("{} is over the limit of {MAX_TOP_LOGPROBS}", req.logprobs),
         ));
-    }
-    if let Some(i) = req.stop.iter().position(|s| s.is_empty()) {
-        return Err(InvalidArgument::new(format!("stop[{i}]"), "empty"));
     }
     Ok(CheckedRequest {
         request_id: req.request_id,
@@ -270,7 +359,7 @@ pub fn finish(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use protos::v1::{ChatMessage, ChatMessages, SamplingParams, TokenIds};
+    use protos::v1::{ChatMessage, SamplingParams, TokenIds};
 
     const LIMITS: ModelLimits = ModelLimits {
         vocab_size: 100,
@@ -392,5 +481,88 @@ mod tests {
         };
         let v = finish(check(exact, 1).unwrap(), vec![1, 2, 3], LIMITS).unwrap();
         assert_eq!(v.max_tokens, 29);
+    }
+
+    #[test]
+    fn request_ids_and_stops_are_bounded() {
+        let with_id = |id: String| GenerateRequest {
+            request_id: id,
+            ..ids(&[1])
+        };
+        assert!(check(with_id("a".repeat(MAX_REQUEST_ID_LEN)), 1).is_ok());
+        let long = check(with_id("a".repeat(MAX_REQUEST_ID_LEN + 1)), 1).unwrap_err();
+        assert_eq!(long.field, "request_id");
+        assert!(long.message.contains("128"), "{long}");
+        for bad in ["tab\there", "new\nline", "caf\u{e9}", "\u{7f}"] {
+            let e = check(with_id(bad.to_owned()), 1).unwrap_err();
+            assert_eq!(e.field, "request_id", "{bad:?}");
+        }
+        let with_stops = |stop: Vec<String>| GenerateRequest { stop, ..ids(&[1]) };
+        let many = vec!["x".to_owned(); MAX_STOP_STRINGS + 1];
+        assert_eq!(field_of(with_stops(many)), "stop");
+        let one_long = vec!["ok".to_owned(), "x".repeat(MAX_STOP_STRING_LEN + 1)];
+        assert_eq!(field_of(with_stops(one_long)), "stop[1]");
+        let total =
+            vec!["x".repeat(MAX_STOP_STRING_LEN); MAX_STOP_TOTAL_LEN / MAX_STOP_STRING_LEN + 1];
+        assert!(total.len() <= MAX_STOP_STRINGS);
+        assert_eq!(field_of(with_stops(total)), "stop");
+        let fits = vec!["x".repeat(MAX_STOP_STRING_LEN); MAX_STOP_TOTAL_LEN / MAX_STOP_STRING_LEN];
+        assert!(check(with_stops(fits), 1).is_ok());
+        let ids_req = GenerateRequest {
+            stop_token_ids: vec![1; MAX_STOP_TOKEN_IDS + 1],
+            ..ids(&[1])
+        };
+        assert_eq!(field_of(ids_req), "stop_token_ids");
+    }
+
+    #[test]
+    fn tokenize_and_generate_share_the_prompt_rules() {
+        let chat = |messages: Vec<ChatMessage>| ChatMessages { messages };
+        let msg = |role: &str| ChatMessage {
+            role: role.into(),
+            content: "hi".into(),
+        };
+        let cases = [
+            (chat(vec![]), "messages", "empty"),
+            (
+                chat(vec![msg("user"), msg("wizard")]),
+                "messages[1].role",
+                "expected one of",
+            ),
+        ];
+        for (c, field, message) in cases {
+            let generate = check(
+                GenerateRequest {
+                    prompt: Some(generate_request::Prompt::Chat(c.clone())),
+                    ..Default::default()
+                },
+                1,
+            )
+            .unwrap_err();
+            let tokenize = check_tokenize(TokenizeRequest {
+                input: Some(tokenize_request::Input::Chat(c)),
+            })
+            .unwrap_err();
+            assert_eq!(generate.field, format!("prompt.chat.{field}"));
+            assert_eq!(tokenize.field, format!("input.chat.{field}"));
+            assert_eq!(generate.message, tokenize.message);
+            assert!(tokenize.message.contains(message), "{tokenize}");
+        }
+        let empty = check_tokenize(TokenizeRequest {
+            input: Some(tokenize_request::Input::Text(String::new())),
+        })
+        .unwrap_err();
+        assert_eq!(empty.field, "input.text");
+        assert_eq!(
+            check_tokenize(TokenizeRequest { input: None })
+                .unwrap_err()
+                .field,
+            "input"
+        );
+        let ok = check_tokenize(TokenizeRequest {
+            input: Some(tokenize_request::Input::Chat(chat(vec![msg("user")]))),
+        })
+        .unwrap();
+        assert!(matches!(ok, Prompt::Chat(m) if m.len() == 1));
     }
 }

@@ -232,6 +232,12 @@ impl Loop {
                 tracing::info!("drained: leaving");
                 return Ok(ServeExit::Drained);
             }
+            // No gateway will ever release a worker it is not attached to (it never came, or it
+            // died): a drain then ends at once, and the rings this worker created go with it.
+            if self.draining && !self.gateway_attached() {
+                tracing::info!("draining with no gateway attached: leaving now");
+                return Ok(ServeExit::GatewayGone);
+            }
             let events = if self.engine.has_unfinished() {
                 self.step += 1;
                 self.engine.step()?
@@ -255,6 +261,14 @@ impl Loop {
                 }
             }
         }
+    }
+
+    /// Whether a gateway process holds the producer end of the request ring and lives.
+    fn gateway_attached(&self) -> bool {
+        matches!(
+            self.rx.peer_state(),
+            ringbuf::PeerState::Alive { .. } | ringbuf::PeerState::Unresponsive { .. }
+        )
     }
 
     /// Takes every record waiting in the request ring (sleeping for one when the engine is idle).
