@@ -45,6 +45,8 @@ pub struct Server {
     pub metrics_addr: String,
     /// The prefix of every shared-memory segment this server made.
     pub rings: String,
+    /// The join socket's path.
+    pub join: String,
     lines: mpsc::Receiver<String>,
     /// Worker pids by slot, as announced.
     pub worker_pids: Vec<u32>,
@@ -65,13 +67,27 @@ impl Server {
         workers: usize,
         env: &[(&str, &std::path::Path)],
     ) -> Server {
+        Self::start_logged(args, workers, env, None)
+    }
+
+    /// [`Server::start_with_env`], writing the server's stderr (its log) to `log` when given.
+    pub fn start_logged(
+        args: &[&str],
+        workers: usize,
+        env: &[(&str, &std::path::Path)],
+        log: Option<&std::path::Path>,
+    ) -> Server {
+        let stderr = match log {
+            Some(path) => Stdio::from(std::fs::File::create(path).expect("creating the log file")),
+            None => Stdio::inherit(),
+        };
         let mut child = Command::new(env!("CARGO_BIN_EXE_ringserve"))
             .envs(env.iter().map(|(k, v)| (*k, *v)))
             .arg("serve")
             .args(["--addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"])
             .args(args)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("spawning ringserve serve");
         let stdout = child.stdout.take().unwrap();
@@ -89,6 +105,7 @@ impl Server {
             url: String::new(),
             metrics_addr: String::new(),
             rings: String::new(),
+            join: String::new(),
             lines: rx,
             worker_pids: vec![0; workers],
             group_pids: vec![Vec::new(); workers],
@@ -103,6 +120,8 @@ impl Server {
                 server.metrics_addr = a.to_owned();
             } else if let Some(r) = field.strip_prefix("rings=") {
                 server.rings = r.to_owned();
+            } else if let Some(j) = field.strip_prefix("join=") {
+                server.join = j.to_owned();
             }
         }
         for _ in 0..workers {
