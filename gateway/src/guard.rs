@@ -7,8 +7,9 @@
 //! - tonic answers a request message over the size limit with `OUT_OF_RANGE` and one that is not
 //!   valid protobuf (e.g. a string field that is not UTF-8) with `INTERNAL`. Both are the client's
 //!   doing: gRPC's convention is `RESOURCE_EXHAUSTED` for the first and this server answers
-//!   `INVALID_ARGUMENT` for the second. No handler returns `OUT_OF_RANGE`, and `INTERNAL` is
-//!   rewritten only for protobuf's own decode message, so real server faults stay `INTERNAL`.
+//!   `INVALID_ARGUMENT` for the second (and for a call without a message). No handler returns
+//!   `OUT_OF_RANGE`, and `INTERNAL` is rewritten only for tonic's own messages about a malformed
+//!   request, so real server faults stay `INTERNAL`.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -25,6 +26,14 @@ const OPEN_PATH: &str = "/grpc.health.v1.Health/";
 
 /// How prost's decode errors begin (tonic passes them on as `INTERNAL`).
 const DECODE_ERROR: &str = "failed to decode Protobuf message";
+
+/// The `INTERNAL` messages tonic gives a malformed request: a protobuf decode error, a call
+/// without its message, a frame with a bad compression flag.
+const MALFORMED_REQUEST: [&str; 3] = [
+    DECODE_ERROR,
+    "Missing request message",
+    "protocol error: received message with invalid compression flag",
+];
 
 /// Builds [`Guard`]s around a server's services.
 #[derive(Debug, Clone, Default)]
@@ -63,7 +72,11 @@ pub struct Guard<S> {
 pub fn client_status(status: &Status) -> Option<Status> {
     match status.code() {
         Code::OutOfRange => Some(Status::resource_exhausted(status.message().to_owned())),
-        Code::Internal if status.message().starts_with(DECODE_ERROR) => {
+        Code::Internal
+            if MALFORMED_REQUEST
+                .iter()
+                .any(|m| status.message().starts_with(m)) =>
+        {
             Some(Status::invalid_argument(status.message().to_owned()))
         }
         _ => None,
@@ -120,6 +133,8 @@ mod tests {
         let mapped = client_status(&utf8).unwrap();
         assert_eq!(mapped.code(), Code::InvalidArgument);
         assert_eq!(mapped.message(), utf8.message());
+        let empty = client_status(&Status::internal("Missing request message.")).unwrap();
+        assert_eq!(empty.code(), Code::InvalidArgument);
         assert!(client_status(&Status::internal("the worker failed")).is_none());
         assert!(client_status(&Status::invalid_argument("x")).is_none());
         assert!(client_status(&Status::unavailable("x")).is_none());

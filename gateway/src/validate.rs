@@ -565,4 +565,121 @@ mod tests {
         .unwrap();
         assert!(matches!(ok, Prompt::Chat(m) if m.len() == 1));
     }
+
+    fn hostile_f32() -> impl proptest::strategy::Strategy<Value = f32> {
+        use proptest::prelude::*;
+        prop_oneof![
+            any::<f32>(),
+            Just(f32::NAN),
+            Just(f32::INFINITY),
+            Just(f32::NEG_INFINITY),
+            -3.0f32..3.0
+        ]
+    }
+
+    fn hostile_request() -> impl proptest::strategy::Strategy<Value = GenerateRequest> {
+        use proptest::collection::vec;
+        use proptest::prelude::*;
+        let prompt = prop_oneof![
+            Just(None),
+            "\\PC{0,40}".prop_map(|t| Some(generate_request::Prompt::Text(t))),
+            vec(any::<u32>(), 0..8)
+                .prop_map(|ids| Some(generate_request::Prompt::TokenIds(TokenIds { ids }))),
+            vec(("[a-z]{0,10}", "\\PC{0,20}"), 0..4).prop_map(|m| {
+                let messages = m
+                    .into_iter()
+                    .map(|(role, content)| ChatMessage { role, content })
+                    .collect();
+                Some(generate_request::Prompt::Chat(ChatMessages { messages }))
+            }),
+        ];
+        let sampling = (
+            proptest::option::of(hostile_f32()),
+            proptest::option::of(hostile_f32()),
+            any::<i32>(),
+            hostile_f32(),
+            proptest::option::of(hostile_f32()),
+            hostile_f32(),
+            hostile_f32(),
+            proptest::option::of(any::<u64>()),
+        )
+            .prop_map(|(t, p, k, min_p, rep, freq, pres, seed)| SamplingParams {
+                temperature: t,
+                top_p: p,
+                top_k: k,
+                min_p,
+                repetition_penalty: rep,
+                frequency_penalty: freq,
+                presence_penalty: pres,
+                seed,
+            });
+        let id = prop_oneof!["\\PC{0,20}", "[ -~]{120,140}", Just(String::new())];
+        let stops = vec(prop_oneof!["\\PC{0,6}", "x{500,520}"], 0..70);
+        (
+            id,
+            prompt,
+            proptest::option::of(sampling),
+            proptest::option::of(any::<u32>()),
+            stops,
+            vec(any::<u32>(), 0..8),
+            any::<u32>(),
+            any::<bool>(),
+        )
+            .prop_map(
+                |(request_id, prompt, sampling, max_tokens, stop, stop_token_ids, lp, ignore)| {
+                    GenerateRequest {
+                        request_id,
+                        prompt,
+                        sampling,
+                        max_tokens,
+                        stop,
+                        stop_token_ids,
+                        logprobs: lp % 64,
+                        ignore_eos: ignore,
+                    }
+                },
+            )
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 1024, ..Default::default() })]
+
+        #[test]
+        fn hostile_requests_are_valid_or_name_a_field(
+            req in hostile_request(),
+            tokens in proptest::collection::vec(0u32..140, 0..40),
+        ) {
+            let checked = match check(req, 5) {
+                Ok(c) => c,
+                Err(e) => {
+                    proptest::prop_assert!(!e.field.is_empty() && !e.message.is_empty());
+                    return Ok(());
+                }
+            };
+            // What passes holds every bound the server relies on.
+            proptest::prop_assert!(checked.request_id.len() <= MAX_REQUEST_ID_LEN);
+            proptest::prop_assert!(checked.stop.len() <= MAX_STOP_STRINGS);
+            proptest::prop_assert!(checked.stop.iter().map(String::len).sum::<usize>() <= MAX_STOP_TOTAL_LEN);
+            let s = checked.sampling;
+            for v in [s.temperature, s.top_p, s.min_p, s.repetition_penalty, s.frequency_penalty, s.presence_penalty] {
+                proptest::prop_assert!(v.is_finite());
+            }
+            proptest::prop_assert!(s.top_p > 0.0 && s.repetition_penalty > 0.0);
+            let prompt = match &checked.prompt {
+                Prompt::Ids(ids) => ids.clone(),
+                _ => tokens,
+            };
+            match finish(checked, prompt, LIMITS) {
+                Ok(v) => {
+                    proptest::prop_assert!(v.prompt.iter().all(|&t| t < LIMITS.vocab_size));
+                    proptest::prop_assert!(v.max_tokens >= 1);
+                    proptest::prop_assert!(
+                        v.prompt.len() as u64 + u64::from(v.max_tokens)
+                            <= u64::from(LIMITS.max_model_len)
+                    );
+                }
+                Err(e) => proptest::prop_assert!(!e.field.is_empty()),
+            }
+        }
+    }
 }

@@ -4,6 +4,8 @@
 //! lines of the join rendezvous ([`join`]).
 #![forbid(unsafe_code)]
 
+#[cfg(test)]
+mod fuzz_tests;
 pub mod join;
 pub mod plan;
 pub mod records;

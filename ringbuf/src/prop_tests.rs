@@ -142,8 +142,87 @@ fn run(cap: usize, ops: Vec<Op>) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// A hostile producer: the data area holds `data`, the producer's published position is
+/// `tail` (any value), and the consumer's cached copy of it is `cached`. The consumer, popping
+/// one record at a time and in batches, yields only records that lie inside the data area, or a
+/// `Corrupt` error after which it refuses to go on; it never panics or loops.
+fn hostile(
+    cap: usize,
+    data: &[u8],
+    tail: u64,
+    cached: u64,
+    batch: bool,
+) -> Result<(), TestCaseError> {
+    use crate::Memory;
+    let ring = Ring::heap(cap).unwrap();
+    let mut c = ring.consumer().unwrap();
+    let mem = ring.memory();
+    let n = data.len().min(cap);
+    // SAFETY: `mem.data()` points at `cap` writable bytes owned by the ring, `n <= cap`, and no
+    // grant or other thread touches the data area while this copy runs.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), mem.data(), n) };
+    let header = mem.header();
+    header.prod.pos.store(tail, crate::sync::Ordering::Release);
+    header
+        .cons
+        .cached_peer
+        .store(cached, crate::sync::Ordering::Relaxed);
+    let mut seen = 0u64;
+    for _ in 0..(cap / 8 + 2) {
+        let step = if batch {
+            c.pop_batch(4, |r| {
+                seen += record_size(r.payload.len() as u64);
+                assert!(r.payload.len() <= cap);
+            })
+            .map(|n| n > 0)
+        } else {
+            c.try_pop().map(|g| {
+                g.map(|g| {
+                    seen += record_size(g.len() as u64);
+                    assert!(g.len() <= cap);
+                })
+                .is_some()
+            })
+        };
+        match step {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(crate::Error::Corrupt { .. }) => {
+                let poisoned = matches!(c.try_pop(), Err(crate::Error::Corrupt { .. }));
+                prop_assert!(poisoned, "a corrupt ring went on");
+                break;
+            }
+            Err(e) => prop_assert!(false, "untyped failure: {e:?}"),
+        }
+    }
+    // What it delivered fits in what the producer claimed to have published.
+    prop_assert!(seen <= tail.max(cached).saturating_add(cap as u64));
+    Ok(())
+}
+
+fn hostile_position() -> impl Strategy<Value = u64> {
+    prop_oneof![0u64..600, any::<u64>(), Just(u64::MAX), Just(u64::MAX - 7)]
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_hostile_producer_gets_records_or_corrupt_never_a_panic(
+        data in prop::collection::vec(any::<u8>(), 0..=256),
+        words in prop::collection::vec((0usize..32, prop_oneof![any::<u32>(), 0u32..300]), 0..8),
+        tail in hostile_position(),
+        cached in hostile_position(),
+        batch in any::<bool>(),
+    ) {
+        // Arbitrary bytes, with plausible-looking record headers (a length word) placed in them.
+        let mut data = data;
+        data.resize(256, 0);
+        for (slot, word) in words {
+            data[slot * 8..slot * 8 + 4].copy_from_slice(&word.to_ne_bytes());
+        }
+        hostile(256, &data, tail, cached, batch)?;
+    }
 
     #[test]
     fn matches_model_tiny_ring(ops in prop::collection::vec(op(24), 1..200)) {
