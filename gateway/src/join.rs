@@ -506,4 +506,56 @@ mod tests {
         drop(c);
         std::fs::remove_dir_all(&root).unwrap();
     }
+
+    async fn context() -> Arc<JoinContext> {
+        use crate::admission::{Admission, AdmissionLimits};
+        let (reporter, _) = tonic_health::server::health_reporter();
+        let shared = Arc::new(Shared::new(
+            "m".into(),
+            Vec::new(),
+            None,
+            crate::router::Router::new(1),
+            Admission::new(AdmissionLimits {
+                max_in_flight: 1,
+                max_queued_prompt_tokens: 1,
+            }),
+            Duration::from_secs(1),
+        ));
+        Arc::new(JoinContext::new(
+            shared,
+            Health::new(reporter).await,
+            "p".into(),
+            4096,
+            Duration::from_secs(1),
+            1,
+        ))
+    }
+
+    #[tokio::test]
+    async fn a_peer_of_another_user_or_a_lying_pid_is_refused() {
+        let ctx = context().await;
+        let uid = current_uid().unwrap();
+        let (_, stop) = watch::channel(false);
+        // The socket's peer credentials name this user; a gateway of another uid refuses it
+        // before reading a byte.
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let gateway = tokio::spawn(handle(ours, uid.wrapping_add(1), ctx.clone(), stop.clone()));
+        let mut reply = String::new();
+        BufReader::new(theirs).read_line(&mut reply).await.unwrap();
+        gateway.await.unwrap();
+        assert!(reply.starts_with("error peer uid"), "{reply}");
+        // Same user, but the line claims another process.
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        let gateway = tokio::spawn(handle(ours, uid, ctx.clone(), stop));
+        let line = JoinRequest::new(std::process::id() + 1).to_line();
+        theirs.write_all(line.as_bytes()).await.unwrap();
+        let mut reply = String::new();
+        BufReader::new(theirs).read_line(&mut reply).await.unwrap();
+        gateway.await.unwrap();
+        assert!(reply.starts_with("error claimed pid"), "{reply}");
+        assert!(
+            ctx.used.lock().unwrap().is_empty(),
+            "a refused peer holds no slot"
+        );
+    }
 }
