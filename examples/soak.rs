@@ -288,10 +288,13 @@ fn children(pid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// `kill -SIG pid`; a process that is gone already (a stopped worker the gateway replaced) is
+/// not an error.
 fn signal(pid: u32, sig: &str) {
     let _ = Command::new("kill")
         .arg(format!("-{sig}"))
         .arg(pid.to_string())
+        .stderr(Stdio::null())
         .status();
 }
 
