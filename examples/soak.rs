@@ -371,6 +371,15 @@ async fn main() -> Result<(), Error> {
             me + 1,
         )));
     }
+    // The gateway's footprint once a minute, to tell a plateau from a leak.
+    let sampler = tokio::spawn(async move {
+        let mut samples = Vec::new();
+        while Instant::now() + Duration::from_secs(60) <= until {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            samples.push(footprint(gateway));
+        }
+        samples
+    });
     let (kills, stops) = chaos(gateway, until).await;
     for t in tasks {
         t.await??;
@@ -378,6 +387,7 @@ async fn main() -> Result<(), Error> {
     // Let the restarted workers settle and the cancelled requests drain.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let after = footprint(gateway);
+    let samples = sampler.await?;
 
     signal(gateway, "TERM");
     let status = served.child.wait()?;
@@ -409,6 +419,14 @@ async fn main() -> Result<(), Error> {
         before.1,
         after.1,
         left.len()
+    );
+    let per_minute: Vec<String> = samples
+        .iter()
+        .map(|(rss, fds)| format!("{rss}/{fds}"))
+        .collect();
+    println!(
+        "soak: gateway RSS KiB/fds each minute under load: {}",
+        per_minute.join(" ")
     );
     let mut failures = Vec::new();
     if get(&t.wrong) + get(&t.failed) + get(&t.invalid_bad) > 0 {

@@ -17,8 +17,32 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, RwLock};
 
-use crate::link::WorkerLink;
+use protos::records::Submit;
+use tokio::sync::mpsc;
+
+use crate::link::{Event, LinkError, WorkerLink};
 use crate::metrics as m;
+
+/// A request in a worker's ring: where it went, its events, and the work it counts there.
+#[derive(Debug)]
+pub struct Placed {
+    pub link: Arc<WorkerLink>,
+    pub events: mpsc::Receiver<Event>,
+    /// Outstanding work (prompt + budget, in tokens) added to the worker.
+    pub work: i64,
+}
+
+/// A request could not be placed.
+#[derive(Debug, thiserror::Error)]
+pub enum PlaceError {
+    /// No worker takes requests now.
+    #[error("no worker is ready")]
+    NoWorker,
+    /// The picked worker died or began draining before the request was in its ring (picking
+    /// again may succeed).
+    #[error("worker {slot}: {source}")]
+    Link { slot: usize, source: LinkError },
+}
 
 /// How prefix affinity trades cache hits against load balance.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -215,6 +239,26 @@ impl Router {
             .cloned()
     }
 
+    /// Places a request: picks a worker for its prompt, registers it there, counts its work and
+    /// writes its Submit record. A failure after the pick rolls all of that back, so a caller may
+    /// simply try again.
+    pub async fn place(&self, submit: &Submit) -> Result<Placed, PlaceError> {
+        let link = self.pick(&submit.prompt).ok_or(PlaceError::NoWorker)?;
+        let slot = link.slot;
+        let id = submit.request_id;
+        let events = link
+            .register(id, submit.max_tokens)
+            .map_err(|source| PlaceError::Link { slot, source })?;
+        let work = (submit.prompt.len() + submit.max_tokens as usize) as i64;
+        link.add_outstanding(work);
+        if let Err(source) = link.submit(submit.clone()).await {
+            link.unregister(id);
+            link.add_outstanding(-work);
+            return Err(PlaceError::Link { slot, source });
+        }
+        Ok(Placed { link, events, work })
+    }
+
     /// Number of live workers (draining ones included: they still serve their streams).
     pub fn live(&self) -> usize {
         let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
@@ -398,5 +442,48 @@ mod tests {
             r.pick(&prompt(seed, 0, 3));
             assert!(r.remembered_prefixes() <= 8);
         }
+    }
+
+    #[tokio::test]
+    async fn place_writes_the_submit_and_counts_its_work_where_it_went() {
+        let info = HelloInfo {
+            pid: 1,
+            num_kv_blocks: 8,
+            block_size: BLOCK as u32,
+            max_model_len: 64,
+            vocab_size: 32,
+            max_num_seqs: 4,
+        };
+        let ring = ringbuf::create(&ringbuf::unique_name("rs-router-place"), 4096).unwrap();
+        let mut worker_end = ring.consumer().unwrap();
+        let r = Router::new(2);
+        let submit = Submit {
+            request_id: 9,
+            sampling: Default::default(),
+            max_tokens: 5,
+            logprobs: 0,
+            ignore_eos: false,
+            stop_token_ids: vec![],
+            prompt: vec![1, 2, 3],
+            prior_output_len: 0,
+        };
+        assert!(matches!(r.place(&submit).await, Err(PlaceError::NoWorker)));
+        let live = WorkerLink::new(1, info, ring.producer().unwrap());
+        r.set(1, Some(live.clone()));
+        let placed = r.place(&submit).await.unwrap();
+        assert_eq!(placed.link.slot, 1);
+        assert_eq!(placed.work, 8);
+        assert_eq!(live.outstanding(), 8);
+        assert_eq!(live.in_flight(), 1);
+        let record = worker_end
+            .try_pop()
+            .unwrap()
+            .expect("the Submit is in the ring");
+        assert_eq!(Submit::decode(&record).unwrap(), submit);
+        drop(record);
+        // A worker that is draining takes nothing new.
+        live.set_draining();
+        assert!(matches!(r.place(&submit).await, Err(PlaceError::NoWorker)));
+        assert_eq!(live.outstanding(), 8);
     }
 }

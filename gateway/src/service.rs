@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use protos::records::Submit;
 use protos::v1::inference_server::Inference;
 use protos::v1::{
     GenerateRequest, GenerateResponse, ModelInfoRequest, ModelInfoResponse, TokenizeRequest,
@@ -19,7 +18,7 @@ use tonic::{Request, Response, Status};
 
 use crate::admission::{Admission, Permit};
 use crate::metrics as m;
-use crate::router::Router;
+use crate::router::{PlaceError, Router};
 use crate::stream::{Failover, RequestTask, run_request};
 use crate::tokenizer::TextModel;
 use crate::validate::{self, ModelLimits, Prompt};
@@ -39,7 +38,7 @@ pub struct Shared {
     pub eos_token_ids: Vec<u32>,
     /// Tokenizer and chat template, when the model has them.
     pub text: Option<Arc<TextModel>>,
-    pub router: Router,
+    pub router: Arc<Router>,
     pub admission: Admission,
     /// Set when shutdown begins: new requests are refused.
     pub draining: AtomicBool,
@@ -63,7 +62,7 @@ impl Shared {
             model_name,
             eos_token_ids,
             text,
-            router,
+            router: Arc::new(router),
             admission,
             draining: AtomicBool::new(false),
             next_id: AtomicU64::new(1),
@@ -207,17 +206,16 @@ impl Inference for InferenceService {
         } else {
             valid.request_id.clone()
         };
-        // A worker may die or start draining between the pick and the registration: pick again.
+        let submit = valid.submit(id, &[]);
+        // A worker may die or start draining between the pick and the Submit: place again.
         let mut attempt = 0;
-        let (link, events) = loop {
-            let Some(link) = s.router.pick(&valid.prompt) else {
-                s.wait_for_worker(give_up)
+        let placed = loop {
+            match s.router.place(&submit).await {
+                Ok(placed) => break placed,
+                Err(PlaceError::NoWorker) => s
+                    .wait_for_worker(give_up)
                     .await
-                    .inspect_err(|_| outcome("no_worker"))?;
-                continue;
-            };
-            match link.register(id, valid.max_tokens) {
-                Ok(events) => break (link, events),
+                    .inspect_err(|_| outcome("no_worker"))?,
                 Err(e) if attempt >= MAX_ROUTE_ATTEMPTS => {
                     outcome("worker_unavailable");
                     return Err(Status::unavailable(e.to_string()));
@@ -226,27 +224,15 @@ impl Inference for InferenceService {
             }
         };
         let prompt_len = valid.prompt.len();
-        let work = (prompt_len + valid.max_tokens as usize) as i64;
-        link.add_outstanding(work);
-        let submit = Submit {
-            request_id: id,
-            sampling: valid.sampling,
-            max_tokens: valid.max_tokens,
-            logprobs: valid.logprobs,
-            ignore_eos: valid.ignore_eos,
-            stop_token_ids: valid.stop_token_ids.clone(),
-            prompt: valid.prompt.clone(),
-            prior_output_len: 0,
-        };
-        if let Err(e) = link.submit(submit).await {
-            link.unregister(id);
-            link.add_outstanding(-work);
-            outcome("worker_unavailable");
-            return Err(Status::unavailable(format!("worker: {e}")));
-        }
         metrics::histogram!(m::QUEUE).record(arrived.elapsed().as_secs_f64());
         metrics::counter!(m::PROMPT_TOKENS).increment(prompt_len as u64);
-        tracing::debug!(request_id, id, worker = link.slot, prompt_len, "submitted");
+        tracing::debug!(
+            request_id,
+            id,
+            worker = placed.link.slot,
+            prompt_len,
+            "submitted"
+        );
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         let stream = ResponseStream {
             messages: ReceiverStream::new(rx),
@@ -255,17 +241,17 @@ impl Inference for InferenceService {
         let task = RequestTask {
             id,
             request_id,
-            link,
-            events,
+            link: placed.link,
+            events: placed.events,
             out: tx,
             permit,
             text: s.text.clone(),
             request: valid,
             arrived,
             deadline,
-            work,
+            work: placed.work,
             failover: Failover {
-                shared: s.clone(),
+                router: s.router.clone(),
                 timeout: s.failover_timeout,
             },
         };

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use protos::records::{ErrorCode, Finish, Submit};
+use protos::records::{ErrorCode, Finish};
 use protos::v1::{FinishReason, GenerateResponse, TokenLogprob, TokenLogprobs, Usage};
 use tokio::sync::mpsc;
 use tonic::Status;
@@ -21,7 +21,7 @@ use crate::admission::Permit;
 use crate::detok::Detokenizer;
 use crate::link::{Event, WorkerLink};
 use crate::metrics as m;
-use crate::service::Shared;
+use crate::router::{PlaceError, Router};
 use crate::stop::{StopMatcher, StopOutcome};
 use crate::tokenizer::TextModel;
 use crate::validate::ValidRequest;
@@ -49,7 +49,8 @@ pub struct RequestTask {
 /// How a request whose worker died is resumed.
 #[derive(Debug, Clone)]
 pub struct Failover {
-    pub shared: Arc<Shared>,
+    /// Where live workers are found.
+    pub router: Arc<Router>,
     /// How long to wait for a live worker before ending the stream with `UNAVAILABLE`.
     pub timeout: Duration,
 }
@@ -233,17 +234,10 @@ async fn failover(t: &mut RequestTask, p: &mut Progress) -> Resumed {
     t.link.add_outstanding(-p.remaining_work);
     p.remaining_work = 0;
     let generated = p.emitted.len() as u32;
-    let Some(max_tokens) = t
-        .request
-        .max_tokens
-        .checked_sub(generated)
-        .filter(|&n| n > 0)
-    else {
+    if t.request.max_tokens <= generated {
         return Resumed::AllGenerated;
-    };
-    let mut prompt = t.request.prompt.clone();
-    prompt.extend_from_slice(&p.emitted);
-    let work = (prompt.len() + max_tokens as usize) as i64;
+    }
+    let submit = t.request.submit(t.id, &p.emitted);
     let give_up = Instant::now() + t.failover.timeout;
     loop {
         if t.out.is_closed() {
@@ -260,30 +254,18 @@ async fn failover(t: &mut RequestTask, p: &mut Progress) -> Resumed {
             );
             return Resumed::No(Some(status), End::WorkerLost);
         }
-        let Some(link) = t.failover.shared.router.pick(&prompt) else {
-            tokio::time::sleep(FAILOVER_POLL).await;
-            continue;
+        let placed = match t.failover.router.place(&submit).await {
+            Ok(placed) => placed,
+            Err(PlaceError::NoWorker) => {
+                tokio::time::sleep(FAILOVER_POLL).await;
+                continue;
+            }
+            Err(e) => {
+                tracing::debug!(id = t.id, error = %e, "resubmit failed");
+                continue;
+            }
         };
-        let Ok(events) = link.register(t.id, max_tokens) else {
-            continue;
-        };
-        link.add_outstanding(work);
-        let submit = Submit {
-            request_id: t.id,
-            sampling: t.request.sampling,
-            max_tokens,
-            logprobs: t.request.logprobs,
-            ignore_eos: t.request.ignore_eos,
-            stop_token_ids: t.request.stop_token_ids.clone(),
-            prompt: prompt.clone(),
-            prior_output_len: generated,
-        };
-        if let Err(e) = link.submit(submit).await {
-            tracing::debug!(id = t.id, worker = link.slot, error = %e, "resubmit failed");
-            link.unregister(t.id);
-            link.add_outstanding(-work);
-            continue;
-        }
+        let link = placed.link;
         tracing::info!(
             request_id = t.request_id,
             from = t.link.slot,
@@ -293,8 +275,8 @@ async fn failover(t: &mut RequestTask, p: &mut Progress) -> Resumed {
         );
         metrics::counter!(m::RESUMED).increment(1);
         t.link = link;
-        t.events = events;
-        p.remaining_work = work;
+        t.events = placed.events;
+        p.remaining_work = placed.work;
         return Resumed::Yes;
     }
 }

@@ -5,7 +5,7 @@
 //! tokenizer (so bad requests never reach the blocking pool), [`finish`] checks the token ids against
 //! the vocabulary and the context length.
 
-use protos::records::{MAX_TOP_LOGPROBS, SamplingWire};
+use protos::records::{MAX_TOP_LOGPROBS, SamplingWire, Submit};
 use protos::v1::{
     ChatMessages, GenerateRequest, TokenizeRequest, generate_request, tokenize_request,
 };
@@ -75,6 +75,28 @@ pub struct ValidRequest {
     pub stop_token_ids: Vec<u32>,
     pub logprobs: u32,
     pub ignore_eos: bool,
+}
+
+impl ValidRequest {
+    /// The worker's Submit record for this request as gateway request `id`, resumed after the
+    /// `emitted` tokens the client already has (none for a new request): they extend the prompt,
+    /// come off the budget, and set `prior_output_len` so penalties and the seeded random stream
+    /// continue where they were.
+    pub fn submit(&self, id: u64, emitted: &[u32]) -> Submit {
+        let mut prompt = Vec::with_capacity(self.prompt.len() + emitted.len());
+        prompt.extend_from_slice(&self.prompt);
+        prompt.extend_from_slice(emitted);
+        Submit {
+            request_id: id,
+            sampling: self.sampling,
+            max_tokens: self.max_tokens.saturating_sub(emitted.len() as u32),
+            logprobs: self.logprobs,
+            ignore_eos: self.ignore_eos,
+            stop_token_ids: self.stop_token_ids.clone(),
+            prompt,
+            prior_output_len: emitted.len() as u32,
+        }
+    }
 }
 
 fn in_range(field: &str, v: f32, ok: bool, what: &str) -> Result<(), InvalidArgument> {
