@@ -8,6 +8,7 @@
 //!
 //! ```text
 //! cargo run --release --example soak -- [--seconds 600] [--clients 8] [--workers 2] [--device cpu]
+//!     [--chaos true|false]
 //! ```
 
 use std::collections::HashMap;
@@ -31,6 +32,8 @@ struct Options {
     device: String,
     max_tokens: u32,
     prompts: usize,
+    /// Signal workers (off: load alone, to tell what the chaos costs).
+    chaos: bool,
 }
 
 fn options() -> Result<Options, Error> {
@@ -41,6 +44,7 @@ fn options() -> Result<Options, Error> {
         device: "cpu".into(),
         max_tokens: 24,
         prompts: 16,
+        chaos: true,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     for pair in args.chunks(2) {
@@ -52,6 +56,7 @@ fn options() -> Result<Options, Error> {
             "--device" => o.device = value.clone(),
             "--max-tokens" => o.max_tokens = value.parse()?,
             "--prompts" => o.prompts = value.parse()?,
+            "--chaos" => o.chaos = value.parse()?,
             flag => return Err(format!("unknown flag {flag}").into()),
         }
     }
@@ -380,7 +385,12 @@ async fn main() -> Result<(), Error> {
         }
         samples
     });
-    let (kills, stops) = chaos(gateway, until).await;
+    let (kills, stops) = if o.chaos {
+        chaos(gateway, until).await
+    } else {
+        tokio::time::sleep_until(until.into()).await;
+        (0, 0)
+    };
     for t in tasks {
         t.await??;
     }

@@ -7,6 +7,7 @@
 #
 #   scripts/soak.sh                       # 10 minutes, 8 clients, 2 CPU workers, the demo model
 #   SECONDS_TOTAL=60 CLIENTS=4 scripts/soak.sh
+#   CHAOS=false scripts/soak.sh           # the load alone, no signals
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,7 +15,9 @@ SECONDS_TOTAL=${SECONDS_TOTAL:-600}
 CLIENTS=${CLIENTS:-8}
 WORKERS=${WORKERS:-2}
 DEVICE=${DEVICE:-cpu}
+CHAOS=${CHAOS:-true}
 
 cargo build --release --quiet --bin ringserve --example soak
 RINGSERVE_BIN=target/release/ringserve target/release/examples/soak \
-    --seconds "$SECONDS_TOTAL" --clients "$CLIENTS" --workers "$WORKERS" --device "$DEVICE"
+    --seconds "$SECONDS_TOTAL" --clients "$CLIENTS" --workers "$WORKERS" --device "$DEVICE" \
+    --chaos "$CHAOS"

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
+use worker::backend::switches::KernelSwitches;
 use worker::backend::{BackendOptions, ComputeDtype, Device};
 use worker::engine::EngineConfig;
 use worker::generate::{self, OnError};
@@ -73,8 +74,10 @@ pub fn compute_dtype(flag: Option<DtypeFlag>, device: Device) -> ComputeDtype {
 }
 
 impl EngineFlags {
-    pub fn backend_options(&self) -> BackendOptions {
-        BackendOptions {
+    /// The backend these flags describe; the CUDA kernel switches come from the environment
+    /// ([`KernelSwitches::from_env`]).
+    pub fn backend_options(&self) -> anyhow::Result<BackendOptions> {
+        Ok(BackendOptions {
             device: self.device,
             block_size: self.block_size,
             num_kv_blocks: self.num_kv_blocks,
@@ -82,7 +85,8 @@ impl EngineFlags {
             dtype: compute_dtype(self.dtype, self.device),
             enforce_eager: self.enforce_eager,
             batch_invariant: self.batch_invariant,
-        }
+            kernels: KernelSwitches::from_env()?,
+        })
     }
 
     pub fn engine_config(&self) -> EngineConfig {
@@ -129,7 +133,7 @@ pub struct GenerateArgs {
 pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let mut opened = open_model(
         &args.model,
-        &args.engine.backend_options(),
+        &args.engine.backend_options()?,
         args.engine.engine_config(),
     )
     .with_context(|| format!("opening {}", args.model.display()))?;
@@ -198,7 +202,7 @@ pub fn bench_engine(args: BenchEngineArgs) -> anyhow::Result<()> {
         Some(dir) => dir,
         None => worker::demo::cached_demo_model_dir().context("preparing the demo model")?,
     };
-    let mut opened = open_model(&model, &args.engine.backend_options(), config)
+    let mut opened = open_model(&model, &args.engine.backend_options()?, config)
         .with_context(|| format!("opening {}", model.display()))?;
     let stats = opened.engine.stats();
     println!(

@@ -11,6 +11,7 @@ use clap::{Args, ValueEnum};
 use gateway::admission::AdmissionLimits;
 use gateway::server::ServerConfig;
 use gateway::supervisor::WorkerCommand;
+use worker::backend::switches::KernelSwitches;
 use worker::backend::{BackendOptions, Device};
 use worker::config::ModelConfig;
 use worker::engine::EngineConfig;
@@ -122,13 +123,14 @@ impl ServingEngineFlags {
         a
     }
 
-    /// The backend these flags describe (its device is set by the worker from `--device`).
-    fn backend_options(&self) -> BackendOptions {
+    /// The backend these flags describe (its device is set by the worker from `--device`); the
+    /// CUDA kernel switches come from the environment ([`KernelSwitches::from_env`]).
+    fn backend_options(&self) -> anyhow::Result<BackendOptions> {
         let device = match self.device {
             WorkerDevice::Model(d) => d,
             WorkerDevice::Null => Device::Cpu,
         };
-        BackendOptions {
+        Ok(BackendOptions {
             device,
             dtype: compute_dtype(self.dtype, device),
             block_size: self.block_size,
@@ -136,7 +138,8 @@ impl ServingEngineFlags {
             gpu_memory_utilization: self.gpu_memory_utilization,
             enforce_eager: self.enforce_eager,
             batch_invariant: self.batch_invariant,
-        }
+            kernels: KernelSwitches::from_env()?,
+        })
     }
 }
 
@@ -374,7 +377,7 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     let opts = WorkerOptions {
         model: args.model.clone(),
         device: e.device,
-        backend: e.backend_options(),
+        backend: e.backend_options()?,
         engine: EngineConfig {
             max_num_batched_tokens: e.max_num_batched_tokens,
             max_num_seqs: e.max_num_seqs,
@@ -607,8 +610,8 @@ mod tests {
         ]);
         let args = serve.to_args();
         let worker = parse(&args.iter().map(String::as_str).collect::<Vec<_>>());
-        let b = worker.backend_options();
-        assert_eq!(b, serve.backend_options());
+        let b = worker.backend_options().unwrap();
+        assert_eq!(b, serve.backend_options().unwrap());
         assert_eq!(b.device, Device::Cuda(1));
         assert_eq!(b.dtype, ComputeDtype::Float32);
         assert!(b.enforce_eager && b.batch_invariant);
@@ -705,10 +708,12 @@ mod tests {
     #[test]
     fn cuda_defaults_to_bf16_and_graphs() {
         let b = parse(&["--device", "cuda"]).to_args();
-        let b = parse(&b.iter().map(String::as_str).collect::<Vec<_>>()).backend_options();
+        let b = parse(&b.iter().map(String::as_str).collect::<Vec<_>>())
+            .backend_options()
+            .unwrap();
         assert_eq!(b.dtype, ComputeDtype::BFloat16);
         assert!(!b.enforce_eager && !b.batch_invariant);
-        let cpu = parse(&[]).backend_options();
+        let cpu = parse(&[]).backend_options().unwrap();
         assert_eq!(cpu.dtype, ComputeDtype::Float32);
     }
 }

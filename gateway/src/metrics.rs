@@ -116,10 +116,32 @@ fn describe() {
     describe_counter!(WORKERS_DRAINED, "Workers that drained and left");
 }
 
-/// Answers every HTTP request on `listener` with the rendered metrics (until the task is dropped).
-pub async fn serve_metrics(listener: TcpListener, handle: PrometheusHandle) {
+/// How often histogram samples are folded into their buckets when nobody scrapes.
+pub const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Folds recorded histogram samples into their buckets every [`UPKEEP_INTERVAL`]. The recorder
+/// buffers every sample (one per streamed token for the inter-token latency) until it is drained,
+/// which otherwise happens only when `/metrics` is scraped: a server nobody scrapes would grow by
+/// about a kilobyte per request (seen in the soak test: 14 → 38 MiB over 30,000 requests).
+pub async fn upkeep(handle: PrometheusHandle) {
+    let mut tick = tokio::time::interval(UPKEEP_INTERVAL);
     loop {
-        let Ok((mut sock, _)) = listener.accept().await else {
+        tick.tick().await;
+        handle.run_upkeep();
+    }
+}
+
+/// Answers every HTTP request on `listener` with the rendered metrics, and runs the recorder's
+/// [`upkeep`] (until the task is dropped).
+pub async fn serve_metrics(listener: TcpListener, handle: PrometheusHandle) {
+    let upkeep = upkeep(handle.clone());
+    tokio::pin!(upkeep);
+    loop {
+        let accepted = tokio::select! {
+            () = &mut upkeep => continue,
+            accepted = listener.accept() => accepted,
+        };
+        let Ok((mut sock, _)) = accepted else {
             continue;
         };
         let handle = handle.clone();

@@ -18,6 +18,7 @@ use std::time::Instant;
 use serde_json::{Value, json};
 use worker::backend::cuda::ops::{self, Attention, Linear};
 use worker::backend::cuda::{CudaBackend, CudaOptions, DType, Gpu, PrefillKernel};
+use worker::backend::switches::KernelSwitches;
 use worker::backend::{Backend, DeviceSampling, ForwardBatch, SeqInput};
 use worker::checkpoint::Checkpoint;
 use worker::engine::{Engine, EngineConfig};
@@ -584,9 +585,15 @@ fn print_gemm_tuning(b: &CudaBackend) {
     }
 }
 
+/// The kernel switches this run measures: the `RINGSERVE_CUDA_*` variables, as the server reads
+/// them.
+fn switches() -> Res<KernelSwitches> {
+    Ok(KernelSwitches::from_env()?)
+}
+
 /// The backend settings every model measurement here uses (the server's defaults, bf16).
-fn bench_options() -> CudaOptions {
-    CudaOptions {
+fn bench_options() -> Res<CudaOptions> {
+    Ok(CudaOptions {
         ordinal: 0,
         dtype: DType::Bf16,
         block_size: 16,
@@ -595,27 +602,28 @@ fn bench_options() -> CudaOptions {
         enforce_eager: false,
         max_batch_tokens: 8192,
         batch_invariant: false,
-    }
+        kernels: switches()?,
+    })
 }
 
 fn main() -> Res<()> {
     let args: Vec<String> = std::env::args().collect();
     if args.len() == 3 && args[1] == "attention" {
         // `cuda_bench attention CASE`: one attention case alone, for ncu.
-        let gpu = Gpu::new(0)?;
+        let gpu = Gpu::new(0, &switches()?)?;
         attention_alone(&gpu, Some(args[2].parse()?))?;
         return Ok(());
     }
     if args.len() == 3 && args[1] == "kernels" {
         // `cuda_bench kernels OUT_JSON`: the attention kernels alone (no model).
-        let gpu = Gpu::new(0)?;
+        let gpu = Gpu::new(0, &switches()?)?;
         let res = attention_alone(&gpu, None)?;
         std::fs::write(&args[2], serde_json::to_string_pretty(&res)?)?;
         return Ok(());
     }
     if args.len() == 3 && args[1] == "gemv" {
         // `cuda_bench gemv OUT_JSON`: GEMV kernel vs cuBLAS alone (no model).
-        let gpu = Gpu::new(0)?;
+        let gpu = Gpu::new(0, &switches()?)?;
         let res = linear_alone(&gpu)?;
         std::fs::write(&args[2], serde_json::to_string_pretty(&res)?)?;
         return Ok(());
@@ -623,7 +631,7 @@ fn main() -> Res<()> {
     if args.len() == 6 && args[1] == "decode" {
         // `cuda_bench decode MODEL_DIR BATCHES CTX STEPS`: decode steps alone (for nsys / A-B).
         let (model, ckpt) = Checkpoint::load(Path::new(&args[2]))?;
-        let mut b = CudaBackend::new(&model, &ckpt, &bench_options())?;
+        let mut b = CudaBackend::new(&model, &ckpt, &bench_options()?)?;
         let (ctx, steps): (usize, usize) = (args[4].parse()?, args[5].parse()?);
         for batch in args[3].split(',') {
             let batch: usize = batch.parse()?;
@@ -650,7 +658,7 @@ fn main() -> Res<()> {
     let mut res = serde_json::Map::new();
     let t0 = Instant::now();
     let (model, ckpt) = Checkpoint::load(model_dir)?;
-    let opts = bench_options();
+    let opts = bench_options()?;
     let t1 = Instant::now();
     let mut b = CudaBackend::new(&model, &ckpt, &opts)?;
     let startup = t0.elapsed().as_secs_f64();

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use worker::backend::cuda::{CudaBackend, CudaOptions, DType};
+use worker::backend::switches::KernelSwitches;
 use worker::backend::{Backend, ForwardBatch, SeqInput};
 use worker::checkpoint::Checkpoint;
 use worker::config::ModelConfig;
@@ -73,6 +74,7 @@ fn backend(
         enforce_eager: eager,
         max_batch_tokens: 512,
         batch_invariant: dtype == DType::Bf16,
+        kernels: KernelSwitches::default(),
     };
     let b = CudaBackend::new(&model, &ckpt, &opts).unwrap_or_else(|e| panic!("CUDA backend: {e}"));
     (b, model)

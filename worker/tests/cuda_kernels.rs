@@ -8,6 +8,7 @@
 use half::bf16;
 use worker::backend::cuda::ops::{self, AddRmsNorm, Attention, Linear, RopeKv, SampleRow};
 use worker::backend::cuda::{DType, Gpu, PrefillKernel};
+use worker::backend::switches::KernelSwitches;
 
 struct Rng(u64);
 impl Rng {
@@ -31,7 +32,8 @@ impl Rng {
 }
 
 fn gpu() -> Gpu {
-    Gpu::new(0).unwrap_or_else(|e| panic!("a CUDA device is required: {e}"))
+    Gpu::new(0, &KernelSwitches::default())
+        .unwrap_or_else(|e| panic!("a CUDA device is required: {e}"))
 }
 
 /// Rounds through the storage type, so the CPU reference sees exactly what the GPU holds.

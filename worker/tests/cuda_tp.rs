@@ -19,6 +19,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use worker::backend::cuda::{CudaBackend, CudaOptions, CudaTp, DType};
+use worker::backend::switches::KernelSwitches;
 use worker::checkpoint::Checkpoint;
 use worker::engine::{Engine, EngineConfig};
 use worker::kv::SeqId;
@@ -63,6 +64,7 @@ fn options(ordinal: usize, eager: bool) -> CudaOptions {
         enforce_eager: eager,
         max_batch_tokens: 512,
         batch_invariant: false,
+        kernels: KernelSwitches::default(),
     }
 }
 

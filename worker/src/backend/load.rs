@@ -4,6 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::backend::cpu::{CpuBackend, CpuOptions};
+use crate::backend::switches::KernelSwitches;
 use crate::backend::{Backend, BackendError};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
@@ -75,6 +76,8 @@ pub struct BackendOptions {
     /// CUDA: run every GEMM on blocks of a fixed row count, so that a sequence's tokens do not
     /// depend on which other sequences share its step (slower; the CPU backend always is).
     pub batch_invariant: bool,
+    /// CUDA: which kernels run where there is a choice (ignored by the CPU backend).
+    pub kernels: KernelSwitches,
 }
 
 impl Default for BackendOptions {
@@ -87,6 +90,7 @@ impl Default for BackendOptions {
             gpu_memory_utilization: 0.9,
             enforce_eager: false,
             batch_invariant: false,
+            kernels: KernelSwitches::default(),
         }
     }
 }
@@ -131,6 +135,7 @@ pub fn cuda_options(options: &BackendOptions, ordinal: usize) -> crate::backend:
         enforce_eager: options.enforce_eager,
         max_batch_tokens: CUDA_WORKSPACE_TOKENS,
         batch_invariant: options.batch_invariant,
+        kernels: options.kernels,
     }
 }
 

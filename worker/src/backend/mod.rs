@@ -14,6 +14,7 @@ use thiserror::Error;
 pub mod cpu;
 mod load;
 pub mod null;
+pub mod switches;
 
 #[cfg(feature = "cuda")]
 pub use load::cuda_options;
@@ -187,9 +188,13 @@ pub enum BackendError {
     /// The batch is malformed (lengths disagree, a position is beyond a block table, ...).
     #[error("invalid batch: {0}")]
     InvalidBatch(String),
-    /// The device failed.
+    /// The device failed (a condition this backend found itself).
     #[error("device error: {0}")]
     Device(String),
+    /// A device library failed (the CUDA driver, cuBLAS, cuBLASLt, NVRTC); its error is kept as
+    /// the source.
+    #[error("device error: {0}")]
+    DeviceLibrary(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// The checkpoint could not be turned into this backend's weights.
     #[error("weights: {0}")]
     Weights(String),

@@ -4,7 +4,7 @@
 //! paged attention (prefill items direct, decode items split over the context and combined), the
 //! o projection, add + RMSNorm, one gate/up GEMM, SiLU·mul, the down projection. GEMMs take
 //! cuBLAS, except products of at most [`GEMV_CROSSOVER_ROWS`] rows with bf16 weights of at most
-//! [`GEMV_MAX_WEIGHT`] elements (q/k/v and o at the 8B shape), which take the tensor-core GEMV
+//! [`GEMV_MAX_WEIGHT`](crate::backend::switches::GEMV_MAX_WEIGHT) elements (q/k/v and o at the 8B shape), which take the tensor-core GEMV
 //! kernel: it beats cuBLAS there and not on the larger matrices (`cuda_bench gemv`, run 10).
 //! Where the q/k/v product takes the GEMV kernel, RoPE and the KV write run in its epilogue
 //! ([`ops::gemv_rope_kv`]: one launch fewer a layer, the same bits). Logits are computed only for
@@ -22,12 +22,13 @@ use std::collections::HashMap;
 use cudarc::driver::CudaGraph;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 
-use super::device::{Buf, DType, Gpu, dev_err};
-use super::lt::{GEMM_TUNE_ENV, LtGemm, TuneRecord};
+use super::device::{Buf, DType, Gpu};
+use super::lt::{LtGemm, TuneRecord};
 use super::ops::{self, AddRmsNorm, Attention, Linear, RopeKv, SampleRow};
 use super::step::{self, DECODE_SPLIT, HostStep, Limits};
 use super::tp::{CudaTp, DeviceGroup};
 use super::weights::{self, LayerWeights, Weights};
+use crate::backend::switches::{GemvChoice, KernelSwitches};
 use crate::backend::{Backend, BackendError, DeviceSampling, ForwardBatch, Logits};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
@@ -50,6 +51,8 @@ pub struct CudaOptions {
     /// Run every GEMM in blocks of [`INVARIANT_CHUNK`] rows so that a sequence's results do not
     /// depend on its batch (costs up to ~1.5 ms per decode step at batch 1 on the 8B shape).
     pub batch_invariant: bool,
+    /// Which kernels run where there is a choice.
+    pub kernels: KernelSwitches,
 }
 
 /// Rows per GEMM in batch-invariant mode.
@@ -177,63 +180,23 @@ pub struct CudaBackend {
     enforce_eager: bool,
     batch_invariant: bool,
     /// Which products take the GEMV kernel.
-    gemv: GemvPolicy,
-    /// Tuned cuBLASLt products (bf16, unless [`GEMM_TUNE_ENV`] is `0` or batch-invariant mode).
+    gemv: GemvChoice,
+    /// Tuned cuBLASLt products (bf16, unless [`KernelSwitches::gemm_tune`] is off or in
+    /// batch-invariant mode).
     lt: Option<LtGemm>,
     /// Whether small-batch steps prefetch each layer's o_proj weights into L2 while RoPE and
-    /// attention run ([`L2_PREFETCH_ENV`]).
+    /// attention run ([`KernelSwitches::l2_prefetch`], where the device has it).
     l2_prefetch: bool,
     /// Whether the q/k/v product runs fused with RoPE and the KV write where it takes the GEMV
-    /// kernel ([`FUSE_ROPE_ENV`]).
+    /// kernel ([`KernelSwitches::fuse_rope`]).
     fuse_rope: bool,
     _blas_workspace: Buf,
 }
-
-/// Environment variable turning off (`0`) the q/k/v product fused with RoPE and the KV write
-/// ([`ops::gemv_rope_kv`]), which small steps use where the q/k/v product takes the GEMV kernel.
-pub const FUSE_ROPE_ENV: &str = "RINGSERVE_CUDA_FUSE_ROPE";
-
-/// Environment variable overriding [`GemvPolicy::Small`]: `1` sends every product of up to
-/// [`GEMV_CROSSOVER_ROWS`] rows to the GEMV kernel, `0` keeps them all on cuBLAS, a larger number
-/// is the largest weight (elements) it takes instead of [`GEMV_MAX_WEIGHT`]. Ignored in
-/// batch-invariant mode.
-pub const GEMV_ENV: &str = "RINGSERVE_CUDA_GEMV";
-
-/// Environment variable turning the L2 prefetch of o_proj weights off (`0`). On by default for bf16
-/// on sm_90 and later, in steps of at most [`L2_PREFETCH_MAX_ROWS`] tokens: there RoPE, attention
-/// and its combine are latency-bound and leave HBM idle, so o_proj's weights can arrive in L2
-/// (33.5 MB of its 50 MB on the 8B shape) before the product reads them.
-pub const L2_PREFETCH_ENV: &str = "RINGSERVE_CUDA_L2_PREFETCH";
 
 /// Largest step (tokens) that prefetches o_proj. On the H200 (run 12d) it gained 0.02–0.05 ms a
 /// step at batch 1 and cost 0.15 ms at batch 8, where attention reads 8× the KV and the prefetch
 /// competes with it for HBM.
 pub const L2_PREFETCH_MAX_ROWS: usize = 1;
-
-/// Largest weight (elements) the GEMV kernel takes by default. On the H200 it beats cuBLAS on the
-/// 8B shape's q/k/v (25.2 M elements, 3.10 vs 2.80 TB/s at one row) and o (16.8 M, 2.75 vs
-/// 1.98 TB/s), and loses on down, gate/up and the LM head (≥ 58.7 M, 3.5–3.9 vs 3.6–4.2 TB/s).
-pub const GEMV_MAX_WEIGHT: usize = 1 << 25;
-
-/// Which small-batch products take the GEMV kernel instead of cuBLAS.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum GemvPolicy {
-    Never,
-    /// bf16 weights of at most this many elements ([`GEMV_MAX_WEIGHT`] by default).
-    Small(usize),
-    /// Every shape the kernel supports (`RINGSERVE_CUDA_GEMV=1`, for measuring).
-    All,
-}
-
-/// The policy [`GEMV_ENV`]'s value asks for (anything unrecognised: the default).
-fn gemv_policy(env: Option<&str>) -> GemvPolicy {
-    match env.map(|v| v.trim().parse::<usize>()) {
-        Some(Ok(0)) => GemvPolicy::Never,
-        Some(Ok(1)) => GemvPolicy::All,
-        Some(Ok(max)) => GemvPolicy::Small(max),
-        _ => GemvPolicy::Small(GEMV_MAX_WEIGHT),
-    }
-}
 
 /// Products of at most this many rows take the GEMV kernel when it is on (the crossover with
 /// cuBLAS, from `cuda_bench gemv`); more rows go to cuBLAS.
@@ -301,7 +264,13 @@ impl CudaBackend {
                 kernels::ATTN_ROWS
             )));
         }
-        let gpu = Gpu::new(opts.ordinal)?;
+        let gpu = Gpu::new(opts.ordinal, &opts.kernels)?;
+        tracing::info!(
+            switches = %opts.kernels,
+            prefill = gpu.prefill.name(),
+            arch = %gpu.arch,
+            "CUDA kernels"
+        );
         let mut group = tp.map(|tp| DeviceGroup::new(&gpu, tp)).transpose()?;
         let samples = shard.rank == 0;
         let weights = weights::upload(&gpu, cfg, ckpt, opts.dtype, &dims, samples)?;
@@ -330,8 +299,7 @@ impl CudaBackend {
                 blas_ws.bytes(),
             )
         }
-        .result()
-        .map_err(dev_err)?;
+        .result()?;
 
         let per_block =
             2 * cfg.num_hidden_layers * opts.block_size * dims.kv_dim * opts.dtype.size();
@@ -365,11 +333,9 @@ impl CudaBackend {
         // The host path synchronises inside the forward pass, which a graph cannot hold.
         let enforce_eager = opts.enforce_eager || group.as_ref().is_some_and(|g| !g.capturable());
         let capability = gpu.capability;
-        let lt = (opts.dtype == DType::Bf16
-            && !opts.batch_invariant
-            && std::env::var(GEMM_TUNE_ENV).as_deref() != Ok("0"))
-        .then(|| LtGemm::new(&gpu))
-        .transpose()?;
+        let lt = (opts.dtype == DType::Bf16 && !opts.batch_invariant && opts.kernels.gemm_tune)
+            .then(|| LtGemm::new(&gpu))
+            .transpose()?;
         Ok(Self {
             gpu,
             cfg: cfg.clone(),
@@ -387,12 +353,12 @@ impl CudaBackend {
             graphs: HashMap::new(),
             enforce_eager,
             batch_invariant: opts.batch_invariant,
-            gemv: gemv_policy(std::env::var(GEMV_ENV).ok().as_deref()),
+            gemv: opts.kernels.gemv,
             lt,
             l2_prefetch: opts.dtype == DType::Bf16
                 && ops::has_l2_prefetch(capability)
-                && std::env::var(L2_PREFETCH_ENV).as_deref() != Ok("0"),
-            fuse_rope: std::env::var(FUSE_ROPE_ENV).as_deref() != Ok("0"),
+                && opts.kernels.l2_prefetch,
+            fuse_rope: opts.kernels.fuse_rope,
             _blas_workspace: blas_ws,
         })
     }
@@ -515,9 +481,9 @@ impl CudaBackend {
 
     fn gemv_takes(&self, l: &Linear<'_>) -> bool {
         match self.gemv {
-            GemvPolicy::Never => false,
-            GemvPolicy::All => true,
-            GemvPolicy::Small(max) => l.w.dtype() == DType::Bf16 && l.n * l.k <= max,
+            GemvChoice::Off => false,
+            GemvChoice::All => true,
+            GemvChoice::UpTo(max) => l.w.dtype() == DType::Bf16 && l.n * l.k <= max,
         }
     }
 
@@ -676,7 +642,7 @@ impl CudaBackend {
             // o_proj's weights into L2 on a branch beside RoPE and attention (joined before o).
             let prefetch_o = self.l2_prefetch && n <= L2_PREFETCH_MAX_ROWS;
             if prefetch_o {
-                g.side.join(&g.stream).map_err(dev_err)?;
+                g.side.join(&g.stream)?;
                 ops::l2_prefetch(g, &w.o)?;
             }
             if !fused_rope {
@@ -719,7 +685,7 @@ impl CudaBackend {
                 ops::attention(g, &attn)?;
             }
             if prefetch_o {
-                g.stream.join(&g.side).map_err(dev_err)?;
+                g.stream.join(&g.side)?;
             }
             self.linear(&p.o)?;
             self.all_reduce(&ws.proj, n * h)?;
@@ -783,7 +749,7 @@ impl CudaBackend {
         batch: &ForwardBatch<'_>,
         sampling: Option<&[DeviceSampling]>,
     ) -> Result<usize, BackendError> {
-        self.gpu.ctx.bind_to_thread().map_err(dev_err)?;
+        self.gpu.ctx.bind_to_thread()?;
         let lim = self.limits();
         let st = step::build(batch, lim, 0)?;
         // Ranks other than 0 compute no logits (rank 0 samples for the group).
@@ -832,7 +798,7 @@ impl CudaBackend {
                     let graph = self.capture(dims)?;
                     self.graphs.insert(key, Graph(graph));
                 }
-                self.graphs[&key].0.launch().map_err(dev_err)?;
+                self.graphs[&key].0.launch()?;
                 return Ok(rows);
             }
         }
@@ -861,16 +827,13 @@ impl CudaBackend {
 
     fn capture(&self, dims: Dims) -> Result<CudaGraph, BackendError> {
         let s = &self.gpu.stream;
-        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(dev_err)?;
+        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
         let launched = self.launch_model(dims);
         // End the capture whatever happened, so the stream is usable again.
         let graph =
             s.end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY);
         launched?;
-        graph
-            .map_err(dev_err)?
-            .ok_or_else(|| BackendError::Device("CUDA graph capture produced no graph".into()))
+        graph?.ok_or_else(|| BackendError::Device("CUDA graph capture produced no graph".into()))
     }
 }
 
@@ -914,22 +877,5 @@ impl Backend for CudaBackend {
     ) -> Result<Option<Vec<u32>>, BackendError> {
         let rows = self.run(batch, Some(sampling))?;
         Ok(Some(self.gpu.download_u32(&self.ws.sampled, rows)?))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn gemv_policy_from_the_environment() {
-        assert_eq!(gemv_policy(None), GemvPolicy::Small(GEMV_MAX_WEIGHT));
-        assert_eq!(gemv_policy(Some("0")), GemvPolicy::Never);
-        assert_eq!(gemv_policy(Some("1")), GemvPolicy::All);
-        assert_eq!(
-            gemv_policy(Some(" 60000000")),
-            GemvPolicy::Small(60_000_000)
-        );
-        assert_eq!(gemv_policy(Some("yes")), GemvPolicy::Small(GEMV_MAX_WEIGHT));
     }
 }

@@ -14,6 +14,7 @@ use cudarc::nvrtc::Ptx;
 use half::bf16;
 
 use crate::backend::BackendError;
+use crate::backend::switches::{KernelSwitches, PrefillChoice};
 
 /// Element type of a device buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -105,17 +106,23 @@ impl Buf {
     }
 }
 
-pub(crate) fn dev_err(e: impl std::fmt::Debug) -> BackendError {
-    BackendError::Device(format!("{e:?}"))
+impl From<cudarc::driver::DriverError> for BackendError {
+    fn from(e: cudarc::driver::DriverError) -> Self {
+        BackendError::DeviceLibrary(Box::new(e))
+    }
 }
 
-/// Environment variable forcing the kernel of bf16 head-size-128 prefill attention: `mma` or
-/// `wgmma` (the latter only on compute capability 9.0, whose kernels compile for `sm_90a`).
-pub const PREFILL_ENV: &str = "RINGSERVE_CUDA_PREFILL";
+impl From<cudarc::cublas::result::CublasError> for BackendError {
+    fn from(e: cudarc::cublas::result::CublasError) -> Self {
+        BackendError::DeviceLibrary(Box::new(e))
+    }
+}
 
-/// Set to `0` to run bf16 head-size-128 decode attention on the CUDA-core kernel
-/// (`attn_decode_bf16_d128_g<G>`) instead of the tensor-core one.
-pub const DECODE_MMA_ENV: &str = "RINGSERVE_CUDA_DECODE_MMA";
+impl From<cudarc::cublaslt::result::CublasError> for BackendError {
+    fn from(e: cudarc::cublaslt::result::CublasError) -> Self {
+        BackendError::DeviceLibrary(Box::new(e))
+    }
+}
 
 /// The kernel that runs bf16 head-size-128 prefill attention; both take the same work items of
 /// [`kernels::PREFILL_MMA_TOKENS`] query tokens.
@@ -162,23 +169,18 @@ impl PrefillKernel {
         }
     }
 
-    /// The default kernel for `arch`, or the one `forced` names (the value of [`PREFILL_ENV`]).
-    pub fn select(arch: &str, forced: Option<&str>) -> Result<Self, BackendError> {
+    /// The kernel `choice` asks for on `arch` (its default for [`PrefillChoice::Auto`]).
+    pub fn select(arch: &str, choice: PrefillChoice) -> Result<Self, BackendError> {
         let available = Self::available(arch);
-        let kernel = match forced {
-            None => return Ok(available[0]),
-            Some("mma") => PrefillKernel::Mma,
-            Some("wgmma") => PrefillKernel::Wgmma,
-            Some(other) => {
-                return Err(BackendError::InvalidOptions(format!(
-                    "{PREFILL_ENV}={other}: expected mma or wgmma"
-                )));
-            }
+        let kernel = match choice {
+            PrefillChoice::Auto => return Ok(available[0]),
+            PrefillChoice::Mma => PrefillKernel::Mma,
+            PrefillChoice::Wgmma => PrefillKernel::Wgmma,
         };
         if !available.contains(&kernel) {
             return Err(BackendError::InvalidOptions(format!(
-                "{PREFILL_ENV}=wgmma needs a compute capability 9.0 device (kernels for sm_90a); \
-                 this one compiles for {arch}"
+                "the wgmma prefill kernel (RINGSERVE_CUDA_PREFILL=wgmma) needs a compute \
+                 capability 9.0 device (kernels for sm_90a); this one compiles for {arch}"
             )));
         }
         Ok(kernel)
@@ -213,7 +215,7 @@ pub struct Gpu {
     /// prefill.
     pub prefill: PrefillKernel,
     /// Whether bf16 head-size-128 decode attention runs on the tensor-core kernel
-    /// ([`kernels::DECODE_MMA_KERNEL`]); off with [`DECODE_MMA_ENV`]`=0`.
+    /// ([`kernels::DECODE_MMA_KERNEL`]); [`KernelSwitches::decode_mma`].
     pub decode_mma: bool,
     /// Streaming multiprocessors.
     pub sms: usize,
@@ -224,40 +226,38 @@ pub struct Gpu {
 }
 
 impl Gpu {
-    /// Opens GPU `ordinal`, compiles (or loads) the kernels for its architecture.
-    pub fn new(ordinal: usize) -> Result<Self, BackendError> {
+    /// Opens GPU `ordinal`, compiles (or loads) the kernels for its architecture, and picks the
+    /// attention kernels `switches` ask for.
+    pub fn new(ordinal: usize, switches: &KernelSwitches) -> Result<Self, BackendError> {
         // SAFETY: only tries to dlopen the driver library's candidate names.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             return Err(BackendError::Device(
                 "libcuda.so (the NVIDIA driver) was not found".into(),
             ));
         }
-        let ctx = CudaContext::new(ordinal).map_err(dev_err)?;
+        let ctx = CudaContext::new(ordinal)?;
         // SAFETY: event tracking orders cudarc's allocations across streams. This backend does
         // all its work on one stream; the side stream only reads weights, which nothing writes
         // after loading, after an explicit join (an event) on the main stream, and is joined
         // back before anything follows that could free them. So the tracking is never needed.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.new_stream().map_err(dev_err)?;
-        let side = ctx.new_stream().map_err(dev_err)?;
-        let (major, minor) = ctx.compute_capability().map_err(dev_err)?;
+        let stream = ctx.new_stream()?;
+        let side = ctx.new_stream()?;
+        let (major, minor) = ctx.compute_capability()?;
         let arch = arch_for(major, minor);
-        let prefill = PrefillKernel::select(&arch, std::env::var(PREFILL_ENV).ok().as_deref())?;
+        let prefill = PrefillKernel::select(&arch, switches.prefill)?;
         let sms = ctx
             .attribute(
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-            )
-            .map_err(dev_err)?
+            )?
             .max(1) as usize;
         let t = Instant::now();
         let compiled = kernels::compile(&kernels::CompileOptions::for_arch(&arch))
             .map_err(|e| BackendError::Device(e.to_string()))?;
-        let module = ctx
-            .load_module(Ptx::from_binary(compiled.cubin))
-            .map_err(dev_err)?;
+        let module = ctx.load_module(Ptx::from_binary(compiled.cubin))?;
         let mut funcs = HashMap::new();
         for &name in kernels::KERNELS {
-            funcs.insert(name, module.load_function(name).map_err(dev_err)?);
+            funcs.insert(name, module.load_function(name)?);
         }
         for dt in ["f32", "bf16"] {
             let f = &funcs[format!("attention_{dt}").as_str()];
@@ -265,7 +265,7 @@ impl Gpu {
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 kernels::attention_smem_bytes(kernels::ATTN_MAX_HEAD_DIM) as i32,
             )
-            .map_err(dev_err)?;
+            ?;
         }
         // The decode kernels' K/V rings: above the default 48 KiB, and as much of each SM's
         // L1/shared memory as shared memory as possible (their copies bypass L1).
@@ -275,13 +275,11 @@ impl Gpu {
                 for &g in kernels::DECODE_GROUPS {
                     let f = &funcs[format!("attn_decode_{dt}_d{d}_g{g}").as_str()];
                     let smem = kernels::decode_smem_bytes(size, d) as i32;
-                    f.set_attribute(Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
-                        .map_err(dev_err)?;
+                    f.set_attribute(Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)?;
                     f.set_attribute(
                         Attr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
                         100,
-                    )
-                    .map_err(dev_err)?;
+                    )?;
                 }
             }
         }
@@ -289,25 +287,21 @@ impl Gpu {
         f.set_attribute(
             Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             kernels::decode_smem_bytes(2, 128) as i32,
-        )
-        .map_err(dev_err)?;
+        )?;
         f.set_attribute(
             Attr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
             100,
-        )
-        .map_err(dev_err)?;
+        )?;
         // The tensor-core prefill kernel's K/V ring and Q tile: 96 KiB, two blocks per SM.
         let f = &funcs["attn_prefill_bf16_d128"];
         f.set_attribute(
             Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             kernels::PREFILL_MMA_SMEM_BYTES as i32,
-        )
-        .map_err(dev_err)?;
+        )?;
         f.set_attribute(
             Attr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
             100,
-        )
-        .map_err(dev_err)?;
+        )?;
         // The Hopper prefill kernel's Q tile and K/V rings: 161 KiB, one block per SM. Only where
         // its body is compiled: other devices may not allow that much.
         if PrefillKernel::available(&arch).contains(&PrefillKernel::Wgmma) {
@@ -315,15 +309,13 @@ impl Gpu {
             f.set_attribute(
                 Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 kernels::PREFILL_WGMMA_SMEM_BYTES as i32,
-            )
-            .map_err(dev_err)?;
+            )?;
             f.set_attribute(
                 Attr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
                 100,
-            )
-            .map_err(dev_err)?;
+            )?;
         }
-        let blas = CudaBlas::new(stream.clone()).map_err(dev_err)?;
+        let blas = CudaBlas::new(stream.clone())?;
         Ok(Self {
             ctx,
             stream,
@@ -333,7 +325,7 @@ impl Gpu {
             arch,
             capability: (major, minor),
             prefill,
-            decode_mma: std::env::var(DECODE_MMA_ENV).as_deref() != Ok("0"),
+            decode_mma: switches.decode_mma,
             sms,
             kernel_load_s: t.elapsed().as_secs_f64(),
             kernels_from_cache: compiled.from_cache,
@@ -349,10 +341,7 @@ impl Gpu {
 
     /// A zeroed buffer.
     pub fn alloc(&self, dtype: DType, len: usize) -> Result<Buf, BackendError> {
-        let mem = self
-            .stream
-            .alloc_zeros::<u8>((len * dtype.size()).max(1))
-            .map_err(dev_err)?;
+        let mem = self.stream.alloc_zeros::<u8>((len * dtype.size()).max(1))?;
         Ok(self.wrap(mem, len, dtype))
     }
 
@@ -373,9 +362,9 @@ impl Gpu {
     pub fn upload_bytes(&self, bytes: &[u8], dtype: DType) -> Result<Buf, BackendError> {
         let len = bytes.len() / dtype.size();
         let mem = if bytes.is_empty() {
-            self.stream.alloc_zeros::<u8>(1).map_err(dev_err)?
+            self.stream.alloc_zeros::<u8>(1)?
         } else {
-            self.stream.clone_htod(bytes).map_err(dev_err)?
+            self.stream.clone_htod(bytes)?
         };
         Ok(self.wrap(mem, len, dtype))
     }
@@ -427,7 +416,7 @@ impl Gpu {
             return Ok(());
         }
         let mut view = dst.mem.slice_mut(0..bytes.len());
-        self.stream.memcpy_htod(bytes, &mut view).map_err(dev_err)
+        Ok(self.stream.memcpy_htod(bytes, &mut view)?)
     }
 
     /// Copies `bytes` into `dst` starting at byte `offset`.
@@ -451,7 +440,7 @@ impl Gpu {
             return Ok(());
         }
         let mut view = dst.mem.slice_mut(offset..end);
-        self.stream.memcpy_htod(bytes, &mut view).map_err(dev_err)
+        Ok(self.stream.memcpy_htod(bytes, &mut view)?)
     }
 
     /// Copies `bytes` into the start of `dst` in stream order and waits for the copy, for buffers
@@ -469,8 +458,7 @@ impl Gpu {
         // copy is ordered on the one stream after every kernel queued so far.
         unsafe {
             cudarc::driver::result::memcpy_htod_async(dst.ptr, bytes, self.stream.cu_stream())
-        }
-        .map_err(dev_err)?;
+        }?;
         self.sync()
     }
 
@@ -479,11 +467,9 @@ impl Gpu {
         let n = (len * buf.dtype.size()).min(buf.mem.len());
         let mut out = vec![0u8; n];
         if n > 0 {
-            self.stream
-                .memcpy_dtoh(&buf.mem.slice(0..n), &mut out)
-                .map_err(dev_err)?;
+            self.stream.memcpy_dtoh(&buf.mem.slice(0..n), &mut out)?;
         }
-        self.stream.synchronize().map_err(dev_err)?;
+        self.stream.synchronize()?;
         Ok(out)
     }
 
@@ -527,12 +513,12 @@ impl Gpu {
 
     /// Waits for all queued work.
     pub fn sync(&self) -> Result<(), BackendError> {
-        self.stream.synchronize().map_err(dev_err)
+        Ok(self.stream.synchronize()?)
     }
 
     /// Free and total device memory in bytes.
     pub fn mem_info(&self) -> Result<(usize, usize), BackendError> {
-        cudarc::driver::result::mem_get_info().map_err(dev_err)
+        Ok(cudarc::driver::result::mem_get_info()?)
     }
 }
 
@@ -556,33 +542,29 @@ mod tests {
     #[test]
     fn prefill_kernel_defaults_to_wgmma_on_sm_90a_only() {
         assert_eq!(
-            PrefillKernel::select("sm_90a", None).unwrap(),
+            PrefillKernel::select("sm_90a", PrefillChoice::Auto).unwrap(),
             PrefillKernel::Wgmma
         );
         assert_eq!(
-            PrefillKernel::select("sm_89", None).unwrap(),
+            PrefillKernel::select("sm_89", PrefillChoice::Auto).unwrap(),
             PrefillKernel::Mma
         );
         assert_eq!(
-            PrefillKernel::select("sm_90", None).unwrap(),
+            PrefillKernel::select("sm_90", PrefillChoice::Auto).unwrap(),
             PrefillKernel::Mma
         );
         assert_eq!(
-            PrefillKernel::select("sm_90a", Some("mma")).unwrap(),
+            PrefillKernel::select("sm_90a", PrefillChoice::Mma).unwrap(),
             PrefillKernel::Mma
         );
         assert_eq!(
-            PrefillKernel::select("sm_90a", Some("wgmma")).unwrap(),
+            PrefillKernel::select("sm_90a", PrefillChoice::Wgmma).unwrap(),
             PrefillKernel::Wgmma
         );
-        let err = PrefillKernel::select("sm_80", Some("wgmma"))
+        let err = PrefillKernel::select("sm_80", PrefillChoice::Wgmma)
             .unwrap_err()
             .to_string();
         assert!(err.contains("sm_90a") && err.contains("sm_80"), "{err}");
-        let err = PrefillKernel::select("sm_90a", Some("fast"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("expected mma or wgmma"), "{err}");
     }
 
     #[test]

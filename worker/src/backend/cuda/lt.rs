@@ -17,12 +17,9 @@ use std::ffi::c_void;
 use cudarc::cublaslt::{result as lt, sys};
 use cudarc::driver::sys::CUevent_flags;
 
-use super::device::{Buf, DType, Gpu, dev_err};
+use super::device::{Buf, DType, Gpu};
 use super::ops::{self, Linear};
 use crate::backend::BackendError;
-
-/// Environment variable turning the tuning off (`0`): every product on `cublasGemmEx`.
-pub const GEMM_TUNE_ENV: &str = "RINGSERVE_CUDA_GEMM_TUNE";
 
 /// cuBLASLt heuristic candidates timed per shape.
 pub const CANDIDATES: usize = 8;
@@ -79,8 +76,7 @@ impl Plan {
         let desc = lt::create_matmul_desc(
             sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
             sys::cudaDataType::CUDA_R_32F,
-        )
-        .map_err(lt_err)?;
+        )?;
         // From here on `plan` owns what exists; Drop destroys it if a later step fails.
         let mut plan = Plan {
             desc,
@@ -100,11 +96,10 @@ impl Plan {
                 (&transpose as *const i32).cast(),
                 std::mem::size_of::<i32>(),
             )
-        }
-        .map_err(lt_err)?;
-        plan.a = lt::create_matrix_layout(ty(shape.dtype), k, n, k as i64).map_err(lt_err)?;
-        plan.b = lt::create_matrix_layout(ty(shape.dtype), k, m, k as i64).map_err(lt_err)?;
-        plan.d = lt::create_matrix_layout(ty(shape.out), n, m, n as i64).map_err(lt_err)?;
+        }?;
+        plan.a = lt::create_matrix_layout(ty(shape.dtype), k, n, k as i64)?;
+        plan.b = lt::create_matrix_layout(ty(shape.dtype), k, m, k as i64)?;
+        plan.d = lt::create_matrix_layout(ty(shape.out), n, m, n as i64)?;
         Ok(plan)
     }
 }
@@ -142,8 +137,8 @@ unsafe impl Send for LtGemm {}
 impl LtGemm {
     /// A cuBLASLt handle with its workspace on `gpu`.
     pub fn new(gpu: &Gpu) -> Result<Self, BackendError> {
-        gpu.ctx.bind_to_thread().map_err(dev_err)?;
-        let handle = lt::create_handle().map_err(lt_err)?;
+        gpu.ctx.bind_to_thread()?;
+        let handle = lt::create_handle()?;
         let workspace = gpu.alloc(DType::U32, LT_WORKSPACE_BYTES / 4)?;
         Ok(Self {
             handle,
@@ -214,7 +209,7 @@ impl LtGemm {
 
     /// cuBLASLt's best [`CANDIDATES`] algorithms for `plan`'s shape within the workspace.
     fn candidates(&self, plan: &Plan) -> Result<Vec<sys::cublasLtMatmulAlgo_t>, BackendError> {
-        let pref = lt::create_matmul_pref().map_err(lt_err)?;
+        let pref = lt::create_matmul_pref()?;
         let limit = LT_WORKSPACE_BYTES as u64;
         // SAFETY: pref was just created; the attribute is a u64 read from a live local.
         let set = unsafe {
@@ -250,8 +245,8 @@ impl LtGemm {
             .result()
         });
         // SAFETY: pref was created above and is not used after this.
-        unsafe { lt::destroy_matmul_pref(pref) }.map_err(lt_err)?;
-        found.map_err(lt_err)?;
+        unsafe { lt::destroy_matmul_pref(pref) }?;
+        found?;
         let filled = (count.max(0) as usize).min(CANDIDATES);
         Ok(results[..filled]
             .iter()
@@ -288,8 +283,8 @@ impl LtGemm {
                 LT_WORKSPACE_BYTES,
                 gpu.stream.cu_stream() as sys::cudaStream_t,
             )
-        }
-        .map_err(lt_err)
+        }?;
+        Ok(())
     }
 }
 
@@ -320,15 +315,11 @@ fn time_us(
 ) -> Result<f64, BackendError> {
     f()?;
     let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
-    let start = gpu.stream.record_event(flags).map_err(dev_err)?;
+    let start = gpu.stream.record_event(flags)?;
     for _ in 0..TIMED_REPS {
         f()?;
     }
-    let end = gpu.stream.record_event(flags).map_err(dev_err)?;
-    let ms = start.elapsed_ms(&end).map_err(dev_err)?;
+    let end = gpu.stream.record_event(flags)?;
+    let ms = start.elapsed_ms(&end)?;
     Ok(f64::from(ms) * 1e3 / TIMED_REPS as f64)
-}
-
-fn lt_err(e: lt::CublasError) -> BackendError {
-    BackendError::Device(format!("cuBLASLt: {e:?}"))
 }

@@ -11,8 +11,7 @@ mod tp;
 mod weights;
 
 pub use backend::{
-    CudaBackend, CudaOptions, GEMV_CROSSOVER_ROWS, GEMV_ENV, GEMV_MAX_WEIGHT, INVARIANT_CHUNK,
-    MAX_GRAPH_BATCH,
+    CudaBackend, CudaOptions, GEMV_CROSSOVER_ROWS, INVARIANT_CHUNK, MAX_GRAPH_BATCH,
 };
-pub use device::{Buf, DECODE_MMA_ENV, DType, Gpu, PREFILL_ENV, PrefillKernel};
+pub use device::{Buf, DType, Gpu, PrefillKernel};
 pub use tp::CudaTp;

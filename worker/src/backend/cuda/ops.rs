@@ -7,7 +7,7 @@
 use cudarc::cublas::sys as blas_sys;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
-use super::device::{Buf, DType, Gpu, PrefillKernel, dev_err};
+use super::device::{Buf, DType, Gpu, PrefillKernel};
 use crate::backend::BackendError;
 
 fn float_type(b: &Buf, what: &str) -> Result<DType, BackendError> {
@@ -63,7 +63,7 @@ pub unsafe fn embedding(
     // row of table (the caller's promise); the argument list matches embedding_<dt>'s signature.
     unsafe { b.launch(cfg((dim(n, "rows")?, 1, 1), 256, 0)) }
         .map(|_| ())
-        .map_err(dev_err)
+        .map_err(BackendError::from)
 }
 
 /// Arguments of [`add_rmsnorm`].
@@ -122,7 +122,7 @@ pub fn add_rmsnorm(gpu: &Gpu, a: &AddRmsNorm<'_>) -> Result<(), BackendError> {
     // starts 16-byte aligned in these whole (256-byte aligned) allocations.
     unsafe { b.launch(cfg((dim(a.rows, "rows")?, 1, 1), threads, 0)) }
         .map(|_| ())
-        .map_err(dev_err)
+        .map_err(BackendError::from)
 }
 
 /// `out[r] = silu(gate_up[r][..inter]) * gate_up[r][inter..]`.
@@ -157,7 +157,7 @@ pub fn silu_mul(
     // accesses only where inter is a multiple of 16 bytes' worth, so rows stay aligned).
     unsafe { b.launch(cfg(grid, 256, 0)) }
         .map(|_| ())
-        .map_err(dev_err)
+        .map_err(BackendError::from)
 }
 
 /// Whether a device of compute capability `(major, minor)` has the bulk L2 prefetch of
@@ -185,7 +185,7 @@ pub fn l2_prefetch(gpu: &Gpu, buf: &Buf) -> Result<(), BackendError> {
     // kernel issues lies inside the allocation; a prefetch writes nothing.
     unsafe { b.launch(cfg((dim(blocks, "blocks")?, 1, 1), threads as u32, 0)) }
         .map(|_| ())
-        .map_err(dev_err)
+        .map_err(BackendError::from)
 }
 
 /// Converts `n` elements between f32 and bf16.
@@ -207,7 +207,7 @@ pub fn cast(gpu: &Gpu, src: &Buf, dst: &Buf, n: usize) -> Result<(), BackendErro
     // SAFETY: both buffers hold n elements of their types (checked); grid-stride loop bounded by n.
     unsafe { b.launch(cfg((blocks, 1, 1), 256, 0)) }
         .map(|_| ())
-        .map_err(dev_err)
+        .map_err(BackendError::from)
 }
 
 /// The kernel's `RopeParams` (rope.cu), field for field.
@@ -312,7 +312,7 @@ pub unsafe fn rope_kv_write(gpu: &Gpu, a: &RopeKv<'_>) -> Result<(), BackendErro
     // the caller's promise.
     unsafe { b.launch(cfg(grid, threads, 0)) }
         .map(|_| ())
-        .map_err(dev_err)
+        .map_err(BackendError::from)
 }
 
 /// The kernel's `GemvRopeParams` (gemv.cu), field for field.
@@ -376,7 +376,7 @@ pub unsafe fn gemv_rope_kv(gpu: &Gpu, l: &Linear<'_>, a: &RopeKv<'_>) -> Result<
     // < d/2, whose buffers a.params() checked; cache slots are the caller's promise.
     unsafe { b.launch(cfg((grid, 1, 1), kernels::GEMV_THREADS, 0)) }
         .map(|_| ())
-        .map_err(dev_err)
+        .map_err(BackendError::from)
 }
 
 /// The kernel's `AttnParams` (attention.cu), field for field.
@@ -579,7 +579,7 @@ pub unsafe fn attention_with(
         let smem = kernels::decode_smem_bytes(dt.size(), a.d);
         // SAFETY: as for the general kernel below; the decode kernel's parameter struct has the
         // same layout, and the caller promises single-token sequences. Gpu::new allowed `smem`.
-        unsafe { b.launch(cfg(grid, kernels::DECODE_THREADS, smem)) }.map_err(dev_err)?;
+        unsafe { b.launch(cfg(grid, kernels::DECODE_THREADS, smem)) }?;
     } else if prefill_on_tensor_cores(dt, a.d) {
         if !PrefillKernel::available(&gpu.arch).contains(&prefill) {
             return Err(BackendError::Device(format!(
@@ -595,14 +595,14 @@ pub unsafe fn attention_with(
         // SAFETY: as for the general kernel; items were built with attention_tile_tokens (128
         // tokens each) for this type and head size, which both prefill kernels assume. The kernel
         // runs on this architecture (checked above) and Gpu::new allowed its shared memory.
-        unsafe { b.launch(cfg(grid, prefill.threads(), prefill.smem_bytes())) }.map_err(dev_err)?;
+        unsafe { b.launch(cfg(grid, prefill.threads(), prefill.smem_bytes())) }?;
     } else {
         let f = gpu.func(&format!("attention_{}", dt.suffix()))?;
         let mut b = gpu.stream.launch_builder(f);
         b.arg(&p);
         let smem = kernels::attention_smem_bytes(a.d);
         // SAFETY: q/out/partials sized (checked); the index data is the caller's promise.
-        unsafe { b.launch(cfg(grid, kernels::ATTN_THREADS, smem)) }.map_err(dev_err)?;
+        unsafe { b.launch(cfg(grid, kernels::ATTN_THREADS, smem)) }?;
     }
     if a.num_splits > 1 {
         let f = gpu.func(&format!("attn_combine_{}", dt.suffix()))?;
@@ -611,7 +611,7 @@ pub unsafe fn attention_with(
         let threads = (a.d.div_ceil(32) * 32) as u32;
         let grid = (dim(a.num_items, "items")?, dim(a.hq, "hq")?, 1);
         // SAFETY: the combine reads the items*hq*num_splits partials written above and writes out.
-        unsafe { b.launch(cfg(grid, threads, 0)) }.map_err(dev_err)?;
+        unsafe { b.launch(cfg(grid, threads, 0)) }?;
     }
     Ok(())
 }
@@ -731,7 +731,7 @@ pub fn gemv_rows(gpu: &Gpu, l: &Linear<'_>, rows_per_block: usize) -> Result<(),
     // split of K assumes kernels::GEMV_THREADS (256) threads; their shared memory is static.
     unsafe { b.launch(cfg(grid, kernels::GEMV_THREADS, 0)) }
         .map(|_| ())
-        .map_err(dev_err)
+        .map_err(BackendError::from)
 }
 
 /// Runs the product with cuBLAS (f32 accumulation; bf16 or f32 inputs).
@@ -782,7 +782,7 @@ fn gemm_rows(gpu: &Gpu, l: &Linear<'_>, row0: usize, rows: usize) -> Result<(), 
             blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
         )
     }
-    .map_err(dev_err)
+    .map_err(BackendError::from)
 }
 
 /// The product the backend uses for more rows than the GEMV crossover (or with the GEMV kernel
@@ -874,7 +874,7 @@ pub fn sample(
     // done[r] (the first rows words, read as u32 counters); the row's last block writes out[r].
     unsafe { b.launch(cfg(grid, kernels::SAMPLE_THREADS, 0)) }
         .map(|_| ())
-        .map_err(dev_err)
+        .map_err(BackendError::from)
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use std::time::Instant;
 use cudarc::driver::{CudaEvent, PinnedHostSlice};
 use rayon::prelude::*;
 
-use super::device::{Buf, Gpu, dev_err};
+use super::device::{Buf, Gpu};
 use crate::backend::BackendError;
 
 /// Pinned chunks in flight.
@@ -53,8 +53,8 @@ impl Staging {
         for _ in 0..BUFFERS {
             // SAFETY: the chunk's bytes are uninitialised; they are only ever read by a device copy
             // of a prefix that `write` filled first.
-            let host = unsafe { gpu.ctx.alloc_pinned::<u8>(CHUNK_BYTES) }.map_err(dev_err)?;
-            let event = gpu.ctx.new_event(None).map_err(dev_err)?;
+            let host = unsafe { gpu.ctx.alloc_pinned::<u8>(CHUNK_BYTES) }?;
+            let event = gpu.ctx.new_event(None)?;
             chunks.push((host, event));
         }
         Ok(Self {
@@ -87,9 +87,9 @@ impl Staging {
             let (host, event) = &mut self.chunks[self.next];
             self.next = (self.next + 1) % BUFFERS;
             // The device's last copy out of this chunk must be done before it is overwritten.
-            event.synchronize().map_err(dev_err)?;
+            event.synchronize()?;
             // (`as_mut_slice` waits on cudarc's own event, which this module never records.)
-            let host = &mut host.as_mut_slice().map_err(dev_err)?[..piece.len()];
+            let host = &mut host.as_mut_slice()?[..piece.len()];
             host.par_chunks_mut(PIECE_BYTES)
                 .zip(piece.par_chunks(PIECE_BYTES))
                 .for_each(|(d, s)| d.copy_from_slice(s));
@@ -105,9 +105,8 @@ impl Staging {
                     &*host,
                     gpu.stream.cu_stream(),
                 )
-            }
-            .map_err(dev_err)?;
-            event.record(&gpu.stream).map_err(dev_err)?;
+            }?;
+            event.record(&gpu.stream)?;
             at += piece.len();
         }
         self.bytes += bytes.len();

@@ -13,7 +13,7 @@ use std::ffi::CStr;
 use cudarc::nccl::sys as nccl;
 use half::bf16;
 
-use super::device::{Buf, DType, Gpu, dev_err};
+use super::device::{Buf, DType, Gpu};
 use crate::backend::BackendError;
 use crate::tp::{Communicator, TpCollectives, TpShard, broadcast_bytes};
 
@@ -197,7 +197,7 @@ fn init_nccl(
     for (dst, &b) in id.internal.iter_mut().zip(&bytes) {
         *dst = b as std::ffi::c_char;
     }
-    gpu.ctx.bind_to_thread().map_err(dev_err)?;
+    gpu.ctx.bind_to_thread()?;
     let world = i32::try_from(shard.world)
         .map_err(|_| BackendError::InvalidOptions("tensor-parallel size too large".into()))?;
     let mut comm: nccl::ncclComm_t = std::ptr::null_mut();

@@ -1,0 +1,219 @@
+//! The CUDA backend's kernel switches: one typed struct, part of the backend's options, read from
+//! the environment in exactly one place ([`KernelSwitches::from_env`], called by the command line
+//! at start-up) so that tests and tools set them through the same struct.
+//!
+//! Every switch defaults to what measured fastest on the H200 (docs/benchmarks.md); turning one
+//! off is for measuring the alternative. The struct exists in every build (the CPU backend
+//! ignores it), so call sites need no `cfg`.
+
+use std::fmt;
+
+/// The environment variables [`KernelSwitches::from_env`] reads, with what each accepts.
+pub const KERNEL_SWITCH_VARS: [(&str, &str); 6] = [
+    ("RINGSERVE_CUDA_PREFILL", "mma or wgmma"),
+    ("RINGSERVE_CUDA_DECODE_MMA", "0 or 1"),
+    ("RINGSERVE_CUDA_GEMV", "0, 1, or a weight size in elements"),
+    ("RINGSERVE_CUDA_FUSE_ROPE", "0 or 1"),
+    ("RINGSERVE_CUDA_L2_PREFETCH", "0 or 1"),
+    ("RINGSERVE_CUDA_GEMM_TUNE", "0 or 1"),
+];
+
+/// Largest weight (elements) the GEMV kernel takes by default. On the H200 it beats cuBLAS on the
+/// 8B shape's q/k/v (25.2 M elements, 3.10 vs 2.80 TB/s at one row) and o (16.8 M, 2.75 vs
+/// 1.98 TB/s), and loses on down, gate/up and the LM head (≥ 58.7 M, 3.5–3.9 vs 3.6–4.2 TB/s).
+pub const GEMV_MAX_WEIGHT: usize = 1 << 25;
+
+/// Which kernel runs bf16 head-size-128 prefill attention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PrefillChoice {
+    /// The architecture's best: wgmma on compute capability 9.0 (`sm_90a`), mma.sync elsewhere.
+    #[default]
+    Auto,
+    /// mma.sync, every architecture.
+    Mma,
+    /// Hopper's wgmma; an error on other architectures.
+    Wgmma,
+}
+
+/// Which small-batch products (at most `GEMV_CROSSOVER_ROWS` rows) take the GEMV kernel instead
+/// of cuBLAS. Ignored in batch-invariant mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GemvChoice {
+    /// None: every product on cuBLAS.
+    Off,
+    /// bf16 weights of at most this many elements ([`GEMV_MAX_WEIGHT`] by default).
+    UpTo(usize),
+    /// Every shape the kernel supports (for measuring).
+    All,
+}
+
+impl Default for GemvChoice {
+    fn default() -> Self {
+        Self::UpTo(GEMV_MAX_WEIGHT)
+    }
+}
+
+/// The CUDA backend's kernel choices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelSwitches {
+    /// bf16 head-size-128 prefill attention.
+    pub prefill: PrefillChoice,
+    /// bf16 head-size-128 decode attention on tensor cores (off: the CUDA-core kernel).
+    pub decode_mma: bool,
+    /// Small-batch products on the GEMV kernel.
+    pub gemv: GemvChoice,
+    /// Where q/k/v takes the GEMV kernel, RoPE and the paged KV write run in its epilogue.
+    pub fuse_rope: bool,
+    /// bf16 on sm_90+, batch 1: each layer's o_proj weights are prefetched into L2 on a side
+    /// branch of the graph while RoPE and attention run.
+    pub l2_prefetch: bool,
+    /// Before a decode bucket's capture, time its bf16 products through cuBLAS and cuBLASLt's
+    /// heuristic algorithms and keep the fastest.
+    pub gemm_tune: bool,
+}
+
+impl Default for KernelSwitches {
+    fn default() -> Self {
+        Self {
+            prefill: PrefillChoice::Auto,
+            decode_mma: true,
+            gemv: GemvChoice::default(),
+            fuse_rope: true,
+            l2_prefetch: true,
+            gemm_tune: true,
+        }
+    }
+}
+
+/// A switch variable holds a value it does not take.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{var}={value:?}: expected {expected}")]
+pub struct SwitchError {
+    pub var: &'static str,
+    pub value: String,
+    pub expected: &'static str,
+}
+
+impl KernelSwitches {
+    /// The switches the `RINGSERVE_CUDA_*` variables of [`KERNEL_SWITCH_VARS`] set (unset ones
+    /// keep their default); a value a variable does not take is an error naming it.
+    pub fn from_env() -> Result<Self, SwitchError> {
+        Self::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// [`KernelSwitches::from_env`] over any source of variables.
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Self, SwitchError> {
+        let mut s = Self::default();
+        for (var, expected) in KERNEL_SWITCH_VARS {
+            let Some(value) = get(var) else { continue };
+            let bad = || SwitchError {
+                var,
+                value: value.clone(),
+                expected,
+            };
+            let flag = || match value.trim() {
+                "0" => Ok(false),
+                "1" => Ok(true),
+                _ => Err(bad()),
+            };
+            match var {
+                "RINGSERVE_CUDA_PREFILL" => {
+                    s.prefill = match value.trim() {
+                        "mma" => PrefillChoice::Mma,
+                        "wgmma" => PrefillChoice::Wgmma,
+                        _ => return Err(bad()),
+                    }
+                }
+                "RINGSERVE_CUDA_DECODE_MMA" => s.decode_mma = flag()?,
+                "RINGSERVE_CUDA_GEMV" => {
+                    s.gemv = match value.trim().parse::<usize>().map_err(|_| bad())? {
+                        0 => GemvChoice::Off,
+                        1 => GemvChoice::All,
+                        max => GemvChoice::UpTo(max),
+                    }
+                }
+                "RINGSERVE_CUDA_FUSE_ROPE" => s.fuse_rope = flag()?,
+                "RINGSERVE_CUDA_L2_PREFETCH" => s.l2_prefetch = flag()?,
+                _ => s.gemm_tune = flag()?,
+            }
+        }
+        Ok(s)
+    }
+}
+
+impl fmt::Display for KernelSwitches {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let gemv = match self.gemv {
+            GemvChoice::Off => "off".to_owned(),
+            GemvChoice::All => "all".to_owned(),
+            GemvChoice::UpTo(n) => format!("up to {n} elements"),
+        };
+        write!(
+            f,
+            "prefill={:?} decode_mma={} gemv={gemv} fuse_rope={} l2_prefetch={} gemm_tune={}",
+            self.prefill, self.decode_mma, self.fuse_rope, self.l2_prefetch, self.gemm_tune
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(vars: &[(&str, &str)]) -> Result<KernelSwitches, SwitchError> {
+        KernelSwitches::from_vars(|name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| (*v).to_owned())
+        })
+    }
+
+    #[test]
+    fn unset_variables_keep_the_measured_defaults() {
+        let s = parse(&[]).unwrap();
+        assert_eq!(s, KernelSwitches::default());
+        assert_eq!(s.prefill, PrefillChoice::Auto);
+        assert!(s.decode_mma && s.fuse_rope && s.l2_prefetch && s.gemm_tune);
+        assert_eq!(s.gemv, GemvChoice::UpTo(GEMV_MAX_WEIGHT));
+    }
+
+    #[test]
+    fn each_variable_sets_its_switch() {
+        let s = parse(&[
+            ("RINGSERVE_CUDA_PREFILL", "mma"),
+            ("RINGSERVE_CUDA_DECODE_MMA", "0"),
+            ("RINGSERVE_CUDA_GEMV", "1000"),
+            ("RINGSERVE_CUDA_FUSE_ROPE", "0"),
+            ("RINGSERVE_CUDA_L2_PREFETCH", "0"),
+            ("RINGSERVE_CUDA_GEMM_TUNE", "0"),
+        ])
+        .unwrap();
+        assert_eq!(s.prefill, PrefillChoice::Mma);
+        assert!(!s.decode_mma && !s.fuse_rope && !s.l2_prefetch && !s.gemm_tune);
+        assert_eq!(s.gemv, GemvChoice::UpTo(1000));
+        assert_eq!(
+            parse(&[("RINGSERVE_CUDA_GEMV", "0")]).unwrap().gemv,
+            GemvChoice::Off
+        );
+        assert_eq!(
+            parse(&[("RINGSERVE_CUDA_GEMV", "1")]).unwrap().gemv,
+            GemvChoice::All
+        );
+        let w = parse(&[("RINGSERVE_CUDA_PREFILL", "wgmma")]).unwrap();
+        assert_eq!(w.prefill, PrefillChoice::Wgmma);
+    }
+
+    #[test]
+    fn a_value_a_switch_does_not_take_is_an_error_naming_it() {
+        for (var, value) in [
+            ("RINGSERVE_CUDA_PREFILL", "fast"),
+            ("RINGSERVE_CUDA_DECODE_MMA", "off"),
+            ("RINGSERVE_CUDA_GEMV", "-3"),
+            ("RINGSERVE_CUDA_GEMM_TUNE", "yes"),
+        ] {
+            let e = parse(&[(var, value)]).unwrap_err();
+            assert_eq!(e.var, var);
+            assert!(e.to_string().contains(value), "{e}");
+        }
+    }
+}
