@@ -13,24 +13,10 @@
 // batch: the direct path divides by the softmax sum exactly as the combine does for one split.
 #include "common.cuh"
 
-#define ROWS 16
+#define ROWS ATTN_ROWS
 #define ROWS_PER_WARP 4
-#define KTILE 32
-#define MAX_D 256
-
-struct AttnParams {
-    const void* q;           // T[n, hq, d]
-    const void* k_cache;     // T[blocks, hkv, block_size, d]
-    const void* v_cache;
-    void* out;               // T[n, hq, d] (num_splits == 1)
-    float* part_o;           // f32[items, hq, num_splits, d], unnormalised (num_splits > 1)
-    float* part_ml;          // f32[items, hq, num_splits, 2]: running max (log2 domain) and sum
-    const int* seqs;         // int4 per sequence: query_start, query_len, context_len, unused
-    const int* items;        // int2 per work item: sequence index, first query index in the sequence
-    const u32* block_tables; // [num_seqs, table_stride]
-    int num_items, table_stride, hq, hkv, d, block_size, split_size, num_splits;
-    float scale_log2;        // softmax scale * log2(e)
-};
+#define KTILE ATTN_KEY_TILE
+#define MAX_D ATTN_MAX_HEAD_DIM
 
 template <typename T>
 __device__ void attention_impl(const AttnParams& p) {
@@ -164,7 +150,7 @@ __device__ void combine_impl(const AttnParams& p) {
 
 // Splits without work still write an empty partial, so attn_combine never reads stale data.
 #define ATTENTION(T, S)                                                                            \
-    extern "C" __global__ void __launch_bounds__(128) attention_##S(AttnParams p) {                \
+    extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attention_##S(AttnParams p) {                \
         const int group = p.hq / p.hkv, tile = ROWS / group > 0 ? ROWS / group : 1;                \
         if (p.num_splits > 1 && blockIdx.x < p.num_items) {                                        \
             const QueryTile qt = query_tile(p.items, p.seqs, blockIdx.x, tile);                    \

@@ -11,6 +11,8 @@ typedef __nv_bfloat16 bf16;
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
+#include "params.cuh"
+
 __device__ __forceinline__ float to_f(float x) { return x; }
 __device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
 

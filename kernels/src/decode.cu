@@ -23,10 +23,10 @@
 // same layout and final division as attention.cu, so the combine kernel (attn_combine_*) is shared.
 #include "common.cuh"
 
-#define DEC_THREADS 128
-#define DEC_TK 32            // keys per stage
+#define DEC_THREADS DECODE_THREADS
+#define DEC_TK DECODE_KEY_TILE // keys per stage
 // K/V ring budget per block (dynamic shared memory) for elements of `elem_bytes`.
-constexpr int dec_ring_bytes(int elem_bytes) { return elem_bytes == 2 ? 49152 : 65536; }
+constexpr int dec_ring_bytes(int elem_bytes) { return elem_bytes == 2 ? DECODE_RING_BYTES_2 : DECODE_RING_BYTES_4; }
 
 // Stages of the ring for rows of `d` elements of `elem_bytes` (decode_smem_bytes in lib.rs
 // mirrors this).
@@ -35,20 +35,6 @@ constexpr int dec_stages(int elem_bytes, int d) {
                ? dec_ring_bytes(elem_bytes) / (2 * DEC_TK * d * elem_bytes)
                : 4;
 }
-
-struct AttnParamsD {
-    const void* q;
-    const void* k_cache;
-    const void* v_cache;
-    void* out;
-    float* part_o;
-    float* part_ml;
-    const int* seqs;
-    const int* items;
-    const u32* block_tables;
-    int num_items, table_stride, hq, hkv, d, block_size, split_size, num_splits;
-    float scale_log2;
-};
 
 // Copies 16 bytes global -> shared without registers; zero-fills the destination if !valid.
 __device__ __forceinline__ void cp_async16(uint4* dst, const uint4* src, bool valid) {
@@ -111,7 +97,7 @@ __device__ __forceinline__ float merge_weight(float m, float top) { return m == 
 struct DecodeSplit {
     int seq, q_start, kv_lo, kv_hi;
 };
-__device__ __forceinline__ DecodeSplit decode_split(const AttnParamsD& p, int item, int split) {
+__device__ __forceinline__ DecodeSplit decode_split(const AttnParams& p, int item, int split) {
     DecodeSplit s;
     s.seq = p.items[2 * item];
     s.q_start = p.seqs[4 * s.seq];
@@ -123,7 +109,7 @@ __device__ __forceinline__ DecodeSplit decode_split(const AttnParamsD& p, int it
 
 // Whether the block's split of a split launch has no keys; such a split only marks its G
 // partials empty (attn_combine then skips their part_o).
-__device__ __forceinline__ bool skip_empty_split(const AttnParamsD& p, const DecodeSplit& s, int item,
+__device__ __forceinline__ bool skip_empty_split(const AttnParams& p, const DecodeSplit& s, int item,
                                                  int kvh, int split, int G) {
     if (s.kv_lo < s.kv_hi || p.num_splits == 1) return false;
     if ((int)threadIdx.x < G) {
@@ -152,7 +138,7 @@ __device__ __forceinline__ void merge_states(const float* m, const float* l, int
 // result: normalised into out for a single split, else as the split's partial (part_o, and part_ml
 // from mf, lf) for attn_combine.
 template <typename T, int D>
-__device__ __forceinline__ void write_decode_out(const AttnParamsD& p, const float* accs, int parts, int G,
+__device__ __forceinline__ void write_decode_out(const AttnParams& p, const float* accs, int parts, int G,
                                                  int item, int kvh, int split, int q_start,
                                                  const float* mf, const float* lf) {
     for (int i = threadIdx.x; i < G * D; i += DEC_THREADS) {
@@ -174,7 +160,7 @@ __device__ __forceinline__ void write_decode_out(const AttnParamsD& p, const flo
 }
 
 template <typename T, int D, int G>
-__device__ void decode_impl(const AttnParamsD& p) {
+__device__ void decode_impl(const AttnParams& p) {
     constexpr int EPC = 16 / sizeof(T);    // elements per 16-byte chunk
     constexpr int CPR = D / EPC;           // chunks per row
     constexpr int TPK = D / 8;             // threads per key
@@ -329,7 +315,7 @@ __device__ void decode_impl(const AttnParamsD& p) {
 
 #define DECODE(T, S, D, G)                                                                         \
     extern "C" __global__ void __launch_bounds__(DEC_THREADS, G == 8 ? 3 : 4)                      \
-        attn_decode_##S##_d##D##_g##G(AttnParamsD p) {                                             \
+        attn_decode_##S##_d##D##_g##G(AttnParams p) {                                             \
         if (blockIdx.x < p.num_items) decode_impl<T, D, G>(p);                                     \
     }
 #define DECODE_G(T, S, D) DECODE(T, S, D, 1) DECODE(T, S, D, 2) DECODE(T, S, D, 4) DECODE(T, S, D, 8)

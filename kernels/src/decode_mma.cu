@@ -46,7 +46,7 @@ __device__ __forceinline__ void mma_top_k8(float& c0, float& c1, u32 a0, u32 b0)
         : "r"(a0), "r"(b0), "r"(0u), "f"(0.f));
 }
 
-extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) attn_decode_mma_bf16_d128(AttnParamsD p) {
+extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) attn_decode_mma_bf16_d128(AttnParams p) {
     constexpr int D = 128;
     constexpr int NST = dec_stages(2, D);
     constexpr int STAGE_BYTES = 2 * DEC_TK * D * 2; // K rows, then V rows

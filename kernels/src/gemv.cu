@@ -31,17 +31,9 @@
 // the batch size either.
 #include "common.cuh"
 
-#define MAX_B 8
-#define GEMV_WARPS 8
-#define GEMV_THREADS (32 * GEMV_WARPS)
+#define MAX_B GEMV_MAX_BATCH
+#define GEMV_WARPS (GEMV_THREADS / 32)
 #define UNROLL 4
-
-struct GemvParams {
-    const void* x; // T[b, k]
-    const void* w; // T[n, k], row-major (HF Linear layout)
-    void* y;       // To[b, n]
-    int b, n, k;   // k is a multiple of 16 / sizeof(T) and < 2^30; x and w are 16-byte aligned
-};
 
 // A streamed 16-byte load: read-only, not kept in L1 (each weight is used once).
 __device__ __forceinline__ uint4 ld_stream(const void* p) {
@@ -228,13 +220,6 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_bf16_f32out_r
 // they rotate with, so a thread holds both halves of its pair. Each output is rounded to bf16 (as
 // the q/k/v buffer would hold it) and finished by rope_pair_store: the bits of gemv_bf16_r16
 // followed by rope_kv_write_bf16, in one launch. Batch row t is token t of the step.
-struct GemvRopeParams {
-    const void* x; // bf16[b, k], the normed hidden states
-    const void* w; // bf16[(hq + 2 hkv) d, k], the fused q/k/v weights
-    int b, k;
-    RopeParams rope; // its qkv field is unused
-};
-
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_rope_kv_bf16(GemvRopeParams p) {
     __shared__ __align__(16) float red[GEMV_WARPS * 2 * 64];
     const int half = p.rope.d / 2, per_head = half / 8;

@@ -31,6 +31,7 @@ use thiserror::Error;
 
 /// The sources, as `(file name, text)`. `all.cu` includes the others.
 pub const SOURCES: &[(&str, &str)] = &[
+    ("params.cuh", include_str!("params.cuh")),
     ("common.cuh", include_str!("common.cuh")),
     ("elementwise.cu", include_str!("elementwise.cu")),
     ("rope.cu", include_str!("rope.cu")),
@@ -91,6 +92,8 @@ pub const KERNELS: &[&str] = &[
     "l2_prefetch_u8",
 ];
 
+pub mod params;
+
 /// Query rows one attention block handles (`ROWS` in `attention.cu`).
 pub const ATTN_ROWS: usize = 16;
 /// Keys per shared-memory tile in attention (`KTILE`).
@@ -105,6 +108,12 @@ pub const DECODE_HEAD_DIMS: &[usize] = &[64, 128];
 pub const DECODE_GROUPS: &[usize] = &[1, 2, 4, 8];
 /// Threads per decode attention block.
 pub const DECODE_THREADS: u32 = 128;
+/// Keys per stage of a decode block's K/V ring (`DEC_TK`).
+pub const DECODE_KEY_TILE: usize = 32;
+/// The K/V ring budget of a decode block for 2-byte elements (4 blocks an SM).
+pub const DECODE_RING_BYTES_2: usize = 49152;
+/// The K/V ring budget of a decode block for 4-byte elements.
+pub const DECODE_RING_BYTES_4: usize = 65536;
 /// The tensor-core decode attention kernel (bf16, head size 128, every group of
 /// [`DECODE_GROUPS`]); same grid, block, shared memory and parameters as
 /// `attn_decode_bf16_d128_g<G>`.
@@ -114,8 +123,12 @@ pub const DECODE_MMA_KERNEL: &str = "attn_decode_mma_bf16_d128";
 /// many as fit up to 4 in 48 KiB for 2-byte elements (4 blocks an SM) or 64 KiB for f32
 /// (`dec_stages` in `decode.cu`), for elements of `elem_bytes` bytes and head dimension `d`.
 pub fn decode_smem_bytes(elem_bytes: usize, d: usize) -> usize {
-    let stage = 2 * 32 * d * elem_bytes;
-    let budget = if elem_bytes == 2 { 49152 } else { 65536 };
+    let stage = 2 * DECODE_KEY_TILE * d * elem_bytes;
+    let budget = if elem_bytes == 2 {
+        DECODE_RING_BYTES_2
+    } else {
+        DECODE_RING_BYTES_4
+    };
     stage * (budget / stage).min(4)
 }
 
@@ -123,17 +136,28 @@ pub fn decode_smem_bytes(elem_bytes: usize, d: usize) -> usize {
 pub const PREFILL_MMA_TOKENS: usize = 128;
 /// Threads per block of the tensor-core prefill kernel (4 warps of 32 query rows).
 pub const PREFILL_MMA_THREADS: u32 = 128;
+/// Keys per K/V tile of the tensor-core prefill kernel (`PF_BN`).
+pub const PREFILL_MMA_KEY_TILE: usize = 64;
 /// Dynamic shared memory (bytes) of a tensor-core prefill block: its two-stage ring of 64-key K
 /// and V tiles and its tile of `PREFILL_MMA_TOKENS` query rows (bf16, head size 128): 96 KiB.
-pub const PREFILL_MMA_SMEM_BYTES: usize = 2 * 2 * 64 * 128 * 2 + PREFILL_MMA_TOKENS * 128 * 2;
+pub const PREFILL_MMA_SMEM_BYTES: usize =
+    2 * 2 * PREFILL_MMA_KEY_TILE * 128 * 2 + PREFILL_MMA_TOKENS * 128 * 2;
 /// Threads per block of the Hopper prefill kernel (`attn_prefill_wgmma_bf16_d128`, sm_90a only;
 /// same items of [`PREFILL_MMA_TOKENS`] tokens): 2 consumer warpgroups of 64 query rows and a
 /// producer warpgroup (`PW_THREADS`).
 pub const PREFILL_WGMMA_THREADS: u32 = 384;
-/// Dynamic shared memory (bytes) of a Hopper prefill block (`PW_SMEM_BYTES`): the Q tile and
-/// two-stage rings of 128-key K and V tiles (32 KiB each), 8 mbarriers, and 1 KiB of slack to
-/// align the base to the 1024-byte swizzle pattern: 161 KiB, one block per SM.
-pub const PREFILL_WGMMA_SMEM_BYTES: usize = 5 * 128 * 128 * 2 + 4 * 2 * 8 + 1024;
+/// Keys per K/V tile of the Hopper prefill kernel (`PW_BN`).
+pub const PREFILL_WGMMA_KEY_TILE: usize = 128;
+/// Stages of the Hopper prefill kernel's K and V rings (`PW_STAGES`).
+pub const PREFILL_WGMMA_STAGES: usize = 2;
+/// Dynamic shared memory (bytes) of a Hopper prefill block (`PW_SMEM_BYTES`, which the kernel
+/// checks against this): the Q tile and two-stage rings of 128-key K and V tiles (32 KiB each),
+/// 8 mbarriers, and 1 KiB of slack to align the base to the 1024-byte swizzle pattern: 161 KiB,
+/// one block per SM.
+pub const PREFILL_WGMMA_SMEM_BYTES: usize =
+    (1 + 2 * PREFILL_WGMMA_STAGES) * PREFILL_WGMMA_KEY_TILE * 128 * 2
+        + 4 * PREFILL_WGMMA_STAGES * 8
+        + 1024;
 
 /// Largest batch the GEMV kernel takes (`MAX_B`; the 8 rows of an mma operand).
 pub const GEMV_MAX_BATCH: usize = 8;
@@ -152,9 +176,48 @@ pub const SAMPLE_THREADS: u32 = 1024;
 pub const SAMPLE_SLICE: usize = 4096;
 /// Most slices one row of logits is split into.
 pub const SAMPLE_MAX_SLICES: usize = 64;
+/// 32-bit words of one slice's result (`SlicePart`, which the kernel checks against this).
+pub const SAMPLE_PART_WORDS: usize = 4;
 /// 32-bit words of sampling scratch a row needs: its done-counter and [`SAMPLE_MAX_SLICES`]
 /// 16-byte slice results (`SlicePart`).
-pub const SAMPLE_SCRATCH_WORDS: usize = 4 + 4 * SAMPLE_MAX_SLICES;
+pub const SAMPLE_SCRATCH_WORDS: usize = 4 + SAMPLE_PART_WORDS * SAMPLE_MAX_SLICES;
+
+/// The launch constants the kernels are compiled with, each defined once above and given to
+/// NVRTC as `-DNAME=VALUE`; the sources use these names (and check the derived sizes against
+/// the `_BYTES` entries), so Rust and CUDA cannot disagree.
+pub const LAUNCH_CONSTANTS: &[(&str, usize)] = &[
+    ("ATTN_ROWS", ATTN_ROWS),
+    ("ATTN_KEY_TILE", ATTN_KEY_TILE),
+    ("ATTN_MAX_HEAD_DIM", ATTN_MAX_HEAD_DIM),
+    ("ATTN_THREADS", ATTN_THREADS as usize),
+    ("DECODE_THREADS", DECODE_THREADS as usize),
+    ("DECODE_KEY_TILE", DECODE_KEY_TILE),
+    ("DECODE_RING_BYTES_2", DECODE_RING_BYTES_2),
+    ("DECODE_RING_BYTES_4", DECODE_RING_BYTES_4),
+    ("PREFILL_MMA_TOKENS", PREFILL_MMA_TOKENS),
+    ("PREFILL_MMA_THREADS", PREFILL_MMA_THREADS as usize),
+    ("PREFILL_MMA_KEY_TILE", PREFILL_MMA_KEY_TILE),
+    ("PREFILL_MMA_SMEM_BYTES", PREFILL_MMA_SMEM_BYTES),
+    ("PREFILL_WGMMA_THREADS", PREFILL_WGMMA_THREADS as usize),
+    ("PREFILL_WGMMA_KEY_TILE", PREFILL_WGMMA_KEY_TILE),
+    ("PREFILL_WGMMA_STAGES", PREFILL_WGMMA_STAGES),
+    ("PREFILL_WGMMA_SMEM_BYTES", PREFILL_WGMMA_SMEM_BYTES),
+    ("GEMV_MAX_BATCH", GEMV_MAX_BATCH),
+    ("GEMV_THREADS", GEMV_THREADS as usize),
+    ("PREFETCH_PIECE", PREFETCH_PIECE),
+    ("SAMPLE_THREADS", SAMPLE_THREADS as usize),
+    ("SAMPLE_PART_WORDS", SAMPLE_PART_WORDS),
+];
+
+/// Every `-D` option of a compile: the launch constants and the parameter structs' layouts.
+pub fn defines() -> Vec<String> {
+    LAUNCH_CONSTANTS
+        .iter()
+        .copied()
+        .chain(params::layout_defines())
+        .map(|(name, value)| format!("-D{name}={value}"))
+        .collect()
+}
 
 /// Slices the sampling kernel splits a row of `vocab` logits into.
 pub fn sample_slices(vocab: usize) -> usize {
@@ -279,6 +342,10 @@ fn cache_key(arch: &str, version: (i32, i32)) -> String {
         h.update(text.as_bytes());
         h.update([0]);
     }
+    for d in defines() {
+        h.update(d.as_bytes());
+        h.update([0]);
+    }
     h.update(arch.as_bytes());
     h.update(format!("nvrtc-{}.{}", version.0, version.1).as_bytes());
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
@@ -395,13 +462,14 @@ fn compile_uncached(
     .map_err(nvrtc_err)?;
     // SAFETY: nvrtcCreateProgram succeeded, so it wrote the handle.
     let prog = Program(unsafe { raw.assume_init() });
-    let options = [
+    let mut options = vec![
         format!("--gpu-architecture={arch}"),
         format!("--include-path={}", include.display()),
         "--std=c++17".to_string(),
         "-default-device".to_string(),
         "--ptxas-options=-v".to_string(),
     ];
+    options.extend(defines());
     // SAFETY: prog is a live program (destroyed only by Program's drop).
     let status = unsafe { nvrtc::compile_program(prog.0, &options) };
     if let Err(e) = status {
@@ -467,50 +535,41 @@ mod tests {
     }
 
     #[test]
-    fn decode_smem_mirrors_the_kernel() {
-        let src = SOURCES.iter().find(|(n, _)| *n == "decode.cu").unwrap().1;
-        assert!(
-            src.contains("#define DEC_TK 32 ")
-                && src.contains("return elem_bytes == 2 ? 49152 : 65536;")
-        );
+    fn decode_smem_follows_its_constants() {
         assert_eq!(decode_smem_bytes(2, 64), 32768);
         assert_eq!(decode_smem_bytes(2, 128), 49152);
         assert_eq!(decode_smem_bytes(4, 64), 65536);
         assert_eq!(decode_smem_bytes(4, 128), 65536);
+        assert_eq!(PREFILL_MMA_SMEM_BYTES, 96 << 10);
+        assert_eq!(PREFILL_WGMMA_SMEM_BYTES, 5 * 128 * 128 * 2 + 64 + 1024);
     }
 
     #[test]
-    fn sampling_and_prefetch_constants_mirror_the_kernels() {
-        let src = |name: &str| SOURCES.iter().find(|(n, _)| *n == name).unwrap().1;
-        let sampling = src("sampling.cu");
-        assert!(sampling.contains(&format!("#define SAMPLE_THREADS {SAMPLE_THREADS}\n")));
-        // SAMPLE_SCRATCH_WORDS sizes each slice's result as 4 words: SlicePart's four 4-byte
-        // fields, 16-byte aligned.
-        assert!(sampling.contains(
-            "struct __align__(16) SlicePart {\n    float max;\n    int idx;\n    float min;\n    int pad;\n};"
-        ));
-        assert!(src("prefetch.cu").contains(&format!("#define PREFETCH_PIECE {PREFETCH_PIECE} ")));
-    }
-
-    #[test]
-    fn prefill_wgmma_constants_mirror_the_kernel() {
-        let src = SOURCES
-            .iter()
-            .find(|(n, _)| *n == "prefill_wgmma.cu")
-            .unwrap()
-            .1;
-        assert!(src.contains("#define PW_BM 128\n") && src.contains("#define PW_BN 128\n"));
-        assert!(src.contains("#define PW_STAGES 2\n"));
-        assert!(src.contains(&format!("#define PW_THREADS {PREFILL_WGMMA_THREADS} ")));
-        // Q + 2 stages of K and V tiles, 4 barriers per stage, 1 KiB alignment slack.
-        assert_eq!(
-            PREFILL_WGMMA_SMEM_BYTES,
-            (1 + 2 * 2) * 128 * 128 * 2 + 4 * 2 * 8 + 1024
-        );
-        assert_eq!(
-            PREFILL_MMA_TOKENS, 128,
-            "both prefill kernels take the same items"
-        );
+    fn every_launch_constant_is_used_and_defined_only_in_rust() {
+        let all: String = SOURCES.iter().map(|(_, t)| *t).collect();
+        for (name, _) in LAUNCH_CONSTANTS {
+            let uses = all.matches(name).count();
+            assert!(uses > 0, "{name} is not used by any kernel");
+            assert!(
+                !all.contains(&format!("#define {name} ")),
+                "{name} is defined in CUDA too"
+            );
+        }
+        let defines = defines();
+        assert!(defines.contains(&format!("-DATTN_ROWS={ATTN_ROWS}")));
+        assert!(defines.contains(&"-DRS_SIZEOF_AttnParams=112".to_string()));
+        // The layout checks cover every field the Rust structs have.
+        let header = SOURCES.iter().find(|(n, _)| *n == "params.cuh").unwrap().1;
+        for (name, _) in params::layout_defines() {
+            let check = match name.strip_prefix("RS_OFFSETOF_") {
+                Some(rest) => {
+                    let (s, f) = rest.split_once('_').unwrap();
+                    format!("RS_CHECK_FIELD({s}, {f});")
+                }
+                None => format!("RS_CHECK_SIZE({});", &name["RS_SIZEOF_".len()..]),
+            };
+            assert!(header.contains(&check), "params.cuh lacks {check}");
+        }
     }
 
     #[test]

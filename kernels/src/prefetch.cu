@@ -3,7 +3,6 @@
 // product after them (o_proj) then reads its weights from L2.
 #include "common.cuh"
 
-#define PREFETCH_PIECE 16384 // bytes per bulk prefetch
 
 // Asks L2 to fetch bytes [0, bytes) at p (16-byte aligned, bytes a multiple of 16), one bulk
 // prefetch of PREFETCH_PIECE bytes per thread and round. A prefetch is a hint with no completion:

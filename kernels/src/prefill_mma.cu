@@ -30,25 +30,12 @@
 // wholly past its last row and warps without valid rows skip the math.
 #include "common.cuh"
 
-#define PF_BM 128
-#define PF_BN 64
+#define PF_BM PREFILL_MMA_TOKENS
+#define PF_BN PREFILL_MMA_KEY_TILE
 #define PF_D 128
 #define PF_TILE (PF_BN * PF_D)          // bf16 elements of one K or V tile
 #define PF_Q_OFF (2 * 2 * PF_TILE * 2)  // byte offset of the Q tile, after the two K/V stages
-
-struct AttnParamsP {
-    const void* q;
-    const void* k_cache;
-    const void* v_cache;
-    void* out;
-    float* part_o;
-    float* part_ml;
-    const int* seqs;
-    const int* items;
-    const u32* block_tables;
-    int num_items, table_stride, hq, hkv, d, block_size, split_size, num_splits;
-    float scale_log2;
-};
+static_assert(PF_Q_OFF + PF_BM * PF_D * 2 == PREFILL_MMA_SMEM_BYTES, "PREFILL_MMA_SMEM_BYTES (lib.rs) differs");
 
 __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -91,7 +78,7 @@ __device__ __forceinline__ float pf_exp2(float x) {
 // per-lane part and XOR in the chunk of each unrolled step.
 __device__ __forceinline__ u32 pf_off(int j, int c) { return (u32)(j * (PF_D * 2) + ((c ^ (j & 7)) << 4)); }
 
-extern "C" __global__ void __launch_bounds__(128, 2) attn_prefill_bf16_d128(AttnParamsP p) {
+extern "C" __global__ void __launch_bounds__(PREFILL_MMA_THREADS, 2) attn_prefill_bf16_d128(AttnParams p) {
     // [stage][K, V][64 keys][128 dims], then Q [128 rows][128 dims]; all bf16, swizzled.
     extern __shared__ __align__(128) unsigned char pf_smem[];
     // Items in reverse: a sequence's later query tiles see the longest contexts, so they start first

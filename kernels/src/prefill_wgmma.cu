@@ -1,7 +1,7 @@
 // Paged causal attention for prefill chunks on Hopper tensor cores (sm_90a only; bf16, head size
 // 128): FlashAttention-3-style warp specialisation with wgmma. Same inputs, work items (128 query
 // tokens of one sequence, one query head per block) and results as attn_prefill_bf16_d128; this
-// file follows prefill_mma.cu in SOURCES and uses its AttnParamsP, pack_bf16, pf_exp2 and
+// file follows prefill_mma.cu in SOURCES and uses its AttnParams, pack_bf16, pf_exp2 and
 // pf_cp_async16.
 //
 // A block is 2 consumer warpgroups of 64 query rows each plus 1 producer warpgroup, and walks the
@@ -40,11 +40,11 @@
 // first warpgroup's rows costs it one masked product.
 #include "common.cuh"
 
-#define PW_BM 128
-#define PW_BN 128
+#define PW_BM PREFILL_MMA_TOKENS // the same work items as prefill_mma.cu
+#define PW_BN PREFILL_WGMMA_KEY_TILE
 #define PW_D 128
-#define PW_STAGES 2
-#define PW_THREADS 384                    // 2 consumer warpgroups + 1 producer warpgroup
+#define PW_STAGES PREFILL_WGMMA_STAGES
+#define PW_THREADS PREFILL_WGMMA_THREADS  // 2 consumer warpgroups + 1 producer warpgroup
 #define PW_PRODUCER_REGS 40
 #define PW_CONSUMER_REGS 232              // 128 x 40 + 256 x 232 <= 64 Ki registers
 #define PW_TILE_BYTES (PW_BN * PW_D * 2)  // one K or V tile, and the Q tile (PW_BM == PW_BN)
@@ -55,6 +55,7 @@
 #define PW_BAR_BYTES (4 * PW_STAGES * 8)  // full/empty x K/V per stage
 #define PW_SMEM_BYTES (PW_BAR_OFF + PW_BAR_BYTES + 1024) // + slack to align the base to 1024
 #define PW_SCHED_BAR 3                    // named barriers 3 and 4: the warpgroups' issue turns
+static_assert(PW_SMEM_BYTES == PREFILL_WGMMA_SMEM_BYTES, "PREFILL_WGMMA_SMEM_BYTES (lib.rs) differs");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -204,7 +205,7 @@ __device__ __forceinline__ void pw_pack(const float* s, u32* pa) {
 
 #endif // __CUDA_ARCH_FEAT_SM90_ALL
 
-extern "C" __global__ void __launch_bounds__(PW_THREADS, 1) attn_prefill_wgmma_bf16_d128(AttnParamsP p) {
+extern "C" __global__ void __launch_bounds__(PW_THREADS, 1) attn_prefill_wgmma_bf16_d128(AttnParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char pw_smem[];
     // Items in reverse: a sequence's later query tiles see the longest contexts, so they start first

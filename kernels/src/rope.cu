@@ -2,18 +2,6 @@
 #include "common.cuh"
 
 // The fused q/k/v projection output, rotated and scattered.
-struct RopeParams {
-    const void* qkv;        // T[n, (hq + 2*hkv) * d], the fused projection
-    const void* bias;       // T[(hq + 2*hkv) * d] or null (Qwen2)
-    const u32* positions;   // [n]
-    const float* inv_freq;  // [d / 2], scaling already applied
-    const long long* slots; // [n], block * block_size + offset in the cache; < 0 skips the write
-    void* q_out;            // T[n, hq, d]
-    void* k_cache;          // T[blocks, hkv, block_size, d]
-    void* v_cache;          // same layout
-    int hq, hkv, d, block_size;
-};
-
 // Finishes rotated pair (j, j + d/2) of head h of token t from the projection's two outputs
 // x1, x2 (already rounded to T, as the projection stores them): adds the bias, rotates q and k
 // heads, and stores q into q_out, k and v into the cache (unless the token's slot is negative).

@@ -10,16 +10,6 @@
 // walks the kept tokens' CDF in vocabulary order.
 #include "common.cuh"
 
-#define SAMPLE_THREADS 1024
-
-struct SampleRow {
-    float temperature; // 0: greedy
-    u32 top_k;         // 0: off
-    float top_p;       // 1: off
-    float min_p;       // 0: off
-    u64 seed;
-    u64 step;
-};
 
 // SplitMix64's finalizer. The draw for output token `step` of a request seeded `seed` is
 // u = (mix64(seed ^ mix64(step + 1)) >> 40) / 2^24, bit for bit the host's `sampler::uniform`, so
@@ -57,6 +47,7 @@ struct __align__(16) SlicePart {
     float min;
     int pad;
 };
+static_assert(sizeof(SlicePart) == 4 * SAMPLE_PART_WORDS, "SAMPLE_PART_WORDS (lib.rs) differs");
 
 // (value, index) pairs: the larger value wins, the lower index on ties.
 __device__ __forceinline__ void argmax_merge(float& bv, int& bi, float ov, int oi) {

@@ -953,8 +953,9 @@ fn gemv_rope_kv_matches_the_unfused_kernels() {
 
 fn run_sampler(g: &Gpu, logits: &[f32], vocab: usize, rows: &[SampleRow]) -> Vec<u32> {
     let lb = g.upload_f32(logits, DType::F32).unwrap();
-    let bytes: Vec<u8> = rows.iter().flat_map(|r| r.to_bytes()).collect();
-    let pb = g.upload_bytes(&bytes, DType::U32).unwrap();
+    let pb = g
+        .upload_bytes(bytemuck::cast_slice(rows), DType::U32)
+        .unwrap();
     let out = g.alloc(DType::U32, rows.len()).unwrap();
     let scratch = g
         .alloc(DType::U32, rows.len() * kernels::SAMPLE_SCRATCH_WORDS)

@@ -443,7 +443,7 @@ impl CudaBackend {
         g.write_bytes(&mut ws.tables, &le(&st.tables, u32::to_le_bytes))?;
         g.write_bytes(&mut ws.sample_idx, &le(&st.sample_idx, u32::to_le_bytes))?;
         let rows = st.sample_idx.len();
-        let mut params = Vec::with_capacity(rows * 32);
+        let mut params = Vec::with_capacity(rows);
         for i in 0..rows {
             // Padding rows (and forward() without sampling) are greedy.
             let s = sampling.and_then(|s| s.get(i));
@@ -465,9 +465,9 @@ impl CudaBackend {
                     step: s.step,
                 },
             );
-            params.extend_from_slice(&row.to_bytes());
+            params.push(row);
         }
-        g.write_bytes(&mut ws.sample_params, &params)
+        g.write_bytes(&mut ws.sample_params, bytemuck::cast_slice(&params))
     }
 
     /// Keys per decode attention split for `items` decodes of contexts up to `max_ctx`.

@@ -5,7 +5,9 @@
 //! caller promises them (the backend validates every batch on the host before uploading it).
 
 use cudarc::cublas::sys as blas_sys;
-use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+pub use kernels::params::SampleRow;
+use kernels::params::{AttnParams, GemvParams, GemvRopeParams, RopeParams};
 
 use super::device::{Buf, DType, Gpu, PrefillKernel};
 use crate::backend::BackendError;
@@ -210,26 +212,6 @@ pub fn cast(gpu: &Gpu, src: &Buf, dst: &Buf, n: usize) -> Result<(), BackendErro
         .map_err(BackendError::from)
 }
 
-/// The kernel's `RopeParams` (rope.cu), field for field.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct RopeParamsC {
-    qkv: u64,
-    bias: u64,
-    positions: u64,
-    inv_freq: u64,
-    slots: u64,
-    q_out: u64,
-    k_cache: u64,
-    v_cache: u64,
-    hq: i32,
-    hkv: i32,
-    d: i32,
-    block_size: i32,
-}
-// SAFETY: plain-old-data, #[repr(C)] with the same field order and types as RopeParams in rope.cu.
-unsafe impl DeviceRepr for RopeParamsC {}
-
 /// Arguments of [`rope_kv_write`].
 pub struct RopeKv<'a> {
     /// `[n, (hq + 2 hkv) d]`.
@@ -256,7 +238,7 @@ pub struct RopeKv<'a> {
 
 impl RopeKv<'_> {
     /// Checks the buffers against the shape; returns their type and the kernel's parameters.
-    fn params(&self) -> Result<(DType, RopeParamsC), BackendError> {
+    fn params(&self) -> Result<(DType, RopeParams), BackendError> {
         let dt = float_type(self.qkv, "qkv")?;
         let width = (self.hq + 2 * self.hkv) * self.d;
         if !self.d.is_multiple_of(2) {
@@ -275,7 +257,7 @@ impl RopeKv<'_> {
         self.q_out.check("q_out", dt, self.n * self.hq * self.d)?;
         self.k_cache.check("k_cache", dt, 0)?;
         self.v_cache.check("v_cache", dt, self.k_cache.len())?;
-        let p = RopeParamsC {
+        let p = RopeParams {
             qkv: self.qkv.ptr(),
             bias: self.bias.map_or(0, |b| b.ptr()),
             positions: self.positions.ptr(),
@@ -315,19 +297,6 @@ pub unsafe fn rope_kv_write(gpu: &Gpu, a: &RopeKv<'_>) -> Result<(), BackendErro
         .map_err(BackendError::from)
 }
 
-/// The kernel's `GemvRopeParams` (gemv.cu), field for field.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct GemvRopeParamsC {
-    x: u64,
-    w: u64,
-    b: i32,
-    k: i32,
-    rope: RopeParamsC,
-}
-// SAFETY: plain-old-data, #[repr(C)] with the same field order and types as GemvRopeParams.
-unsafe impl DeviceRepr for GemvRopeParamsC {}
-
 /// Whether [`gemv_rope_kv`] can run the q/k/v product `l` with `a`: bf16 weights, output and
 /// RoPE buffers (the kernel stores bf16 into q_out and the cache), a shape the GEMV kernel takes
 /// ([`Linear::gemv_ok`]), `l` producing exactly `a`'s `[n, (hq + 2 hkv) d]` and a head size that
@@ -359,7 +328,7 @@ pub unsafe fn gemv_rope_kv(gpu: &Gpu, l: &Linear<'_>, a: &RopeKv<'_>) -> Result<
     if a.n == 0 {
         return Ok(());
     }
-    let p = GemvRopeParamsC {
+    let p = GemvRopeParams {
         x: l.x.ptr(),
         w: l.w.ptr(),
         b: int(l.m, "m")?,
@@ -378,32 +347,6 @@ pub unsafe fn gemv_rope_kv(gpu: &Gpu, l: &Linear<'_>, a: &RopeKv<'_>) -> Result<
         .map(|_| ())
         .map_err(BackendError::from)
 }
-
-/// The kernel's `AttnParams` (attention.cu), field for field.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct AttnParamsC {
-    q: u64,
-    k_cache: u64,
-    v_cache: u64,
-    out: u64,
-    part_o: u64,
-    part_ml: u64,
-    seqs: u64,
-    items: u64,
-    block_tables: u64,
-    num_items: i32,
-    table_stride: i32,
-    hq: i32,
-    hkv: i32,
-    d: i32,
-    block_size: i32,
-    split_size: i32,
-    num_splits: i32,
-    scale_log2: f32,
-}
-// SAFETY: plain-old-data, #[repr(C)] with the same field order and types as AttnParams.
-unsafe impl DeviceRepr for AttnParamsC {}
 
 /// Arguments of [`attention`].
 pub struct Attention<'a> {
@@ -539,7 +482,7 @@ pub unsafe fn attention_with(
     if a.num_items == 0 {
         return Ok(());
     }
-    let p = AttnParamsC {
+    let p = AttnParams {
         q: a.q.ptr(),
         k_cache: a.k_cache.ptr(),
         v_cache: a.v_cache.ptr(),
@@ -558,6 +501,7 @@ pub unsafe fn attention_with(
         split_size: int(a.split_size, "split")?,
         num_splits: int(a.num_splits, "splits")?,
         scale_log2: a.scale * std::f32::consts::LOG2_E,
+        pad: 0,
     };
     let grid = (
         dim(a.num_items, "items")?,
@@ -577,8 +521,9 @@ pub unsafe fn attention_with(
         let mut b = gpu.stream.launch_builder(f);
         b.arg(&p);
         let smem = kernels::decode_smem_bytes(dt.size(), a.d);
-        // SAFETY: as for the general kernel below; the decode kernel's parameter struct has the
-        // same layout, and the caller promises single-token sequences. Gpu::new allowed `smem`.
+        // SAFETY: as for the general kernel below (every attention kernel takes the one
+        // AttnParams, whose layout params.cuh checks); the caller promises single-token
+        // sequences. Gpu::new allowed `smem`.
         unsafe { b.launch(cfg(grid, kernels::DECODE_THREADS, smem)) }?;
     } else if prefill_on_tensor_cores(dt, a.d) {
         if !PrefillKernel::available(&gpu.arch).contains(&prefill) {
@@ -615,20 +560,6 @@ pub unsafe fn attention_with(
     }
     Ok(())
 }
-
-/// The kernel's `GemvParams`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct GemvParamsC {
-    x: u64,
-    w: u64,
-    y: u64,
-    b: i32,
-    n: i32,
-    k: i32,
-}
-// SAFETY: plain-old-data, #[repr(C)] matching GemvParams in gemv.cu.
-unsafe impl DeviceRepr for GemvParamsC {}
 
 /// A linear layer `y[m, n] = x[m, k] · w[n, k]ᵀ` (HF `Linear` weight layout).
 pub struct Linear<'a> {
@@ -708,13 +639,14 @@ pub fn gemv_rows(gpu: &Gpu, l: &Linear<'_>, rows_per_block: usize) -> Result<(),
         (DType::Bf16, _) => (format!("gemv_bf16_r{rows_per_block}"), rows_per_block),
         _ => ("gemv_f32".to_string(), 8),
     };
-    let p = GemvParamsC {
+    let p = GemvParams {
         x: l.x.ptr(),
         w: l.w.ptr(),
         y: l.y.ptr(),
         b: int(l.m, "m")?,
         n: int(l.n, "n")?,
         k: int(l.k, "k")?,
+        pad: 0,
     };
     let mut b = gpu.stream.launch_builder(gpu.func(&name)?);
     b.arg(&p);
@@ -805,34 +737,8 @@ pub fn linear_chunked(gpu: &Gpu, l: &Linear<'_>, chunk: usize) -> Result<(), Bac
     Ok(())
 }
 
-/// One row's sampling settings, as the kernel's `SampleRow`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct SampleRow {
-    pub temperature: f32,
-    pub top_k: u32,
-    pub top_p: f32,
-    pub min_p: f32,
-    pub seed: u64,
-    pub step: u64,
-}
-
-impl SampleRow {
-    /// The row as bytes for upload.
-    pub fn to_bytes(&self) -> [u8; 32] {
-        let mut b = [0u8; 32];
-        b[0..4].copy_from_slice(&self.temperature.to_le_bytes());
-        b[4..8].copy_from_slice(&self.top_k.to_le_bytes());
-        b[8..12].copy_from_slice(&self.top_p.to_le_bytes());
-        b[12..16].copy_from_slice(&self.min_p.to_le_bytes());
-        b[16..24].copy_from_slice(&self.seed.to_le_bytes());
-        b[24..32].copy_from_slice(&self.step.to_le_bytes());
-        b
-    }
-}
-
 /// Samples one token per row of f32 `logits[rows, vocab]` into u32 `out[rows]`; `params` holds
-/// `rows` [`SampleRow`]s as bytes (a U32 buffer of `8 * rows` words). `scratch` is a U32 buffer of
+/// `rows` [`SampleRow`]s (`bytemuck::cast_slice` of them) (a U32 buffer of `8 * rows` words). `scratch` is a U32 buffer of
 /// at least `rows * kernels::SAMPLE_SCRATCH_WORDS` words, zeroed when allocated, that the kernel
 /// leaves zeroed again for the next call: its first `4 * rows` words are per-row done-counters,
 /// the rest the slices' partial results.

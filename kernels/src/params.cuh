@@ -1,0 +1,122 @@
+// The parameter structs the kernels take by value, each defined once for CUDA; kernels/src/params.rs
+// defines each once for Rust. NVRTC gets the Rust structs' sizes and field offsets as -D options
+// (RS_SIZEOF_<S>, RS_OFFSETOF_<S>_<field>), and the static_asserts below check every one: a struct
+// that differs on either side does not compile. The launch constants (ATTN_ROWS, DECODE_THREADS, ...)
+// come the same way from the one table in kernels/src/lib.rs (LAUNCH_CONSTANTS).
+#pragma once
+
+#if !defined(RS_SIZEOF_AttnParams) || !defined(ATTN_ROWS)
+#error "compile through kernels::compile: struct layouts and launch constants come from kernels/src/lib.rs as -D options"
+#endif
+
+// NVRTC has no <cstddef> and no __builtin_offsetof; __INTADDR__ is its front end's own constant
+// address arithmetic (what its offsetof expands to), usable in a static_assert.
+#define RS_OFFSET(S, f) __INTADDR__(&(((S*)0)->f))
+#define RS_CHECK_SIZE(S) static_assert(sizeof(S) == RS_SIZEOF_##S, #S ": size differs from kernels/src/params.rs")
+#define RS_CHECK_FIELD(S, f) \
+    static_assert(RS_OFFSET(S, f) == RS_OFFSETOF_##S##_##f, #S "." #f ": offset differs from kernels/src/params.rs")
+
+struct AttnParams {
+    const void* q;           // T[n, hq, d]
+    const void* k_cache;     // T[blocks, hkv, block_size, d]
+    const void* v_cache;
+    void* out;               // T[n, hq, d] (num_splits == 1)
+    float* part_o;           // f32[items, hq, num_splits, d], unnormalised (num_splits > 1)
+    float* part_ml;          // f32[items, hq, num_splits, 2]: running max (log2 domain) and sum
+    const int* seqs;         // int4 per sequence: query_start, query_len, context_len, unused
+    const int* items;        // int2 per work item: sequence index, first query index in the sequence
+    const u32* block_tables; // [num_seqs, table_stride]
+    int num_items, table_stride, hq, hkv, d, block_size, split_size, num_splits;
+    float scale_log2;        // softmax scale * log2(e)
+    u32 pad;
+};
+RS_CHECK_SIZE(AttnParams);
+RS_CHECK_FIELD(AttnParams, q);
+RS_CHECK_FIELD(AttnParams, k_cache);
+RS_CHECK_FIELD(AttnParams, v_cache);
+RS_CHECK_FIELD(AttnParams, out);
+RS_CHECK_FIELD(AttnParams, part_o);
+RS_CHECK_FIELD(AttnParams, part_ml);
+RS_CHECK_FIELD(AttnParams, seqs);
+RS_CHECK_FIELD(AttnParams, items);
+RS_CHECK_FIELD(AttnParams, block_tables);
+RS_CHECK_FIELD(AttnParams, num_items);
+RS_CHECK_FIELD(AttnParams, table_stride);
+RS_CHECK_FIELD(AttnParams, hq);
+RS_CHECK_FIELD(AttnParams, hkv);
+RS_CHECK_FIELD(AttnParams, d);
+RS_CHECK_FIELD(AttnParams, block_size);
+RS_CHECK_FIELD(AttnParams, split_size);
+RS_CHECK_FIELD(AttnParams, num_splits);
+RS_CHECK_FIELD(AttnParams, scale_log2);
+RS_CHECK_FIELD(AttnParams, pad);
+
+struct RopeParams {
+    const void* qkv;        // T[n, (hq + 2*hkv) * d], the fused projection
+    const void* bias;       // T[(hq + 2*hkv) * d] or null (Qwen2)
+    const u32* positions;   // [n]
+    const float* inv_freq;  // [d / 2], scaling already applied
+    const long long* slots; // [n], block * block_size + offset in the cache; < 0 skips the write
+    void* q_out;            // T[n, hq, d]
+    void* k_cache;          // T[blocks, hkv, block_size, d]
+    void* v_cache;          // same layout
+    int hq, hkv, d, block_size;
+};
+RS_CHECK_SIZE(RopeParams);
+RS_CHECK_FIELD(RopeParams, qkv);
+RS_CHECK_FIELD(RopeParams, bias);
+RS_CHECK_FIELD(RopeParams, positions);
+RS_CHECK_FIELD(RopeParams, inv_freq);
+RS_CHECK_FIELD(RopeParams, slots);
+RS_CHECK_FIELD(RopeParams, q_out);
+RS_CHECK_FIELD(RopeParams, k_cache);
+RS_CHECK_FIELD(RopeParams, v_cache);
+RS_CHECK_FIELD(RopeParams, hq);
+RS_CHECK_FIELD(RopeParams, hkv);
+RS_CHECK_FIELD(RopeParams, d);
+RS_CHECK_FIELD(RopeParams, block_size);
+
+struct GemvParams {
+    const void* x; // T[b, k]
+    const void* w; // T[n, k], row-major (HF Linear layout)
+    void* y;       // To[b, n]
+    int b, n, k;   // k is a multiple of 16 / sizeof(T) and < 2^30; x and w are 16-byte aligned
+    u32 pad;
+};
+RS_CHECK_SIZE(GemvParams);
+RS_CHECK_FIELD(GemvParams, x);
+RS_CHECK_FIELD(GemvParams, w);
+RS_CHECK_FIELD(GemvParams, y);
+RS_CHECK_FIELD(GemvParams, b);
+RS_CHECK_FIELD(GemvParams, n);
+RS_CHECK_FIELD(GemvParams, k);
+RS_CHECK_FIELD(GemvParams, pad);
+
+struct GemvRopeParams {
+    const void* x;   // bf16[b, k], the normed hidden states
+    const void* w;   // bf16[(hq + 2 hkv) d, k], the fused q/k/v weights
+    int b, k;
+    RopeParams rope; // its qkv field is unused
+};
+RS_CHECK_SIZE(GemvRopeParams);
+RS_CHECK_FIELD(GemvRopeParams, x);
+RS_CHECK_FIELD(GemvRopeParams, w);
+RS_CHECK_FIELD(GemvRopeParams, b);
+RS_CHECK_FIELD(GemvRopeParams, k);
+RS_CHECK_FIELD(GemvRopeParams, rope);
+
+struct SampleRow {
+    float temperature; // 0: greedy
+    u32 top_k;         // 0: off
+    float top_p;       // 1: off
+    float min_p;       // 0: off
+    u64 seed;
+    u64 step;
+};
+RS_CHECK_SIZE(SampleRow);
+RS_CHECK_FIELD(SampleRow, temperature);
+RS_CHECK_FIELD(SampleRow, top_k);
+RS_CHECK_FIELD(SampleRow, top_p);
+RS_CHECK_FIELD(SampleRow, min_p);
+RS_CHECK_FIELD(SampleRow, seed);
+RS_CHECK_FIELD(SampleRow, step);

@@ -1,0 +1,237 @@
+//! The parameter structs the kernels take by value, each defined once here; `params.cuh` defines
+//! each once for CUDA. Their sizes and field offsets reach NVRTC as `-D` options
+//! ([`layout_defines`]) and `params.cuh` `static_assert`s every one, so a struct that drifts on
+//! either side fails to compile — in CI too, which compiles every kernel. Device pointers are
+//! `u64` (`CUdeviceptr`); the CUDA side has typed pointers of the same size.
+
+use bytemuck::{Pod, Zeroable};
+use cudarc::driver::DeviceRepr;
+
+/// `AttnParams`: every attention kernel's (general, combine, decode, tensor-core decode and both
+/// prefill kernels).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct AttnParams {
+    /// `T[n, hq, d]` queries.
+    pub q: u64,
+    /// `T[blocks, hkv, block_size, d]`.
+    pub k_cache: u64,
+    pub v_cache: u64,
+    /// `T[n, hq, d]` (one split).
+    pub out: u64,
+    /// `f32[items, hq, splits, d]` unnormalised partial outputs (several splits).
+    pub part_o: u64,
+    /// `f32[items, hq, splits, 2]` running max (log2 domain) and sum.
+    pub part_ml: u64,
+    /// `int4` per sequence: query start, query length, context length, unused.
+    pub seqs: u64,
+    /// `int2` per work item: sequence index, first query index in the sequence.
+    pub items: u64,
+    /// `u32[seqs, table_stride]`.
+    pub block_tables: u64,
+    pub num_items: i32,
+    pub table_stride: i32,
+    pub hq: i32,
+    pub hkv: i32,
+    pub d: i32,
+    pub block_size: i32,
+    pub split_size: i32,
+    pub num_splits: i32,
+    /// Softmax scale × log2(e).
+    pub scale_log2: f32,
+    /// Keeps the size a multiple of 8 without implicit padding (the CUDA struct's tail padding).
+    pub pad: u32,
+}
+
+/// `RopeParams`: RoPE with the paged KV write (`rope_kv_write_*`, and the epilogue of the fused
+/// q/k/v GEMV).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct RopeParams {
+    /// `T[n, (hq + 2 hkv) d]`, the fused projection.
+    pub qkv: u64,
+    /// `T[(hq + 2 hkv) d]` or 0.
+    pub bias: u64,
+    /// `u32[n]`.
+    pub positions: u64,
+    /// `f32[d / 2]`, scaling applied.
+    pub inv_freq: u64,
+    /// `i64[n]` cache slots; negative skips the write.
+    pub slots: u64,
+    /// `T[n, hq, d]`.
+    pub q_out: u64,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    pub hq: i32,
+    pub hkv: i32,
+    pub d: i32,
+    pub block_size: i32,
+}
+
+/// `GemvParams`: the small-batch matrix-vector kernels.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct GemvParams {
+    /// `T[b, k]`.
+    pub x: u64,
+    /// `T[n, k]` (HF `Linear` layout).
+    pub w: u64,
+    /// `To[b, n]`.
+    pub y: u64,
+    pub b: i32,
+    pub n: i32,
+    pub k: i32,
+    /// Tail padding made explicit.
+    pub pad: u32,
+}
+
+/// `GemvRopeParams`: the q/k/v GEMV with RoPE and the KV write in its epilogue.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct GemvRopeParams {
+    /// `bf16[b, k]`.
+    pub x: u64,
+    /// `bf16[(hq + 2 hkv) d, k]`.
+    pub w: u64,
+    pub b: i32,
+    pub k: i32,
+    /// Its `qkv` field is unused.
+    pub rope: RopeParams,
+}
+
+/// `SampleRow`: one row's sampling settings, uploaded as an array (`sample_f32`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct SampleRow {
+    /// 0: greedy.
+    pub temperature: f32,
+    /// 0: off.
+    pub top_k: u32,
+    /// 1: off.
+    pub top_p: f32,
+    /// 0: off.
+    pub min_p: f32,
+    pub seed: u64,
+    /// The request's output index being sampled (the random stream's position).
+    pub step: u64,
+}
+
+// Why the five impls below are sound: each struct is #[repr(C)] and Pod — integers and floats
+// only, no padding, any bit pattern valid — and its size and every field offset equal the CUDA
+// struct's in params.cuh, which static_asserts them against `layout_defines` when the kernels
+// compile; so passing one by value as a kernel argument gives the kernel exactly its struct.
+//
+// SAFETY: see above.
+unsafe impl DeviceRepr for AttnParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for RopeParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for GemvParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for GemvRopeParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for SampleRow {}
+
+/// Pushes `RS_SIZEOF_<S>` and `RS_OFFSETOF_<S>_<field>` for every field of `S`; the pattern
+/// names every field without `..`, so a field added to the struct and not listed here does not
+/// compile.
+macro_rules! layout {
+    ($out:ident, $s:ident { $($f:ident),* $(,)? }) => {{
+        let $s { $($f: _),* } = $s::default();
+        $out.push((concat!("RS_SIZEOF_", stringify!($s)), size_of::<$s>()));
+        $($out.push((
+            concat!("RS_OFFSETOF_", stringify!($s), "_", stringify!($f)),
+            std::mem::offset_of!($s, $f),
+        ));)*
+    }};
+}
+
+/// The `-D` definitions `params.cuh` checks: every struct's size and every field's offset.
+pub fn layout_defines() -> Vec<(&'static str, usize)> {
+    let mut out = Vec::new();
+    layout!(
+        out,
+        AttnParams {
+            q,
+            k_cache,
+            v_cache,
+            out,
+            part_o,
+            part_ml,
+            seqs,
+            items,
+            block_tables,
+            num_items,
+            table_stride,
+            hq,
+            hkv,
+            d,
+            block_size,
+            split_size,
+            num_splits,
+            scale_log2,
+            pad,
+        }
+    );
+    layout!(
+        out,
+        RopeParams {
+            qkv,
+            bias,
+            positions,
+            inv_freq,
+            slots,
+            q_out,
+            k_cache,
+            v_cache,
+            hq,
+            hkv,
+            d,
+            block_size,
+        }
+    );
+    layout!(
+        out,
+        GemvParams {
+            x,
+            w,
+            y,
+            b,
+            n,
+            k,
+            pad
+        }
+    );
+    layout!(out, GemvRopeParams { x, w, b, k, rope });
+    layout!(
+        out,
+        SampleRow {
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            seed,
+            step
+        }
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_field_has_its_offset() {
+        let defines = layout_defines();
+        assert_eq!(defines.len(), 5 + 19 + 12 + 7 + 5 + 6);
+        let get = |n: &str| defines.iter().find(|(k, _)| *k == n).unwrap().1;
+        assert_eq!(get("RS_SIZEOF_AttnParams"), 112);
+        assert_eq!(get("RS_OFFSETOF_AttnParams_scale_log2"), 104);
+        assert_eq!(get("RS_SIZEOF_RopeParams"), 80);
+        assert_eq!(get("RS_SIZEOF_GemvParams"), 40);
+        assert_eq!(get("RS_SIZEOF_GemvRopeParams"), 104);
+        assert_eq!(get("RS_OFFSETOF_GemvRopeParams_rope"), 24);
+        assert_eq!(get("RS_SIZEOF_SampleRow"), 32);
+    }
+}
