@@ -14,7 +14,7 @@ use worker::checkpoint::Checkpoint;
 use worker::engine::{Engine, EngineConfig};
 use worker::kv::SeqId;
 use worker::request::Request;
-use worker::tp::follower::{RingPlanSink, run_follower};
+use worker::serve::tp::follower::{RingPlanSink, run_follower};
 use worker::tp::{CommOptions, ShmComm, TpShard};
 
 const CHILD_ENV: &str = "RINGSERVE_TP_TEST_CHILD";

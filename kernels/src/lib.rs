@@ -10,7 +10,9 @@
 //! attention, bf16, head size 128), `prefill_wgmma.cu` (the same on Hopper's wgmma; its body is
 //! compiled only for `sm_90a`, elsewhere it traps), `gemv.cu` (small-batch matrix-vector, alone
 //! or fused with RoPE and the KV write), `sampling.cu` (greedy, temperature, top-k, top-p, min-p,
-//! seeded). All sources form one translation unit, compiled straight to a CUBIN for the device's
+//! seeded). The parameter structs the kernels take live in `params.cuh`, mirrored once in
+//! [`params`] and checked against it at compile time; the launch constants come from
+//! [`LAUNCH_CONSTANTS`] as `-D` options. All sources form one translation unit, compiled straight to a CUBIN for the device's
 //! architecture (`sm_90a` on compute capability 9.0), so loading it needs no JIT. NVRTC is loaded
 //! at run time (cudarc's dynamic loading): a machine without CUDA builds and runs everything else,
 //! and [`compile`] answers [`KernelError::NvrtcMissing`] there.

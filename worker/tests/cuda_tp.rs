@@ -25,7 +25,7 @@ use worker::engine::{Engine, EngineConfig};
 use worker::kv::SeqId;
 use worker::request::Request;
 use worker::sampler::SamplingParams;
-use worker::tp::follower::{RingPlanSink, run_follower};
+use worker::serve::tp::follower::{RingPlanSink, run_follower};
 use worker::tp::{CommOptions, ShmComm, TpCollectives, TpShard};
 
 fn fixture_dir() -> PathBuf {

@@ -1,15 +1,14 @@
-//! Tensor parallelism: the collective-communication trait the sharded backends call, its
-//! shared-memory implementation for the ranks of one host, and the step-plan broadcast from rank 0
-//! (which owns the one scheduler) to ranks 1..T-1.
+//! Tensor parallelism below the backends: how a rank's shard is cut ([`shard`]) and the
+//! collective-communication trait the sharded backends call, with its shared-memory
+//! implementation for the ranks of one host. The step-plan broadcast from rank 0 (which owns the
+//! one scheduler) to ranks 1..T-1 and the followers' loop sit above the engine, with the serving
+//! loop, in [`crate::serve::tp`].
 //!
 //! A TP group of `T` ranks is `T` worker processes. Rank 0 schedules, runs its shard and samples;
-//! ranks 1..T-1 mirror the block tables from the plans they receive (see [`plan`]) and run their
-//! shard. Within a forward pass the ranks meet in [`Communicator`] collectives: an all-reduce after
+//! ranks 1..T-1 mirror the block tables from the plans they receive and run their shard. Within a forward pass the ranks meet in [`Communicator`] collectives: an all-reduce after
 //! the row-split `o_proj` and `down_proj`, and an all-gather of the vocabulary-split logits.
 
 pub mod comm;
-pub mod follower;
-pub mod plan;
 pub mod shard;
 
 pub use comm::{CommError, CommOptions, Communicator, ShmComm};

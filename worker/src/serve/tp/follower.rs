@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use super::plan::{self, PlanEncoder, PlanError, PlanMirror, PlanMsg};
 use crate::backend::{Backend, BackendError};
 use crate::engine::{EngineError, PlanSink};
 use crate::scheduler::{Scheduler, StepPlan};
-use crate::tp::plan::{self, PlanEncoder, PlanError, PlanMirror, PlanMsg};
 
 /// Ring record kind of a plan record.
 pub const PLAN_RECORD_KIND: u16 = 0x5450;

@@ -18,6 +18,9 @@
 //! (it depends only on the model, the block size and `T`, so all ranks agree); CUDA ranks size
 //! from their free memory and take the smallest count of the group.
 
+pub mod follower;
+pub mod plan;
+
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -31,8 +34,8 @@ use crate::backend::{Backend, BackendError, BackendOptions, Device, cpu_default_
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::ModelConfig;
 use crate::engine::{Engine, EngineError};
-use crate::tp::follower::{FollowerError, RingPlanSink, run_follower};
 use crate::tp::{CommError, CommOptions, Communicator, ShmComm, TpCollectives, TpShard};
+use follower::{FollowerError, RingPlanSink, run_follower};
 
 /// How long rank 0 waits for a follower's plan ring to have room.
 const PLAN_PUSH_TIMEOUT: Duration = Duration::from_secs(60);
@@ -340,5 +343,4 @@ fn shard_backend(
 }
 
 #[cfg(test)]
-#[path = "tp_tests.rs"]
 mod tests;
