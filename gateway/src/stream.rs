@@ -262,6 +262,7 @@ async fn failover(t: &mut RequestTask, p: &mut Progress) -> Resumed {
             }
             Err(e) => {
                 tracing::debug!(id = t.id, error = %e, "resubmit failed");
+                tokio::time::sleep(FAILOVER_POLL).await;
                 continue;
             }
         };
