@@ -316,6 +316,10 @@ fn the_api_key_guards_every_call_but_health_and_is_never_logged() {
     assert!(String::from_utf8_lossy(&refused.stderr).contains("API key"));
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(text.contains("call refused"), "debug logs were written");
+    assert!(
+        !text.contains('\u{1b}'),
+        "colour codes in a log that is not a terminal"
+    );
     assert!(!text.contains(key), "the key was logged");
     assert!(
         !text.contains("k3y-0f-the-t3s"),
