@@ -287,18 +287,21 @@ mod tests {
 
     const BLOCK: usize = 16;
 
-    fn link(slot: usize) -> Arc<WorkerLink> {
-        let info = HelloInfo {
+    fn info() -> HelloInfo {
+        HelloInfo {
             pid: 1,
             num_kv_blocks: 8,
             block_size: BLOCK as u32,
             max_model_len: 64,
             vocab_size: 32,
             max_num_seqs: 4,
-        };
+        }
+    }
+
+    fn link(slot: usize) -> Arc<WorkerLink> {
         // The link only needs a producer; the segment lives as long as it does.
         let ring = ringbuf::create(&ringbuf::unique_name("rs-router-test"), 4096).unwrap();
-        WorkerLink::new(slot, info, ring.producer().unwrap())
+        WorkerLink::new(slot, info(), ring.producer().unwrap())
     }
 
     fn router(n: usize) -> (Router, Vec<Arc<WorkerLink>>) {
@@ -446,14 +449,6 @@ mod tests {
 
     #[tokio::test]
     async fn place_writes_the_submit_and_counts_its_work_where_it_went() {
-        let info = HelloInfo {
-            pid: 1,
-            num_kv_blocks: 8,
-            block_size: BLOCK as u32,
-            max_model_len: 64,
-            vocab_size: 32,
-            max_num_seqs: 4,
-        };
         let ring = ringbuf::create(&ringbuf::unique_name("rs-router-place"), 4096).unwrap();
         let mut worker_end = ring.consumer().unwrap();
         let r = Router::new(2);
@@ -468,7 +463,7 @@ mod tests {
             prior_output_len: 0,
         };
         assert!(matches!(r.place(&submit).await, Err(PlaceError::NoWorker)));
-        let live = WorkerLink::new(1, info, ring.producer().unwrap());
+        let live = WorkerLink::new(1, info(), ring.producer().unwrap());
         r.set(1, Some(live.clone()));
         let placed = r.place(&submit).await.unwrap();
         assert_eq!(placed.link.slot, 1);
