@@ -11,6 +11,8 @@ mod error;
 pub mod layout;
 mod liveness;
 mod memory;
+#[cfg(not(loom))]
+mod private;
 mod producer;
 mod ring;
 #[cfg(not(loom))]
@@ -21,6 +23,8 @@ pub use consumer::{Consumer, ReadGrant, Record};
 pub use error::{Error, Result, Role};
 pub use liveness::{PeerState, process_alive};
 pub use memory::{HeapMemory, Memory};
+#[cfg(not(loom))]
+pub use private::PrivateShm;
 pub use producer::{Batch, Producer, WriteGrant};
 pub use ring::{Heartbeat, Ring, WaitConfig};
 #[cfg(not(loom))]

@@ -1,31 +1,27 @@
 //! Named POSIX shared-memory segments: create (mode 0600), attach (with ownership, permission and
 //! header checks), unlink on the creator's drop, and `reap` of segments whose creator died.
 //!
-//! The `shared_memory` crate creates, opens and unlinks; the mapping is then used only through raw
-//! pointers and atomics (never its `as_slice()`, which would hand out references to memory another
-//! process mutates).
+//! [`PrivateShm`] creates, checks, opens and unlinks; the mapping is then used only through raw
+//! pointers and atomics (never a slice, which would be a reference to memory another process
+//! mutates).
 
 use crate::error::{Error, Result};
 use crate::layout::{DATA_OFFSET, Header, MAGIC, MAX_CAPACITY, MIN_CAPACITY, VERSION};
 use crate::liveness::{self, Holder};
 use crate::memory::Memory;
+use crate::private::{PrivateShm, check_name};
 use crate::ring::Ring;
 use crate::sync::Ordering;
-use shared_memory::{Shmem, ShmemConf, ShmemError};
-use std::ffi::CString;
-use std::os::unix::fs::MetadataExt;
 
 /// A mapped shared-memory segment holding one ring.
 pub struct Segment {
-    shm: Shmem,
+    shm: PrivateShm,
     base: *mut u8,
     capacity: u64,
-    name: String,
 }
 
 // SAFETY: the mapping is process-wide memory valid from any thread; after creation it is accessed
-// only through atomics and the ring's grants, which follow the SPSC protocol. `Shmem` holds a raw
-// pointer and a file descriptor, neither tied to a thread.
+// only through atomics and the ring's grants, which follow the SPSC protocol. `PrivateShm` is Send.
 unsafe impl Send for Segment {}
 // SAFETY: as above; shared access goes through atomics only.
 unsafe impl Sync for Segment {}
@@ -50,7 +46,7 @@ unsafe impl Memory for Segment {
 impl Segment {
     /// The segment's name (without the leading `/`).
     pub fn name(&self) -> &str {
-        &self.name
+        self.shm.name()
     }
 
     /// The random epoch the creator stored in the header.
@@ -65,33 +61,7 @@ impl Segment {
 
     /// Whether this mapping unlinks the segment when dropped (true for the creator).
     pub fn is_creator(&self) -> bool {
-        self.shm.is_owner()
-    }
-}
-
-fn check_name(name: &str) -> Result<()> {
-    let ok = (1..=200).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::InvalidName(name.to_owned()))
-    }
-}
-
-fn os_error(call: &'static str, name: &str, e: ShmemError) -> Error {
-    let source = match e {
-        ShmemError::MapCreateFailed(code)
-        | ShmemError::MapOpenFailed(code)
-        | ShmemError::UnknownOsError(code) => std::io::Error::from_raw_os_error(code as i32),
-        other => std::io::Error::other(other.to_string()),
-    };
-    Error::Os {
-        call,
-        name: name.to_owned(),
-        source,
+        self.shm.is_creator()
     }
 }
 
@@ -123,20 +93,11 @@ pub fn create(name: &str, capacity: usize) -> Result<Ring<Segment>> {
             max: MAX_CAPACITY,
         });
     }
-    let shm = match ShmemConf::new()
-        .os_id(format!("/{name}"))
-        .size(DATA_OFFSET + capacity)
-        .create()
-    {
-        Ok(shm) => shm,
-        Err(ShmemError::MappingIdExists) => return Err(Error::AlreadyExists { name: name.into() }),
-        Err(e) => return Err(os_error("shm create", name, e)),
-    };
+    let shm = PrivateShm::create(name, DATA_OFFSET + capacity)?;
     let seg = Segment {
         base: shm.as_ptr(),
         shm,
         capacity: capacity as u64,
-        name: name.to_owned(),
     };
     let meta = &seg.header().meta;
     meta.capacity.store(capacity as u64, Ordering::Relaxed);
@@ -162,72 +123,15 @@ fn epoch_of(name: &str) -> u64 {
         })
 }
 
-/// Ownership and size of a segment, from `fstat` on a read-only descriptor.
-fn inspect(name: &str) -> Result<(u32, u32, u64)> {
-    let cname = CString::new(format!("/{name}")).map_err(|_| Error::InvalidName(name.into()))?;
-    // SAFETY: `cname` is a valid NUL-terminated string; the flags open read-only without creating.
-    let fd = unsafe { libc::shm_open(cname.as_ptr(), libc::O_RDONLY | libc::O_NOFOLLOW, 0) };
-    if fd < 0 {
-        let err = std::io::Error::last_os_error();
-        return Err(match err.raw_os_error() {
-            Some(libc::ENOENT) => Error::NotFound { name: name.into() },
-            _ => Error::Os {
-                call: "shm_open",
-                name: name.into(),
-                source: err,
-            },
-        });
-    }
-    // SAFETY: `fd` is an open descriptor we own; `File` closes it exactly once.
-    let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    let meta = file.metadata().map_err(|source| Error::Os {
-        call: "fstat",
-        name: name.into(),
-        source,
-    })?;
-    Ok((meta.uid(), meta.mode() & 0o7777, meta.size()))
-}
-
 /// Attaches to segment `name`: checks owner (must be us), mode (no group/other access), layout
 /// version, magic, and capacity against the mapping's real size.
 pub fn attach(name: &str) -> Result<Ring<Segment>> {
-    check_name(name)?;
-    let (uid, mode, size) = inspect(name)?;
-    // SAFETY: geteuid has no preconditions.
-    if uid != unsafe { libc::geteuid() } {
-        return Err(Error::ForeignOwner {
-            name: name.into(),
-            uid,
-        });
-    }
-    if mode & 0o077 != 0 {
-        return Err(Error::InsecureMode {
-            name: name.into(),
-            mode,
-        });
-    }
-    if size == 0 {
-        return Err(Error::NotReady { name: name.into() });
-    }
-    if size < (DATA_OFFSET + MIN_CAPACITY) as u64 {
-        return Err(Error::Corrupt {
-            what: "segment size",
-        });
-    }
-    // /dev/shm is sticky, so no other user can replace the checked segment before this open.
-    let shm = match ShmemConf::new().os_id(format!("/{name}")).open() {
-        Ok(shm) => shm,
-        Err(ShmemError::MapOpenFailed(code)) if code as i32 == libc::ENOENT => {
-            return Err(Error::NotFound { name: name.into() });
-        }
-        Err(e) => return Err(os_error("shm open", name, e)),
-    };
+    let shm = PrivateShm::open(name)?;
     let len = shm.len();
     let mut seg = Segment {
         base: shm.as_ptr(),
         shm,
         capacity: 0,
-        name: name.to_owned(),
     };
     if len < DATA_OFFSET + MIN_CAPACITY || seg.base.align_offset(DATA_OFFSET) != 0 {
         return Err(Error::Corrupt {
@@ -276,17 +180,11 @@ pub fn reap(prefix: &str) -> Result<Vec<String>> {
         if !name.starts_with(prefix) || check_name(&name).is_err() {
             continue;
         }
-        let Ok((uid, _, size)) = inspect(&name) else {
+        // Not ours, not private, not sized or not there any more: not a ring we may reap.
+        let Ok(mut shm) = PrivateShm::open(&name) else {
             continue;
         };
-        // SAFETY: geteuid has no preconditions.
-        if uid != unsafe { libc::geteuid() } || size < (DATA_OFFSET + MIN_CAPACITY) as u64 {
-            continue;
-        }
-        let Ok(mut shm) = ShmemConf::new().os_id(format!("/{name}")).open() else {
-            continue;
-        };
-        if shm.len() < DATA_OFFSET {
+        if shm.len() < DATA_OFFSET + MIN_CAPACITY {
             continue;
         }
         // SAFETY: the mapping is at least DATA_OFFSET bytes, page-aligned, so it holds a Header.
@@ -295,7 +193,7 @@ pub fn reap(prefix: &str) -> Result<Vec<String>> {
             continue;
         }
         if let Holder::Dead(_) = liveness::holder(hdr.meta.creator.load(Ordering::Relaxed)) {
-            shm.set_owner(true); // dropping an owning Shmem unlinks the name
+            shm.unlink_on_drop();
             drop(shm);
             reaped.push(name);
         }

@@ -8,7 +8,48 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
-use crate::checkpoint::CheckpointError;
+use thiserror::Error;
+
+/// Why a `config.json` (or `generation_config.json`) cannot describe a model this engine runs.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not JSON.
+    #[error("{path}: invalid JSON: {source}")]
+    Json {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A required field is absent (or null).
+    #[error("{path}: missing field `{field}`")]
+    MissingField { path: PathBuf, field: String },
+    /// A field has the wrong type or an impossible value.
+    #[error("{path}: field `{field}` = {value}: {reason}")]
+    InvalidField {
+        path: PathBuf,
+        field: String,
+        value: String,
+        reason: String,
+    },
+    /// A field names something this engine does not implement (architecture, RoPE type, activation...).
+    #[error("{path}: `{field}` = {value} is not supported yet ({reason})")]
+    Unsupported {
+        path: PathBuf,
+        field: String,
+        value: String,
+        reason: String,
+    },
+    /// Fields that are each valid but do not fit together.
+    #[error("{path}: inconsistent config: {reason}")]
+    InconsistentConfig { path: PathBuf, reason: String },
+}
 
 /// Which HuggingFace architecture a checkpoint declares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,7 +166,7 @@ pub struct ModelConfig {
 
 impl ModelConfig {
     /// Reads `dir/config.json` and, when present, `dir/generation_config.json`.
-    pub fn load(dir: &Path) -> Result<Self, CheckpointError> {
+    pub fn load(dir: &Path) -> Result<Self, ConfigError> {
         let path = dir.join("config.json");
         let config = read_json(&path)?;
         let gen_path = dir.join("generation_config.json");
@@ -146,7 +187,7 @@ impl ModelConfig {
         path: &Path,
         config: &Value,
         generation: Option<(&Path, &Value)>,
-    ) -> Result<Self, CheckpointError> {
+    ) -> Result<Self, ConfigError> {
         let f = Fields::root(path, config)?;
         let architecture = parse_architecture(&f)?;
         check_supported_features(&f, architecture)?;
@@ -159,7 +200,7 @@ impl ModelConfig {
         let num_key_value_heads = f
             .usize_opt("num_key_value_heads")?
             .unwrap_or(num_attention_heads);
-        let inconsistent = |reason: String| CheckpointError::InconsistentConfig {
+        let inconsistent = |reason: String| ConfigError::InconsistentConfig {
             path: path.to_path_buf(),
             reason,
         };
@@ -265,18 +306,18 @@ impl ModelConfig {
 }
 
 /// Reads and parses one JSON file.
-pub(crate) fn read_json(path: &Path) -> Result<Value, CheckpointError> {
-    let text = std::fs::read_to_string(path).map_err(|source| CheckpointError::Io {
+pub(crate) fn read_json(path: &Path) -> Result<Value, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
         path: path.to_path_buf(),
         source,
     })?;
-    serde_json::from_str(&text).map_err(|source| CheckpointError::Json {
+    serde_json::from_str(&text).map_err(|source| ConfigError::Json {
         path: path.to_path_buf(),
         source,
     })
 }
 
-fn parse_architecture(f: &Fields<'_>) -> Result<Architecture, CheckpointError> {
+fn parse_architecture(f: &Fields<'_>) -> Result<Architecture, ConfigError> {
     let name = match f.get("architectures") {
         Some(Value::Array(list)) => match list.first() {
             Some(Value::String(s)) => s.clone(),
@@ -304,7 +345,7 @@ fn parse_architecture(f: &Fields<'_>) -> Result<Architecture, CheckpointError> {
 }
 
 /// Rejects features of the format the backends do not implement.
-fn check_supported_features(f: &Fields<'_>, arch: Architecture) -> Result<(), CheckpointError> {
+fn check_supported_features(f: &Fields<'_>, arch: Architecture) -> Result<(), ConfigError> {
     if let Some(act) = f.str_opt("hidden_act")?
         && act != "silu"
     {
@@ -329,7 +370,7 @@ fn check_supported_features(f: &Fields<'_>, arch: Architecture) -> Result<(), Ch
     Ok(())
 }
 
-fn parse_rope(f: &Fields<'_>) -> Result<RopeConfig, CheckpointError> {
+fn parse_rope(f: &Fields<'_>) -> Result<RopeConfig, ConfigError> {
     let top_theta = f.f64_opt("rope_theta")?;
     let (theta, scaling) = if f.get("rope_parameters").is_some() {
         let p = f.nested("rope_parameters")?;
@@ -357,13 +398,13 @@ fn parse_rope(f: &Fields<'_>) -> Result<RopeConfig, CheckpointError> {
     Ok(RopeConfig { theta, scaling })
 }
 
-fn parse_scaling(s: &Fields<'_>) -> Result<RopeScaling, CheckpointError> {
+fn parse_scaling(s: &Fields<'_>) -> Result<RopeScaling, ConfigError> {
     let (field, kind) = match (s.str_opt("rope_type")?, s.str_opt("type")?) {
         (Some(t), _) => ("rope_type", t),
         (None, Some(t)) => ("type", t),
         (None, None) => ("rope_type", "default"),
     };
-    let positive = |name: &str| -> Result<f32, CheckpointError> {
+    let positive = |name: &str| -> Result<f32, ConfigError> {
         let v = s.f64_opt(name)?.ok_or_else(|| s.missing(name))? as f32;
         if v.is_finite() && v > 0.0 {
             Ok(v)
@@ -407,7 +448,7 @@ fn parse_scaling(s: &Fields<'_>) -> Result<RopeScaling, CheckpointError> {
     }
 }
 
-fn token_id_opt(f: &Fields<'_>, name: &str) -> Result<Option<u32>, CheckpointError> {
+fn token_id_opt(f: &Fields<'_>, name: &str) -> Result<Option<u32>, ConfigError> {
     match f.get(name) {
         None => Ok(None),
         Some(v) => as_token_id(v)
@@ -417,7 +458,7 @@ fn token_id_opt(f: &Fields<'_>, name: &str) -> Result<Option<u32>, CheckpointErr
 }
 
 /// A token id field that may be one id, a list of ids, or null.
-fn token_ids(f: &Fields<'_>, name: &str) -> Result<Vec<u32>, CheckpointError> {
+fn token_ids(f: &Fields<'_>, name: &str) -> Result<Vec<u32>, ConfigError> {
     match f.get(name) {
         None => Ok(Vec::new()),
         Some(Value::Array(items)) => items
@@ -443,14 +484,14 @@ struct Fields<'a> {
 }
 
 impl<'a> Fields<'a> {
-    fn root(path: &'a Path, value: &'a Value) -> Result<Self, CheckpointError> {
+    fn root(path: &'a Path, value: &'a Value) -> Result<Self, ConfigError> {
         match value {
             Value::Object(obj) => Ok(Self {
                 path,
                 prefix: String::new(),
                 obj,
             }),
-            _ => Err(CheckpointError::InvalidField {
+            _ => Err(ConfigError::InvalidField {
                 path: path.to_path_buf(),
                 field: "(root)".to_owned(),
                 value: abbreviate(value),
@@ -459,7 +500,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn nested(&self, name: &str) -> Result<Fields<'a>, CheckpointError> {
+    fn nested(&self, name: &str) -> Result<Fields<'a>, ConfigError> {
         match self.obj.get(name) {
             Some(Value::Object(obj)) => Ok(Fields {
                 path: self.path,
@@ -479,7 +520,7 @@ impl<'a> Fields<'a> {
         self.obj.get(name).filter(|v| !v.is_null())
     }
 
-    fn usize_opt(&self, name: &str) -> Result<Option<usize>, CheckpointError> {
+    fn usize_opt(&self, name: &str) -> Result<Option<usize>, ConfigError> {
         match self.get(name) {
             None => Ok(None),
             Some(v) => v
@@ -490,11 +531,11 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn usize_req(&self, name: &str) -> Result<usize, CheckpointError> {
+    fn usize_req(&self, name: &str) -> Result<usize, ConfigError> {
         self.usize_opt(name)?.ok_or_else(|| self.missing(name))
     }
 
-    fn f64_opt(&self, name: &str) -> Result<Option<f64>, CheckpointError> {
+    fn f64_opt(&self, name: &str) -> Result<Option<f64>, ConfigError> {
         match self.get(name) {
             None => Ok(None),
             Some(v) => v
@@ -504,7 +545,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn bool_opt(&self, name: &str) -> Result<Option<bool>, CheckpointError> {
+    fn bool_opt(&self, name: &str) -> Result<Option<bool>, ConfigError> {
         match self.get(name) {
             None => Ok(None),
             Some(v) => v
@@ -514,7 +555,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn str_opt(&self, name: &str) -> Result<Option<&'a str>, CheckpointError> {
+    fn str_opt(&self, name: &str) -> Result<Option<&'a str>, ConfigError> {
         match self.get(name) {
             None => Ok(None),
             Some(v) => v
@@ -528,15 +569,15 @@ impl<'a> Fields<'a> {
         self.path.to_path_buf()
     }
 
-    fn missing(&self, name: &str) -> CheckpointError {
-        CheckpointError::MissingField {
+    fn missing(&self, name: &str) -> ConfigError {
+        ConfigError::MissingField {
             path: self.path_buf(),
             field: self.full(name),
         }
     }
 
-    fn invalid(&self, name: &str, reason: &str) -> CheckpointError {
-        CheckpointError::InvalidField {
+    fn invalid(&self, name: &str, reason: &str) -> ConfigError {
+        ConfigError::InvalidField {
             path: self.path_buf(),
             field: self.full(name),
             value: self.obj.get(name).map_or("null".to_owned(), abbreviate),
@@ -544,8 +585,8 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn unsupported(&self, name: &str, value: &str, reason: &str) -> CheckpointError {
-        CheckpointError::Unsupported {
+    fn unsupported(&self, name: &str, value: &str, reason: &str) -> ConfigError {
+        ConfigError::Unsupported {
             path: self.path_buf(),
             field: self.full(name),
             value: value.to_owned(),
@@ -553,8 +594,8 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn inconsistent(&self, reason: String) -> CheckpointError {
-        CheckpointError::InconsistentConfig {
+    fn inconsistent(&self, reason: String) -> ConfigError {
+        ConfigError::InconsistentConfig {
             path: self.path_buf(),
             reason,
         }

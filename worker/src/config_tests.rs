@@ -23,7 +23,7 @@ fn base() -> Value {
     })
 }
 
-fn parse(v: &Value) -> Result<ModelConfig, CheckpointError> {
+fn parse(v: &Value) -> Result<ModelConfig, ConfigError> {
     ModelConfig::from_json(Path::new("config.json"), v, None)
 }
 
@@ -103,7 +103,7 @@ fn unknown_rope_type_names_the_field() {
         json!({"rope_type": "yarn", "factor": 4.0}),
     );
     match parse(&v) {
-        Err(CheckpointError::Unsupported { field, value, .. }) => {
+        Err(ConfigError::Unsupported { field, value, .. }) => {
             assert_eq!(field, "rope_scaling.rope_type");
             assert_eq!(value, "yarn");
         }
@@ -112,7 +112,7 @@ fn unknown_rope_type_names_the_field() {
     let v = with(base(), "rope_parameters", json!({"rope_type": "dynamic"}));
     assert!(matches!(
         parse(&v),
-        Err(CheckpointError::Unsupported { field, .. }) if field == "rope_parameters.rope_type"
+        Err(ConfigError::Unsupported { field, .. }) if field == "rope_parameters.rope_type"
     ));
 }
 
@@ -219,7 +219,7 @@ fn eos_lists_merge_with_generation_config() {
     )
     .unwrap_err();
     assert!(
-        matches!(&err, CheckpointError::InvalidField { path, field, .. }
+        matches!(&err, ConfigError::InvalidField { path, field, .. }
             if field == "eos_token_id" && path.ends_with("generation_config.json")),
         "{err}"
     );
@@ -237,7 +237,7 @@ fn qwen2_has_qkv_bias_and_tied_embeddings() {
     v["use_sliding_window"] = json!(true);
     assert!(matches!(
         parse(&v),
-        Err(CheckpointError::Unsupported { field, .. }) if field == "sliding_window"
+        Err(ConfigError::Unsupported { field, .. }) if field == "sliding_window"
     ));
 }
 
@@ -252,7 +252,7 @@ fn mistral_sliding_window_is_rejected() {
     );
     let err = parse(&with(v, "sliding_window", json!(4096))).unwrap_err();
     assert!(
-        matches!(&err, CheckpointError::Unsupported { field, value, .. }
+        matches!(&err, ConfigError::Unsupported { field, value, .. }
             if field == "sliding_window" && value == "4096"),
         "{err}"
     );
@@ -269,7 +269,7 @@ fn rejects_what_cannot_run() {
     ];
     for (key, value, field_want) in cases {
         match parse(&with(base(), key, value)) {
-            Err(CheckpointError::Unsupported { field, .. }) => assert_eq!(field, field_want),
+            Err(ConfigError::Unsupported { field, .. }) => assert_eq!(field, field_want),
             other => panic!("{key}: expected Unsupported, got {other:?}"),
         }
     }
@@ -285,7 +285,7 @@ fn inconsistent_shapes_are_errors() {
     ];
     for v in cases {
         assert!(
-            matches!(parse(&v), Err(CheckpointError::InconsistentConfig { .. })),
+            matches!(parse(&v), Err(ConfigError::InconsistentConfig { .. })),
             "{v}"
         );
     }
@@ -296,11 +296,11 @@ fn inconsistent_shapes_are_errors() {
     };
     assert!(matches!(
         parse(&missing),
-        Err(CheckpointError::MissingField { field, .. }) if field == "vocab_size"
+        Err(ConfigError::MissingField { field, .. }) if field == "vocab_size"
     ));
     assert!(matches!(
         parse(&with(base(), "hidden_size", json!("64"))),
-        Err(CheckpointError::InvalidField { field, .. }) if field == "hidden_size"
+        Err(ConfigError::InvalidField { field, .. }) if field == "hidden_size"
     ));
     let llama3_missing = with(
         base(),
@@ -309,6 +309,6 @@ fn inconsistent_shapes_are_errors() {
     );
     assert!(matches!(
         parse(&llama3_missing),
-        Err(CheckpointError::MissingField { field, .. }) if field == "rope_scaling.low_freq_factor"
+        Err(ConfigError::MissingField { field, .. }) if field == "rope_scaling.low_freq_factor"
     ));
 }

@@ -8,7 +8,7 @@ use safetensors::tensor::TensorView as StView;
 use serde_json::{Value, json};
 use worker::checkpoint::names::{self, expected_tensors, layer, layer_tensor};
 use worker::checkpoint::{Checkpoint, CheckpointError, Dtype};
-use worker::config::ModelConfig;
+use worker::config::{ConfigError, ModelConfig};
 
 fn config_json() -> Value {
     json!({
@@ -210,31 +210,34 @@ fn config_errors_through_load() {
         assert!(err.to_string().contains("config.json"), "{err}");
     };
     check("hidden_size", json!(18), &|e| {
-        matches!(e, CheckpointError::InconsistentConfig { .. })
+        matches!(
+            e,
+            CheckpointError::Config(ConfigError::InconsistentConfig { .. })
+        )
     });
     check(
         "rope_scaling",
         json!({"rope_type": "longrope", "factor": 2.0}),
         &|e| {
-            matches!(e, CheckpointError::Unsupported { field, value, .. }
+            matches!(e, CheckpointError::Config(ConfigError::Unsupported { field, value, .. })
                 if field == "rope_scaling.rope_type" && value == "longrope")
         },
     );
     check("architectures", json!(["FalconForCausalLM"]), &|e| {
-        matches!(e, CheckpointError::Unsupported { field, value, .. }
+        matches!(e, CheckpointError::Config(ConfigError::Unsupported { field, value, .. })
             if field == "architectures" && value == "FalconForCausalLM")
     });
     check(
         "hidden_act",
         json!("gelu_pytorch_tanh"),
-        &|e| matches!(e, CheckpointError::Unsupported { field, .. } if field == "hidden_act"),
+        &|e| matches!(e, CheckpointError::Config(ConfigError::Unsupported { field, .. }) if field == "hidden_act"),
     );
     let mut mistral = config_json();
     mistral["architectures"] = json!(["MistralForCausalLM"]);
     mistral["sliding_window"] = json!(4096);
     let err = load_with(&mistral, &tensors).unwrap_err();
     assert!(
-        matches!(&err, CheckpointError::Unsupported { field, .. } if field == "sliding_window"),
+        matches!(&err, CheckpointError::Config(ConfigError::Unsupported { field, .. }) if field == "sliding_window"),
         "{err:?}"
     );
 }
@@ -309,7 +312,7 @@ fn sharded_checkpoint() {
     std::fs::write(&index_path, "{\"weight_map\": ").unwrap();
     assert!(matches!(
         Checkpoint::open(dir.path()),
-        Err(CheckpointError::Json { .. })
+        Err(CheckpointError::Config(ConfigError::Json { .. }))
     ));
     std::fs::write(&index_path, "{\"weights\": {}}").unwrap();
     assert!(matches!(
@@ -327,12 +330,12 @@ fn no_weights_and_no_config() {
     ));
     assert!(matches!(
         ModelConfig::load(dir.path()),
-        Err(CheckpointError::Io { .. })
+        Err(ConfigError::Io { .. })
     ));
     std::fs::write(dir.path().join("config.json"), "{not json").unwrap();
     assert!(matches!(
         ModelConfig::load(dir.path()),
-        Err(CheckpointError::Json { .. })
+        Err(ConfigError::Json { .. })
     ));
 }
 

@@ -201,6 +201,9 @@ pub enum BackendError {
     /// The backend options are unusable (zero block size, too few KV blocks, ...).
     #[error("invalid backend options: {0}")]
     InvalidOptions(String),
+    /// The model cannot be split over this tensor-parallel group.
+    #[error("invalid backend options: {0}")]
+    Shard(#[from] crate::tp::ShardError),
     /// A tensor-parallel collective failed (a peer rank died, left or timed out).
     #[error("tensor parallelism: {0}")]
     Comm(#[from] crate::tp::CommError),

@@ -4,9 +4,15 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 
+use crate::config::ConfigError;
+
 /// Why a checkpoint folder (config files or weights) could not be used.
 #[derive(Debug, Error)]
 pub enum CheckpointError {
+    /// A JSON file of the folder (`config.json`, `generation_config.json`, the shard index) cannot
+    /// be read or parsed, or the config describes no model this engine runs.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     /// A file could not be opened, read or mapped.
     #[error("{path}: {source}")]
     Io {
@@ -14,35 +20,6 @@ pub enum CheckpointError {
         #[source]
         source: std::io::Error,
     },
-    /// A JSON file does not parse.
-    #[error("{path}: invalid JSON: {source}")]
-    Json {
-        path: PathBuf,
-        #[source]
-        source: serde_json::Error,
-    },
-    /// A required field is absent (or null).
-    #[error("{path}: missing field `{field}`")]
-    MissingField { path: PathBuf, field: String },
-    /// A field has the wrong type or an impossible value.
-    #[error("{path}: field `{field}` = {value}: {reason}")]
-    InvalidField {
-        path: PathBuf,
-        field: String,
-        value: String,
-        reason: String,
-    },
-    /// A field names something this engine does not implement (architecture, RoPE type, activation...).
-    #[error("{path}: `{field}` = {value} is not supported yet ({reason})")]
-    Unsupported {
-        path: PathBuf,
-        field: String,
-        value: String,
-        reason: String,
-    },
-    /// Fields that are each valid but do not fit together.
-    #[error("{path}: inconsistent config: {reason}")]
-    InconsistentConfig { path: PathBuf, reason: String },
     /// The folder holds neither `model.safetensors` nor `model.safetensors.index.json`.
     #[error("{dir}: no weights found (neither model.safetensors nor model.safetensors.index.json)")]
     NoWeights { dir: PathBuf },

@@ -11,7 +11,6 @@ use super::tp::{TpError, TpOptions, run_rank};
 use super::{ServeConfig, ServeError, ServeExit, serve};
 use crate::backend::null::NullBackend;
 use crate::backend::{BackendOptions, Device};
-use crate::checkpoint::CheckpointError;
 use crate::config::ModelConfig;
 use crate::engine::{Engine, EngineConfig, EngineError};
 use crate::open::{OpenError, open_model};
@@ -73,7 +72,7 @@ pub enum LaunchError {
     #[error(transparent)]
     Open(#[from] OpenError),
     #[error(transparent)]
-    Config(#[from] CheckpointError),
+    Config(#[from] crate::config::ConfigError),
     #[error(transparent)]
     Engine(#[from] EngineError),
     #[error(transparent)]

@@ -23,12 +23,10 @@
 //! Slot contents are accessed only through atomics, so even a misbehaving peer cannot cause a data
 //! race; every length read from the segment is checked.
 
-use std::ffi::CString;
-use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use shared_memory::{Shmem, ShmemConf, ShmemError};
+use ringbuf::PrivateShm;
 use thiserror::Error;
 
 const MAGIC: u64 = 0x5250_5443_4f4d_4d31; // "RPTCOMM1"
@@ -66,16 +64,10 @@ pub enum CommError {
     /// The rank's slot is held by another live process.
     #[error("rank {rank} of segment {name:?} is already taken by pid {pid}")]
     RankTaken { name: String, rank: usize, pid: u32 },
-    /// The segment is owned by another user or readable by others.
-    #[error("communicator segment {name:?} is not private to this user: {what}")]
-    NotPrivate { name: String, what: String },
-    /// The operating system refused (shm_open, mmap, ...).
-    #[error("{call} on {name:?}: {message}")]
-    Os {
-        call: &'static str,
-        name: String,
-        message: String,
-    },
+    /// The segment cannot be created or opened: a bad name, another user's segment, one readable
+    /// by others, or an operating-system failure.
+    #[error("communicator segment: {0}")]
+    Segment(#[source] ringbuf::Error),
 }
 
 /// Collectives over `f32` slices among the ranks of one TP group. Every rank must call the same
@@ -162,9 +154,8 @@ fn segment_len(world: usize, slot_floats: usize) -> Option<usize> {
 
 /// The shared-memory [`Communicator`] (see the module docs for the protocol).
 pub struct ShmComm {
-    shm: Shmem,
+    shm: PrivateShm,
     base: *mut u8,
-    name: String,
     rank: usize,
     world: usize,
     slot_floats: usize,
@@ -173,36 +164,16 @@ pub struct ShmComm {
 }
 
 // SAFETY: the mapping is process-wide memory valid from any thread; it is only accessed through
-// atomics. `Shmem` holds a raw pointer and a descriptor, neither tied to a thread.
+// atomics. `base` is `shm`'s address, and `PrivateShm` is itself Send.
 unsafe impl Send for ShmComm {}
 
 impl std::fmt::Debug for ShmComm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ShmComm")
-            .field("name", &self.name)
+            .field("name", &self.shm.name())
             .field("rank", &self.rank)
             .field("world", &self.world)
             .finish_non_exhaustive()
-    }
-}
-
-fn os_err(call: &'static str, name: &str, e: impl std::fmt::Display) -> CommError {
-    CommError::Os {
-        call,
-        name: name.to_owned(),
-        message: e.to_string(),
-    }
-}
-
-fn check_name(name: &str) -> Result<(), CommError> {
-    let ok = (1..=200).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-    if ok {
-        Ok(())
-    } else {
-        Err(CommError::Invalid(format!("bad segment name {name:?}")))
     }
 }
 
@@ -210,7 +181,6 @@ impl ShmComm {
     /// Creates segment `name` for `world` ranks and joins it as rank 0, then waits (up to
     /// `options.timeout`) until every rank has attached.
     pub fn create(name: &str, world: usize, options: CommOptions) -> Result<Self, CommError> {
-        check_name(name)?;
         if world == 0 || world > MAX_WORLD {
             return Err(CommError::Invalid(format!(
                 "world size {world} (1..={MAX_WORLD})"
@@ -221,15 +191,8 @@ impl ShmComm {
         }
         let len = segment_len(world, options.slot_floats)
             .ok_or_else(|| CommError::Invalid("segment size overflows".into()))?;
-        let shm = match ShmemConf::new()
-            .os_id(format!("/{name}"))
-            .size(len)
-            .create()
-        {
-            Ok(shm) => shm,
-            Err(e) => return Err(os_err("shm create", name, e)),
-        };
-        let mut comm = Self::from_shmem(shm, name, 0, world, options);
+        let shm = PrivateShm::create(name, len).map_err(CommError::Segment)?;
+        let mut comm = Self::from_shmem(shm, 0, world, options);
         let h = comm.header();
         h.world.store(world as u32, Ordering::Relaxed);
         h.slot_floats
@@ -246,7 +209,6 @@ impl ShmComm {
     /// `options.timeout`), then waits until every rank has attached. `options.slot_floats` is
     /// ignored: the creator's size is used.
     pub fn attach(name: &str, rank: usize, options: CommOptions) -> Result<Self, CommError> {
-        check_name(name)?;
         let deadline = Instant::now() + options.timeout;
         loop {
             match Self::try_attach(name, rank, options) {
@@ -273,27 +235,22 @@ impl ShmComm {
         rank: usize,
         options: CommOptions,
     ) -> Result<Option<Self>, CommError> {
-        let Some(size) = check_private(name)? else {
-            return Ok(None);
-        };
-        if size < data_offset(1) as u64 {
-            return Ok(None); // created but not yet sized
-        }
-        let mut shm = match ShmemConf::new().os_id(format!("/{name}")).open() {
+        // `open` checks that the segment is this user's and private, and that it has been sized.
+        let shm = match PrivateShm::open(name) {
             Ok(shm) => shm,
-            Err(ShmemError::MapOpenFailed(_)) => return Ok(None),
-            Err(e) => return Err(os_err("shm open", name, e)),
+            Err(ringbuf::Error::NotFound { .. } | ringbuf::Error::NotReady { .. }) => {
+                return Ok(None);
+            }
+            Err(e) => return Err(CommError::Segment(e)),
         };
-        shm.set_owner(false);
         let mapped = shm.len();
-        let base = shm.as_ptr();
-        // SAFETY: the mapping is at least data_offset(1) ≥ HEADER_BYTES bytes (checked above via
-        // fstat, and `len()` below re-checks the real mapping), page-aligned, and a `Header` of
-        // atomics is valid for any bit pattern.
-        let h = unsafe { &*base.cast::<Header>() };
         if mapped < HEADER_BYTES {
-            return Ok(None);
+            return Ok(None); // sized by a creator that is not done yet
         }
+        let base = shm.as_ptr();
+        // SAFETY: the mapping is at least HEADER_BYTES long (its real size, checked just above),
+        // page-aligned, and a `Header` of atomics is valid for any bit pattern.
+        let h = unsafe { &*base.cast::<Header>() };
         // SYNC: Acquire pairs with the Release store of `version` in `create`.
         let version = h.version.load(Ordering::Acquire);
         if version == 0 {
@@ -326,14 +283,13 @@ impl ShmComm {
             slot_floats,
             ..options
         };
-        Ok(Some(Self::from_shmem(shm, name, rank, world, options)))
+        Ok(Some(Self::from_shmem(shm, rank, world, options)))
     }
 
-    fn from_shmem(shm: Shmem, name: &str, rank: usize, world: usize, options: CommOptions) -> Self {
+    fn from_shmem(shm: PrivateShm, rank: usize, world: usize, options: CommOptions) -> Self {
         Self {
             base: shm.as_ptr(),
             shm,
-            name: name.to_owned(),
             rank,
             world,
             slot_floats: options.slot_floats,
@@ -384,7 +340,7 @@ impl ShmComm {
         {
             if ringbuf::process_alive(pid) {
                 return Err(CommError::RankTaken {
-                    name: self.name.clone(),
+                    name: self.shm.name().to_owned(),
                     rank: self.rank,
                     pid,
                 });
@@ -578,42 +534,9 @@ impl Drop for ShmComm {
             ctl.pid.store(0, Ordering::Release);
             self.bump_wake();
         }
-        // The creator's `Shmem` unlinks the name on drop; attachers only unmap.
+        // The creator's `PrivateShm` unlinks the name on drop; attachers only unmap.
         let _ = &self.shm;
     }
-}
-
-/// Whether the segment exists and is private to this user; returns its size, `None` if absent.
-fn check_private(name: &str) -> Result<Option<u64>, CommError> {
-    let cname = CString::new(format!("/{name}"))
-        .map_err(|_| CommError::Invalid(format!("bad segment name {name:?}")))?;
-    // SAFETY: `cname` is a valid NUL-terminated string; the flags open read-only without creating.
-    let fd = unsafe { libc::shm_open(cname.as_ptr(), libc::O_RDONLY | libc::O_NOFOLLOW, 0) };
-    if fd < 0 {
-        let err = std::io::Error::last_os_error();
-        return match err.raw_os_error() {
-            Some(libc::ENOENT) => Ok(None),
-            _ => Err(os_err("shm_open", name, err)),
-        };
-    }
-    // SAFETY: `fd` is an open descriptor we own; `File` closes it exactly once.
-    let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    let meta = file.metadata().map_err(|e| os_err("fstat", name, e))?;
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
-    if meta.uid() != me {
-        return Err(CommError::NotPrivate {
-            name: name.into(),
-            what: format!("owned by uid {}", meta.uid()),
-        });
-    }
-    if meta.mode() & 0o077 != 0 {
-        return Err(CommError::NotPrivate {
-            name: name.into(),
-            what: format!("mode {:o}", meta.mode() & 0o7777),
-        });
-    }
-    Ok(Some(meta.size()))
 }
 
 #[cfg(test)]

@@ -177,7 +177,7 @@ fn bad_arguments_are_typed_errors() {
     ));
     assert!(matches!(
         ShmComm::create("bad/name", 2, opts(8)),
-        Err(CommError::Invalid(_))
+        Err(CommError::Segment(ringbuf::Error::InvalidName(_)))
     ));
     let n = name("rank");
     let creator = {
@@ -214,4 +214,23 @@ fn corrupt_header_is_rejected() {
     solo.header().slot_floats.store(1 << 30, Ordering::Relaxed);
     let err = ShmComm::attach(&n, 0, opts(8)).expect_err("too small");
     assert!(matches!(err, CommError::Corrupt { .. }), "{err}");
+}
+
+#[test]
+fn segment_readable_by_others_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let n = name("mode");
+    let solo = ShmComm::create(&n, 1, opts(8)).expect("create");
+    let path = format!("/dev/shm/{n}");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let err = ShmComm::attach(&n, 0, opts(8)).expect_err("not private");
+    assert!(
+        matches!(
+            err,
+            CommError::Segment(ringbuf::Error::InsecureMode { mode: 0o644, .. })
+        ),
+        "{err}"
+    );
+    drop(solo);
+    assert!(!std::path::Path::new(&path).exists(), "creator unlinks");
 }

@@ -12,7 +12,7 @@ pub mod comm;
 pub mod shard;
 
 pub use comm::{CommError, CommOptions, Communicator, ShmComm};
-pub use shard::LocalDims;
+pub use shard::{LocalDims, ShardError};
 
 /// This process's place in a tensor-parallel group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

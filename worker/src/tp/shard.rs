@@ -16,9 +16,32 @@
 
 use std::ops::Range;
 
-use crate::backend::BackendError;
+use thiserror::Error;
+
 use crate::config::ModelConfig;
 use crate::tp::TpShard;
+
+/// Why a model cannot be split over a tensor-parallel group of this size.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ShardError {
+    /// The rank is outside the group (or the group is empty).
+    #[error("tensor-parallel rank {rank} of {world}")]
+    BadRank { rank: usize, world: usize },
+    /// The group size does not divide the query heads or the MLP width.
+    #[error(
+        "tensor-parallel size {world} must divide num_attention_heads ({heads}) and intermediate_size ({inter})"
+    )]
+    Indivisible {
+        world: usize,
+        heads: usize,
+        inter: usize,
+    },
+    /// Neither the group size nor the KV head count divides the other.
+    #[error(
+        "tensor-parallel size {world} and num_key_value_heads {kv_heads}: one must divide the other"
+    )]
+    KvHeads { world: usize, kv_heads: usize },
+}
 
 /// The sizes this rank computes with, and the ranges of the full model it owns.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,7 +64,7 @@ pub struct LocalDims {
 
 impl LocalDims {
     /// Checks that `config` can be split over `shard.world` ranks and returns this rank's share.
-    pub fn new(config: &ModelConfig, shard: TpShard) -> Result<Self, BackendError> {
+    pub fn new(config: &ModelConfig, shard: TpShard) -> Result<Self, ShardError> {
         let (h, k, t) = (
             config.num_attention_heads,
             config.num_key_value_heads,
@@ -49,20 +72,23 @@ impl LocalDims {
         );
         let inter = config.intermediate_size;
         if t == 0 || shard.rank >= t {
-            return Err(BackendError::InvalidOptions(format!(
-                "tensor-parallel rank {} of {t}",
-                shard.rank
-            )));
+            return Err(ShardError::BadRank {
+                rank: shard.rank,
+                world: t,
+            });
         }
         if !h.is_multiple_of(t) || !inter.is_multiple_of(t) {
-            return Err(BackendError::InvalidOptions(format!(
-                "tensor-parallel size {t} must divide num_attention_heads ({h}) and intermediate_size ({inter})"
-            )));
+            return Err(ShardError::Indivisible {
+                world: t,
+                heads: h,
+                inter,
+            });
         }
         if !(k.is_multiple_of(t) || t.is_multiple_of(k)) {
-            return Err(BackendError::InvalidOptions(format!(
-                "tensor-parallel size {t} and num_key_value_heads {k}: one must divide the other"
-            )));
+            return Err(ShardError::KvHeads {
+                world: t,
+                kv_heads: k,
+            });
         }
         let head_range = shard.even_range(h);
         let kv_range = if t <= k {

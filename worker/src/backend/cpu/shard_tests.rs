@@ -10,7 +10,7 @@ use crate::backend::cpu::{CpuBackend, CpuOptions};
 use crate::backend::{Backend, ForwardBatch, SeqInput};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
-use crate::tp::{CommOptions, ShmComm};
+use crate::tp::{CommOptions, ShardError, ShmComm};
 
 fn fixture() -> (ModelConfig, Checkpoint, serde_json::Value) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-llama");
@@ -159,7 +159,10 @@ fn unsplittable_sizes_are_rejected() {
     let (config, ckpt, _) = fixture();
     for world in [3, 8] {
         let err = LocalDims::new(&config, TpShard { rank: 0, world }).expect_err("bad split");
-        assert!(matches!(err, BackendError::InvalidOptions(_)), "{err}");
+        assert!(
+            matches!(err, ShardError::Indivisible { world: w, .. } if w == world),
+            "{err}"
+        );
     }
     let comm = ShmComm::create(
         &ringbuf::unique_name("rs-tpshard-bad"),
