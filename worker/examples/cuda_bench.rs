@@ -28,14 +28,7 @@ use worker::sampler::SamplingParams;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
-const GREEDY: DeviceSampling = DeviceSampling {
-    temperature: 0.0,
-    top_k: 0,
-    top_p: 1.0,
-    min_p: 0.0,
-    seed: 0,
-    step: 0,
-};
+const GREEDY: DeviceSampling = DeviceSampling::GREEDY;
 
 /// Deterministic prompt tokens in [10, 120000).
 fn prompt(len: usize, salt: u64) -> Vec<u32> {

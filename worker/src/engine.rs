@@ -392,10 +392,7 @@ impl Engine {
             let sampling: Vec<DeviceSampling> = rows
                 .iter()
                 .map(|s| DeviceSampling {
-                    temperature: s.params.temperature,
-                    top_k: s.params.top_k,
-                    top_p: s.params.top_p,
-                    min_p: s.params.min_p,
+                    params: s.params,
                     seed: s.seed,
                     step: s.output().len() as u64,
                 })

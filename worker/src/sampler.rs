@@ -12,6 +12,8 @@
 
 use std::collections::HashMap;
 
+use protos::records::SamplingWire;
+
 use crate::kv::block_hash_mix as mix64;
 
 /// Temperatures at or below this are treated as greedy.
@@ -42,24 +44,44 @@ impl Default for SamplingParams {
     fn default() -> Self {
         Self {
             temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            repetition_penalty: 1.0,
-            frequency_penalty: 0.0,
-            presence_penalty: 0.0,
-            seed: None,
+            ..Self::GREEDY
+        }
+    }
+}
+
+/// A Submit record's settings (the gateway always picks the seed), converted once as the request
+/// enters the engine.
+impl From<SamplingWire> for SamplingParams {
+    fn from(w: SamplingWire) -> Self {
+        Self {
+            temperature: w.temperature,
+            top_k: w.top_k,
+            top_p: w.top_p,
+            min_p: w.min_p,
+            repetition_penalty: w.repetition_penalty,
+            frequency_penalty: w.frequency_penalty,
+            presence_penalty: w.presence_penalty,
+            seed: Some(w.seed),
         }
     }
 }
 
 impl SamplingParams {
+    /// Greedy decoding, no filters, no penalties.
+    pub const GREEDY: Self = Self {
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        repetition_penalty: 1.0,
+        frequency_penalty: 0.0,
+        presence_penalty: 0.0,
+        seed: None,
+    };
+
     /// Greedy decoding.
     pub fn greedy() -> Self {
-        Self {
-            temperature: 0.0,
-            ..Self::default()
-        }
+        Self::GREEDY
     }
 
     /// Whether this picks the arg-max.

@@ -11,6 +11,8 @@ pub mod testing;
 
 use thiserror::Error;
 
+use crate::sampler::SamplingParams;
+
 pub mod cpu;
 mod load;
 pub mod null;
@@ -166,20 +168,26 @@ impl Logits {
     }
 }
 
-/// Sampling settings a backend may apply on the device (no penalties, no logprobs).
+/// One sampling row for a backend that samples on the device: the request's settings (the device
+/// applies temperature, top-k, top-p and min-p; rows with penalties or logprobs never get here) and
+/// where in the request's random stream this draw is.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DeviceSampling {
-    /// 0 means greedy.
-    pub temperature: f32,
-    /// 0 means no top-k.
-    pub top_k: u32,
-    pub top_p: f32,
-    pub min_p: f32,
+    pub params: SamplingParams,
     /// The request's seed.
     pub seed: u64,
     /// Index of the token being sampled within the request's output (selects the random draw, so a
     /// request's stream does not depend on what it was batched with).
     pub step: u64,
+}
+
+impl DeviceSampling {
+    /// A greedy row (what padding rows and benchmarks use).
+    pub const GREEDY: Self = Self {
+        params: SamplingParams::GREEDY,
+        seed: 0,
+        step: 0,
+    };
 }
 
 /// A backend failure. Per-step errors are fatal to the worker: the KV cache may be half written.

@@ -10,7 +10,7 @@
 use crate::backend::{Backend, BackendError, DeviceSampling, ForwardBatch, Logits};
 use crate::config::{Architecture, ModelConfig, RopeConfig, RopeScaling};
 use crate::kv::block_hash_mix as mix64;
-use crate::sampler::{SamplingParams, argmax, sample_with, uniform};
+use crate::sampler::{argmax, sample_with, uniform};
 
 /// The toy model's logits after `context`: pseudo-random in `[-4, 4)`, a pure function of the context.
 pub fn toy_logits(context: &[u32], vocab: usize) -> Vec<f32> {
@@ -159,17 +159,10 @@ impl Backend for ToyBackend {
             rows.iter()
                 .zip(sampling)
                 .map(|(row, s)| {
-                    let params = SamplingParams {
-                        temperature: s.temperature,
-                        top_k: s.top_k,
-                        top_p: s.top_p,
-                        min_p: s.min_p,
-                        ..SamplingParams::default()
-                    };
-                    if params.is_greedy() {
+                    if s.params.is_greedy() {
                         argmax(row)
                     } else {
-                        sample_with(row, &params, uniform(s.seed, s.step))
+                        sample_with(row, &s.params, uniform(s.seed, s.step))
                     }
                 })
                 .collect(),

@@ -345,20 +345,10 @@ impl Loop {
     fn submit(&mut self, s: Submit) -> Result<(), ServeError> {
         let id = s.request_id;
         let prompt_len = s.prompt.len() as u32;
-        let w = s.sampling;
         let req = Request {
             id: SeqId(id),
             prompt: s.prompt,
-            params: SamplingParams {
-                temperature: w.temperature,
-                top_k: w.top_k,
-                top_p: w.top_p,
-                min_p: w.min_p,
-                repetition_penalty: w.repetition_penalty,
-                frequency_penalty: w.frequency_penalty,
-                presence_penalty: w.presence_penalty,
-                seed: Some(w.seed),
-            },
+            params: SamplingParams::from(s.sampling),
             max_tokens: s.max_tokens as usize,
             stop_token_ids: s.stop_token_ids,
             ignore_eos: s.ignore_eos,

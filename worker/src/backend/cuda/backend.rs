@@ -447,25 +447,7 @@ impl CudaBackend {
         for i in 0..rows {
             // Padding rows (and forward() without sampling) are greedy.
             let s = sampling.and_then(|s| s.get(i));
-            let row = s.map_or(
-                SampleRow {
-                    temperature: 0.0,
-                    top_k: 0,
-                    top_p: 1.0,
-                    min_p: 0.0,
-                    seed: 0,
-                    step: 0,
-                },
-                |s| SampleRow {
-                    temperature: s.temperature,
-                    top_k: s.top_k,
-                    top_p: s.top_p,
-                    min_p: s.min_p,
-                    seed: s.seed,
-                    step: s.step,
-                },
-            );
-            params.push(row);
+            params.push(sample_row(s.unwrap_or(&DeviceSampling::GREEDY)));
         }
         g.write_bytes(&mut ws.sample_params, bytemuck::cast_slice(&params))
     }
@@ -877,5 +859,18 @@ impl Backend for CudaBackend {
     ) -> Result<Option<Vec<u32>>, BackendError> {
         let rows = self.run(batch, Some(sampling))?;
         Ok(Some(self.gpu.download_u32(&self.ws.sampled, rows)?))
+    }
+}
+
+/// The device form of one sampling row (the one place engine settings become a kernel's).
+fn sample_row(s: &DeviceSampling) -> SampleRow {
+    let p = &s.params;
+    SampleRow {
+        temperature: p.temperature,
+        top_k: p.top_k,
+        top_p: p.top_p,
+        min_p: p.min_p,
+        seed: s.seed,
+        step: s.step,
     }
 }
