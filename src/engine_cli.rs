@@ -11,6 +11,7 @@ use worker::backend::{BackendOptions, ComputeDtype, Device};
 use worker::engine::EngineConfig;
 use worker::generate::{self, OnError};
 use worker::open::open_model;
+use worker::quant::Quantization;
 
 /// Engine and KV cache knobs (vLLM's flag names).
 #[derive(Args, Debug, Clone)]
@@ -49,6 +50,11 @@ pub struct EngineFlags {
     /// Compute type of the CUDA backend (default bfloat16; the CPU backend is always float32).
     #[arg(long, value_enum)]
     pub dtype: Option<DtypeFlag>,
+    /// Quantize the linear layers: `fp8` (E4M3 weights with per-channel scales, per-token dynamic
+    /// activations; vLLM's meaning). FP8 checkpoints are detected from their config without it.
+    /// The CPU backend runs it exactly (the reference); CUDA FP8 kernels are not built yet.
+    #[arg(long)]
+    pub quantization: Option<Quantization>,
     /// CUDA: run every step eagerly (no CUDA graphs for decode steps).
     #[arg(long)]
     pub enforce_eager: bool,
@@ -86,6 +92,7 @@ impl EngineFlags {
             enforce_eager: self.enforce_eager,
             batch_invariant: self.batch_invariant,
             kernels: KernelSwitches::from_env()?,
+            quantization: self.quantization,
         })
     }
 

@@ -15,6 +15,7 @@ use worker::backend::switches::KernelSwitches;
 use worker::backend::{BackendOptions, Device};
 use worker::config::ModelConfig;
 use worker::engine::EngineConfig;
+use worker::quant::Quantization;
 use worker::serve::launch::{WorkerDevice, WorkerOptions, run_joined_worker, run_worker};
 use worker::serve::tp::{TpOptions, check_model};
 use worker::tp::TpCollectives;
@@ -66,6 +67,11 @@ pub struct ServingEngineFlags {
     /// Compute type of a CUDA worker (default bfloat16; the CPU backend is always float32).
     #[arg(long, value_enum)]
     pub dtype: Option<DtypeFlag>,
+    /// Quantize the linear layers: `fp8` (E4M3 weights with per-channel scales, per-token dynamic
+    /// activations; vLLM's meaning). FP8 checkpoints are detected from their config without it.
+    /// The CPU backend runs it exactly (the reference); CUDA FP8 kernels are not built yet.
+    #[arg(long)]
+    pub quantization: Option<Quantization>,
     /// CUDA: run every step eagerly (no CUDA graphs for decode steps).
     #[arg(long)]
     pub enforce_eager: bool,
@@ -114,6 +120,9 @@ impl ServingEngineFlags {
             let name = d.to_possible_value().map(|v| v.get_name().to_owned());
             a.extend(["--dtype".into(), name.unwrap_or_default()]);
         }
+        if let Some(q) = self.quantization {
+            a.extend(["--quantization".into(), q.to_string()]);
+        }
         if self.enforce_eager {
             a.push("--enforce-eager".into());
         }
@@ -139,6 +148,7 @@ impl ServingEngineFlags {
             enforce_eager: self.enforce_eager,
             batch_invariant: self.batch_invariant,
             kernels: KernelSwitches::from_env()?,
+            quantization: self.quantization,
         })
     }
 }
@@ -607,6 +617,8 @@ mod tests {
             "--batch-invariant",
             "--gpu-memory-utilization",
             "0.5",
+            "--quantization",
+            "fp8",
         ]);
         let args = serve.to_args();
         let worker = parse(&args.iter().map(String::as_str).collect::<Vec<_>>());
@@ -616,6 +628,7 @@ mod tests {
         assert_eq!(b.dtype, ComputeDtype::Float32);
         assert!(b.enforce_eager && b.batch_invariant);
         assert_eq!(b.gpu_memory_utilization, 0.5);
+        assert_eq!(b.quantization, Some(Quantization::Fp8));
     }
 
     fn gpus(list: &[&str]) -> Vec<String> {

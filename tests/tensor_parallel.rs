@@ -21,6 +21,7 @@ const CHILD_ENV: &str = "RINGSERVE_TP_TEST_CHILD";
 const OPTIONS: CpuOptions = CpuOptions {
     block_size: 4,
     num_kv_blocks: 200,
+    quantization: None,
 };
 
 fn fixture() -> PathBuf {

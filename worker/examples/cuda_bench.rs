@@ -596,6 +596,7 @@ fn bench_options() -> Res<CudaOptions> {
         max_batch_tokens: 8192,
         batch_invariant: false,
         kernels: switches()?,
+        quantization: None,
     })
 }
 

@@ -10,6 +10,11 @@ use serde_json::{Map, Value};
 
 use thiserror::Error;
 
+use crate::quant::Fp8Checkpoint;
+
+#[path = "config_quant.rs"]
+mod quant;
+
 /// Why a `config.json` (or `generation_config.json`) cannot describe a model this engine runs.
 #[derive(Debug, Error)]
 pub enum ConfigError {
@@ -162,6 +167,8 @@ pub struct ModelConfig {
     pub bos_token_id: Option<u32>,
     /// End-of-sequence ids (config and `generation_config.json` may list several).
     pub eos_token_ids: Vec<u32>,
+    /// The FP8 layout `quantization_config` declares; `None` for an unquantized checkpoint.
+    pub quantization: Option<Fp8Checkpoint>,
 }
 
 impl ModelConfig {
@@ -191,6 +198,7 @@ impl ModelConfig {
         let f = Fields::root(path, config)?;
         let architecture = parse_architecture(&f)?;
         check_supported_features(&f, architecture)?;
+        let quantization = quant::parse_quantization(&f)?;
 
         let vocab_size = f.usize_req("vocab_size")?;
         let hidden_size = f.usize_req("hidden_size")?;
@@ -291,6 +299,7 @@ impl ModelConfig {
             qkv_bias,
             bos_token_id,
             eos_token_ids,
+            quantization,
         })
     }
 

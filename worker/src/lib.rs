@@ -13,6 +13,7 @@ pub mod engine;
 pub mod generate;
 pub mod kv;
 pub mod open;
+pub mod quant;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;

@@ -378,6 +378,7 @@ fn backend_reports_bad_weights() {
     let options = worker::backend::cpu::CpuOptions {
         block_size: 16,
         num_kv_blocks: 4,
+        quantization: None,
     };
     let err = worker::backend::cpu::CpuBackend::new(&cfg, &ckpt, options).unwrap_err();
     assert!(
@@ -396,6 +397,7 @@ fn backend_rejects_bad_options() {
         let options = worker::backend::cpu::CpuOptions {
             block_size,
             num_kv_blocks,
+            quantization: None,
         };
         let err = worker::backend::cpu::CpuBackend::new(&cfg, &ckpt, options).unwrap_err();
         assert!(

@@ -75,6 +75,7 @@ fn backend(
         max_batch_tokens: 512,
         batch_invariant: dtype == DType::Bf16,
         kernels: KernelSwitches::default(),
+        quantization: None,
     };
     let b = CudaBackend::new(&model, &ckpt, &opts).unwrap_or_else(|e| panic!("CUDA backend: {e}"));
     (b, model)

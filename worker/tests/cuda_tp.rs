@@ -65,6 +65,7 @@ fn options(ordinal: usize, eager: bool) -> CudaOptions {
         max_batch_tokens: 512,
         batch_invariant: false,
         kernels: KernelSwitches::default(),
+        quantization: None,
     }
 }
 

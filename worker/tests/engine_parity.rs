@@ -56,6 +56,7 @@ fn engine(block_size: usize, num_kv_blocks: usize, config: EngineConfig) -> (Eng
         CpuOptions {
             block_size,
             num_kv_blocks,
+            quantization: None,
         },
     )
     .expect("backend");

@@ -53,6 +53,7 @@ fn backend(num_seqs: usize) -> CpuBackend {
     let options = CpuOptions {
         block_size: BLOCK_SIZE,
         num_kv_blocks: 1 + num_seqs * BLOCKS_PER_SEQ,
+        quantization: None,
     };
     CpuBackend::new(&config, &ckpt, options).unwrap()
 }

@@ -190,6 +190,7 @@ fn compare_chunked(
     let options = CpuOptions {
         block_size,
         num_kv_blocks: blocks + 1,
+        quantization: None,
     };
     let mut backend = CpuBackend::new(cfg, ckpt, options).unwrap();
     let got = backend_logits(&mut backend, tokens, chunk, &table);

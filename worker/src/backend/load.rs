@@ -8,6 +8,7 @@ use crate::backend::switches::KernelSwitches;
 use crate::backend::{Backend, BackendError};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
+use crate::quant::Quantization;
 use crate::tp::TpShard;
 
 /// Where the model runs.
@@ -78,6 +79,8 @@ pub struct BackendOptions {
     pub batch_invariant: bool,
     /// CUDA: which kernels run where there is a choice (ignored by the CPU backend).
     pub kernels: KernelSwitches,
+    /// `--quantization` (`None`: the checkpoint's own precision, FP8 for an FP8 checkpoint).
+    pub quantization: Option<Quantization>,
 }
 
 impl Default for BackendOptions {
@@ -91,6 +94,7 @@ impl Default for BackendOptions {
             enforce_eager: false,
             batch_invariant: false,
             kernels: KernelSwitches::default(),
+            quantization: None,
         }
     }
 }
@@ -136,6 +140,7 @@ pub fn cuda_options(options: &BackendOptions, ordinal: usize) -> crate::backend:
         max_batch_tokens: CUDA_WORKSPACE_TOKENS,
         batch_invariant: options.batch_invariant,
         kernels: options.kernels,
+        quantization: options.quantization,
     }
 }
 
@@ -153,6 +158,7 @@ pub fn load_backend(
             let cpu = CpuOptions {
                 block_size: options.block_size,
                 num_kv_blocks,
+                quantization: options.quantization,
             };
             Ok(Box::new(CpuBackend::new(config, checkpoint, cpu)?))
         }

@@ -191,5 +191,6 @@ pub fn toy_model_config(vocab: usize) -> ModelConfig {
         qkv_bias: false,
         bos_token_id: None,
         eos_token_ids: vec![vocab.saturating_sub(1) as u32],
+        quantization: None,
     }
 }

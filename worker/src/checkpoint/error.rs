@@ -47,11 +47,21 @@ pub enum CheckpointError {
         expected: Vec<usize>,
         actual: Vec<usize>,
     },
-    /// A tensor is stored in a dtype other than bf16, f16 or f32.
-    #[error("{path}: tensor `{tensor}` has dtype {dtype}; only BF16, F16 and F32 are supported")]
+    /// A tensor is stored in a dtype other than bf16, f16, f32 or (linear layers) F8_E4M3.
+    #[error(
+        "{path}: tensor `{tensor}` has dtype {dtype}; only BF16, F16, F32 and (FP8 linear layers) F8_E4M3 are supported"
+    )]
     UnsupportedDtype {
         path: PathBuf,
         tensor: String,
         dtype: String,
+    },
+    /// A quantized layer's tensors do not fit its declared scheme: a scale of the wrong shape or
+    /// dtype, a NaN/inf/non-positive scale, an FP8 weight where none is declared or the reverse.
+    #[error("{path}: tensor `{tensor}`: {reason}")]
+    BadQuantization {
+        path: PathBuf,
+        tensor: String,
+        reason: String,
     },
 }

@@ -21,18 +21,22 @@ pub use error::CheckpointError;
 
 use crate::config::{ModelConfig, read_json};
 
-/// Element type of a stored tensor (the three a backend can read).
+/// Element type of a stored tensor (those a backend can read).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dtype {
     BF16,
     F16,
     F32,
+    /// FP8 E4M3 (`float8_e4m3fn`): only the linear layers of an FP8 checkpoint, read with their
+    /// scales (`crate::quant::load`).
+    F8E4M3,
 }
 
 impl Dtype {
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
+            Self::F8E4M3 => 1,
             Self::BF16 | Self::F16 => 2,
             Self::F32 => 4,
         }
@@ -58,7 +62,7 @@ impl TensorView<'_> {
         self.shape.iter().product()
     }
 
-    /// The elements converted to f32 (bf16 and f16 widen exactly).
+    /// The elements converted to f32 (bf16, f16 and E4M3 widen exactly; E4M3 without its scale).
     pub fn to_f32_vec(&self) -> Vec<f32> {
         match self.dtype {
             Dtype::F32 => self
@@ -76,6 +80,10 @@ impl TensorView<'_> {
                 .chunks_exact(2)
                 .map(|b| half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
                 .collect(),
+            Dtype::F8E4M3 => {
+                let table = crate::quant::fp8::decode_table();
+                self.data.iter().map(|&q| table[q as usize]).collect()
+            }
         }
     }
 }
@@ -193,6 +201,7 @@ impl Checkpoint {
             safetensors::Dtype::BF16 => Dtype::BF16,
             safetensors::Dtype::F16 => Dtype::F16,
             safetensors::Dtype::F32 => Dtype::F32,
+            safetensors::Dtype::F8_E4M3 => Dtype::F8E4M3,
             other => {
                 return Err(CheckpointError::UnsupportedDtype {
                     path: file.path.clone(),
@@ -219,6 +228,13 @@ impl Checkpoint {
     pub fn validate(&self, config: &ModelConfig) -> Result<(), CheckpointError> {
         for (name, expected) in names::expected_tensors(config) {
             let view = self.tensor(&name)?;
+            if view.dtype == Dtype::F8E4M3 && !names::is_linear_weight(&name) {
+                return Err(CheckpointError::UnsupportedDtype {
+                    path: view.file.to_path_buf(),
+                    tensor: name,
+                    dtype: "F8_E4M3 (only decoder linear layers may be FP8)".into(),
+                });
+            }
             if view.shape != expected.as_slice() {
                 return Err(CheckpointError::WrongShape {
                     path: view.file.to_path_buf(),

@@ -30,6 +30,26 @@ pub mod layer {
     pub const DOWN_PROJ: &str = "mlp.down_proj.weight";
 }
 
+/// The decoder linear weights (the layers FP8 and other schemes quantize).
+pub const LINEAR_WEIGHTS: [&str; 7] = [
+    layer::Q_PROJ,
+    layer::K_PROJ,
+    layer::V_PROJ,
+    layer::O_PROJ,
+    layer::GATE_PROJ,
+    layer::UP_PROJ,
+    layer::DOWN_PROJ,
+];
+
+/// Whether `name` is a decoder linear weight (`model.layers.N.` + one of [`LINEAR_WEIGHTS`]).
+pub fn is_linear_weight(name: &str) -> bool {
+    name.strip_prefix("model.layers.")
+        .and_then(|rest| rest.split_once('.'))
+        .is_some_and(|(n, suffix)| {
+            n.bytes().all(|b| b.is_ascii_digit()) && LINEAR_WEIGHTS.contains(&suffix)
+        })
+}
+
 /// The tensor that holds the output projection: `lm_head.weight`, or the embeddings when tied.
 pub fn lm_head_name(config: &ModelConfig) -> &'static str {
     if config.tie_word_embeddings {

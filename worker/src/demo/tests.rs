@@ -96,6 +96,7 @@ fn demo_model_loads_runs_and_is_deterministic() {
     let options = CpuOptions {
         block_size: 16,
         num_kv_blocks: 4,
+        quantization: None,
     };
     let mut backend = CpuBackend::new(&config, &ckpt, options).unwrap();
     let ids = tok.encode("Good morning, good evening.", true).unwrap();

@@ -23,6 +23,8 @@ use crate::backend::{Backend, BackendError, BatchLimits, ForwardBatch, Logits};
 use crate::checkpoint::names::{self, layer, layer_tensor};
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::ModelConfig;
+use crate::quant::load::{InputQuant, fused_input, linear_f32};
+use crate::quant::{LinearQuant, Quantization};
 
 use attention::{AttentionDims, Chunk, TokenContext};
 pub use shard::CpuTp;
@@ -39,9 +41,14 @@ pub struct CpuOptions {
     pub block_size: usize,
     /// KV blocks to allocate, the null block 0 included (so at least 2).
     pub num_kv_blocks: usize,
+    /// `--quantization`: `Some(Fp8)` quantizes a bf16/f16/f32 checkpoint's linear layers while it
+    /// loads; an FP8 checkpoint runs FP8 either way.
+    pub quantization: Option<Quantization>,
 }
 
-/// One decoder layer's weights in f32, HF layout (`[out, in]`).
+/// One decoder layer's weights in f32, HF layout (`[out, in]`). Quantized layers hold their
+/// dequantized weights and say how their input is quantized (`*_in`), so the products see exactly
+/// the FP8 values a quantized kernel multiplies.
 struct LayerWeights {
     input_norm: Vec<f32>,
     post_norm: Vec<f32>,
@@ -52,6 +59,26 @@ struct LayerWeights {
     /// `[2·intermediate, hidden]`: gate then up.
     gate_up: Vec<f32>,
     down: Vec<f32>,
+    qkv_in: Option<InputQuant>,
+    o_in: Option<InputQuant>,
+    gate_up_in: Option<InputQuant>,
+    down_in: Option<InputQuant>,
+}
+
+/// `x`, quantized as a product's input sees it (borrowed unchanged when it is not quantized).
+fn product_input<'a>(
+    x: &'a [f32],
+    width: usize,
+    quant: Option<InputQuant>,
+) -> std::borrow::Cow<'a, [f32]> {
+    match quant {
+        None => std::borrow::Cow::Borrowed(x),
+        Some(q) => {
+            let mut owned = x.to_vec();
+            q.apply(&mut owned, width);
+            std::borrow::Cow::Owned(owned)
+        }
+    }
 }
 
 /// The f32 CPU backend; owns the weights and the paged KV cache.
@@ -136,10 +163,14 @@ impl CpuBackend {
             .filter(|n| n.checked_mul(4 * 2 * config.num_hidden_layers).is_some())
             .ok_or_else(|| BackendError::InvalidOptions("KV cache size overflows".into()))?;
         checkpoint.validate(config).map_err(weights_err)?;
+        let quant = LinearQuant::resolve(options.quantization, config.quantization.as_ref());
+        if quant != LinearQuant::None {
+            tracing::info!(quantization = %quant.describe(), "CPU linear layers");
+        }
 
         let layers = (0..config.num_hidden_layers)
             .into_par_iter()
-            .map(|i| load_layer(config, checkpoint, i, &dims))
+            .map(|i| load_layer(config, checkpoint, i, &dims, &quant))
             .collect::<Result<Vec<_>, _>>()
             .map_err(weights_err)?;
         let embed = checkpoint
@@ -279,17 +310,30 @@ fn zeroed(len: usize) -> Result<Vec<f32>, BackendError> {
     Ok(v)
 }
 
-/// Loads layer `i`'s share `dims` (the whole layer for a single rank).
+/// Loads layer `i`'s share `dims` (the whole layer for a single rank). Quantized weights are
+/// quantized (or read with their scales) whole, then split, so every rank holds the scales TP=1 has.
 fn load_layer(
     config: &ModelConfig,
     ckpt: &Checkpoint,
     i: usize,
     dims: &LocalDims,
+    quant: &LinearQuant,
 ) -> Result<LayerWeights, CheckpointError> {
     let get = |suffix: &str| ckpt.tensor_f32(&layer_tensor(i, suffix));
+    let linear = |suffix: &str| linear_f32(ckpt, &layer_tensor(i, suffix), quant);
     let (h, d) = (config.hidden_size, config.head_dim);
     let (q_rows, kv_rows) = (times(&dims.head_range, d), times(&dims.kv_range, d));
-    // Row-split pieces, stacked: (tensor, row width, owned rows).
+    // Row-split pieces, stacked: (tensor, row width, owned rows), and their common input scheme.
+    let stack_linear = |parts: &[(&str, usize, &std::ops::Range<usize>)]| {
+        let mut out = Vec::new();
+        let mut inputs = Vec::new();
+        for (suffix, width, range) in parts {
+            let l = linear(suffix)?;
+            out.extend(rows(&l.weight, *width, (*range).clone()));
+            inputs.push((*suffix, l.input));
+        }
+        Ok::<_, CheckpointError>((out, fused_input(ckpt, &inputs)?))
+    };
     let stack = |parts: &[(&str, usize, &std::ops::Range<usize>)]| {
         let mut out = Vec::new();
         for (name, width, range) in parts {
@@ -298,14 +342,19 @@ fn load_layer(
         Ok::<_, CheckpointError>(out)
     };
     let inter = &dims.inter_range;
+    let (qkv, qkv_in) = stack_linear(&[
+        (layer::Q_PROJ, h, &q_rows),
+        (layer::K_PROJ, h, &kv_rows),
+        (layer::V_PROJ, h, &kv_rows),
+    ])?;
+    let (gate_up, gate_up_in) =
+        stack_linear(&[(layer::GATE_PROJ, h, inter), (layer::UP_PROJ, h, inter)])?;
+    let o = linear(layer::O_PROJ)?;
+    let down = linear(layer::DOWN_PROJ)?;
     Ok(LayerWeights {
         input_norm: get(layer::INPUT_NORM)?,
         post_norm: get(layer::POST_ATTENTION_NORM)?,
-        qkv: stack(&[
-            (layer::Q_PROJ, h, &q_rows),
-            (layer::K_PROJ, h, &kv_rows),
-            (layer::V_PROJ, h, &kv_rows),
-        ])?,
+        qkv,
         qkv_bias: if config.qkv_bias {
             Some(stack(&[
                 (layer::Q_BIAS, 1, &q_rows),
@@ -315,13 +364,13 @@ fn load_layer(
         } else {
             None
         },
-        o: cols(&get(layer::O_PROJ)?, config.q_dim(), q_rows.clone()),
-        gate_up: stack(&[(layer::GATE_PROJ, h, inter), (layer::UP_PROJ, h, inter)])?,
-        down: cols(
-            &get(layer::DOWN_PROJ)?,
-            config.intermediate_size,
-            inter.clone(),
-        ),
+        o: cols(&o.weight, config.q_dim(), q_rows.clone()),
+        o_in: o.input,
+        gate_up,
+        down: cols(&down.weight, config.intermediate_size, inter.clone()),
+        down_in: down.input,
+        qkv_in,
+        gate_up_in,
     })
 }
 
@@ -369,7 +418,8 @@ impl Backend for CpuBackend {
         for l in 0..self.layers.len() {
             let w = &self.layers[l];
             ops::rms_norm(&x, &w.input_norm, eps, &mut normed);
-            ops::matmul_t(&normed, &w.qkv, &mut qkv, (n, h, width));
+            let input = product_input(&normed, h, w.qkv_in);
+            ops::matmul_t(&input, &w.qkv, &mut qkv, (n, h, width));
             qkv.par_chunks_mut(width).enumerate().for_each(|(t, row)| {
                 if let Some(bias) = &w.qkv_bias {
                     row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
@@ -396,14 +446,17 @@ impl Backend for CpuBackend {
                 }
             }
             let w = &self.layers[l];
-            ops::matmul_t(&attn, &w.o, &mut proj, (n, q_dim, h));
+            let input = product_input(&attn, q_dim, w.o_in);
+            ops::matmul_t(&input, &w.o, &mut proj, (n, q_dim, h));
             self.all_reduce(&mut proj)?;
             let w = &self.layers[l];
             x.iter_mut().zip(&proj).for_each(|(x, p)| *x += p);
             ops::rms_norm(&x, &w.post_norm, eps, &mut normed);
-            ops::matmul_t(&normed, &w.gate_up, &mut gate_up, (n, h, 2 * inter));
+            let input = product_input(&normed, h, w.gate_up_in);
+            ops::matmul_t(&input, &w.gate_up, &mut gate_up, (n, h, 2 * inter));
             ops::silu_mul(&gate_up, inter, &mut act);
-            ops::matmul_t(&act, &w.down, &mut proj, (n, inter, h));
+            let input = product_input(&act, inter, w.down_in);
+            ops::matmul_t(&input, &w.down, &mut proj, (n, inter, h));
             self.all_reduce(&mut proj)?;
             x.iter_mut().zip(&proj).for_each(|(x, p)| *x += p);
         }

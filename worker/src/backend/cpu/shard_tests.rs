@@ -22,6 +22,7 @@ fn fixture() -> (ModelConfig, Checkpoint, serde_json::Value) {
 const OPTIONS: CpuOptions = CpuOptions {
     block_size: 4,
     num_kv_blocks: 64,
+    quantization: None,
 };
 
 /// Greedy decoding of `new_tokens` tokens one step at a time; returns the tokens and the logits

@@ -32,6 +32,7 @@ use crate::backend::switches::{GemvChoice, KernelSwitches};
 use crate::backend::{Backend, BackendError, DeviceSampling, ForwardBatch, Logits};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
+use crate::quant::{LinearQuant, Quantization};
 use crate::tp::{LocalDims, TpShard, all_min};
 
 /// How to build a [`CudaBackend`].
@@ -53,6 +54,8 @@ pub struct CudaOptions {
     pub batch_invariant: bool,
     /// Which kernels run where there is a choice.
     pub kernels: KernelSwitches,
+    /// `--quantization` (FP8 linear layers are not built for CUDA yet: a clear error).
+    pub quantization: Option<Quantization>,
 }
 
 /// Rows per GEMM in batch-invariant mode.
@@ -238,6 +241,16 @@ impl CudaBackend {
         tp: Option<CudaTp>,
     ) -> Result<Self, BackendError> {
         let shard = tp.as_ref().map_or(TpShard::SOLO, |t| t.shard);
+        let quant = LinearQuant::resolve(opts.quantization, cfg.quantization.as_ref());
+        if quant != LinearQuant::None {
+            return Err(BackendError::InvalidOptions(format!(
+                "{}: the CUDA backend has no FP8 kernels yet; FP8 checkpoints and \
+                 --quantization fp8 run on --device cpu",
+                quant.describe()
+            )));
+        }
+        crate::quant::load::check_unquantized(ckpt, cfg)
+            .map_err(|e| BackendError::Weights(e.to_string()))?;
         let dims = LocalDims::new(cfg, shard)?;
         if !matches!(opts.dtype, DType::F32 | DType::Bf16) {
             return Err(BackendError::InvalidOptions(format!(

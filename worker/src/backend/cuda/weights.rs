@@ -68,6 +68,9 @@ fn convert(data: &[u8], stored: StoredDtype, dtype: DType) -> Vec<u8> {
             StoredDtype::F32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]),
             StoredDtype::BF16 => bf16::from_le_bytes([c[0], c[1]]).to_f32(),
             StoredDtype::F16 => f16::from_le_bytes([c[0], c[1]]).to_f32(),
+            // An E4M3 code without its scale; `CudaBackend::new_sharded` refuses FP8 tensors
+            // (`quant::load::check_unquantized`) before any weight is converted.
+            StoredDtype::F8E4M3 => crate::quant::fp8::e4m3_to_f32(c[0]),
         }
     };
     let size = stored.size();

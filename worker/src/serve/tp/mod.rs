@@ -306,6 +306,7 @@ fn shard_backend(
                 num_kv_blocks: opts
                     .num_kv_blocks
                     .unwrap_or_else(|| cpu_default_kv_blocks(config, opts.block_size, tp.shard())),
+                quantization: opts.quantization,
             };
             let tp = CpuTp {
                 shard: tp.shard(),

@@ -1,0 +1,170 @@
+//! `quantization_config` of a `config.json` (included from `config.rs`): the FP8 layouts vLLM and
+//! llm-compressor write. Anything else quantized is rejected with the field and value at fault.
+
+use serde_json::Value;
+
+use super::{ConfigError, Fields};
+use crate::quant::{ActivationScheme, Fp8Checkpoint, Fp8Format, ScaleGranularity};
+
+/// The checkpoint's FP8 layout, `None` when it declares no quantization.
+pub(super) fn parse_quantization(f: &Fields<'_>) -> Result<Option<Fp8Checkpoint>, ConfigError> {
+    if f.get("quantization_config").is_none() {
+        return Ok(None);
+    }
+    let q = f.nested("quantization_config")?;
+    let method = q
+        .str_opt("quant_method")?
+        .ok_or_else(|| q.missing("quant_method"))?;
+    match method {
+        "fp8" => parse_fp8(&q).map(Some),
+        "compressed-tensors" => parse_compressed(&q).map(Some),
+        other => Err(q.unsupported(
+            "quant_method",
+            other,
+            "only fp8 and compressed-tensors (float-quantized) checkpoints load so far",
+        )),
+    }
+}
+
+/// vLLM's / AutoFP8's `quant_method: "fp8"`.
+fn parse_fp8(q: &Fields<'_>) -> Result<Fp8Checkpoint, ConfigError> {
+    if q.get("weight_block_size").is_some() {
+        return Err(q.unsupported(
+            "weight_block_size",
+            &q.get("weight_block_size")
+                .map_or(String::new(), Value::to_string),
+            "block-wise FP8 scales are not implemented; per-tensor and per-channel are",
+        ));
+    }
+    let activations = match q.str_opt("activation_scheme")?.unwrap_or("dynamic") {
+        "dynamic" => ActivationScheme::DynamicPerToken,
+        "static" => ActivationScheme::Static,
+        other => {
+            return Err(q.unsupported("activation_scheme", other, "expected dynamic or static"));
+        }
+    };
+    let mut ignored = strings(q, "modules_to_not_convert")?;
+    ignored.extend(strings(q, "ignored_layers")?);
+    Ok(Fp8Checkpoint {
+        format: Fp8Format::Fp8,
+        weights: None,
+        activations,
+        ignored,
+    })
+}
+
+/// llm-compressor's `compressed-tensors` with `format: "float-quantized"` and one config group.
+fn parse_compressed(q: &Fields<'_>) -> Result<Fp8Checkpoint, ConfigError> {
+    let format = q.str_opt("format")?.ok_or_else(|| q.missing("format"))?;
+    if format != "float-quantized" {
+        return Err(q.unsupported(
+            "format",
+            format,
+            "only float-quantized (FP8) compressed-tensors checkpoints load so far",
+        ));
+    }
+    let groups = q.nested("config_groups")?;
+    let names: Vec<&String> = groups.obj.keys().collect();
+    let [name] = names.as_slice() else {
+        return Err(q.unsupported(
+            "config_groups",
+            &format!("{} groups", names.len()),
+            "exactly one quantization group (targets [\"Linear\"]) is supported",
+        ));
+    };
+    let g = groups.nested(name)?;
+    let targets = strings(&g, "targets")?;
+    if !targets.iter().any(|t| t == "Linear") {
+        return Err(g.unsupported(
+            "targets",
+            &targets.join(","),
+            "the group must target Linear",
+        ));
+    }
+    let w = g.nested("weights")?;
+    check_fp8_args(&w)?;
+    let weights = match w
+        .str_opt("strategy")?
+        .ok_or_else(|| w.missing("strategy"))?
+    {
+        "channel" => ScaleGranularity::Channel,
+        "tensor" => ScaleGranularity::Tensor,
+        other => {
+            return Err(w.unsupported("strategy", other, "expected channel or tensor weights"));
+        }
+    };
+    if w.bool_opt("dynamic")?.unwrap_or(false) {
+        return Err(w.unsupported("dynamic", "true", "weights must have stored scales"));
+    }
+    if g.get("input_activations").is_none() {
+        return Err(g.unsupported(
+            "input_activations",
+            "null",
+            "FP8 weight-only checkpoints (bf16 activations) are not implemented",
+        ));
+    }
+    let a = g.nested("input_activations")?;
+    check_fp8_args(&a)?;
+    let strategy = a
+        .str_opt("strategy")?
+        .ok_or_else(|| a.missing("strategy"))?;
+    let dynamic = a.bool_opt("dynamic")?.unwrap_or(false);
+    let activations = match (strategy, dynamic) {
+        ("token", true) => ActivationScheme::DynamicPerToken,
+        ("tensor", false) => ActivationScheme::Static,
+        (s, d) => {
+            return Err(a.unsupported(
+                "strategy",
+                &format!("{s} (dynamic: {d})"),
+                "activations must be token with dynamic: true, or tensor with dynamic: false",
+            ));
+        }
+    };
+    if let Some(out) = g.get("output_activations") {
+        return Err(g.unsupported(
+            "output_activations",
+            &out.to_string(),
+            "output quantization is not implemented",
+        ));
+    }
+    Ok(Fp8Checkpoint {
+        format: Fp8Format::CompressedTensors,
+        weights: Some(weights),
+        activations,
+        ignored: strings(q, "ignore")?,
+    })
+}
+
+/// `num_bits: 8`, `type: "float"`, symmetric.
+fn check_fp8_args(a: &Fields<'_>) -> Result<(), ConfigError> {
+    match a.usize_opt("num_bits")? {
+        Some(8) => {}
+        Some(n) => return Err(a.unsupported("num_bits", &n.to_string(), "only 8-bit float")),
+        None => return Err(a.missing("num_bits")),
+    }
+    match a.str_opt("type")? {
+        Some("float") => {}
+        Some(t) => return Err(a.unsupported("type", t, "only float (FP8 E4M3)")),
+        None => return Err(a.missing("type")),
+    }
+    if a.bool_opt("symmetric")? == Some(false) {
+        return Err(a.unsupported("symmetric", "false", "FP8 scales are symmetric"));
+    }
+    Ok(())
+}
+
+/// An optional list of strings.
+fn strings(f: &Fields<'_>, name: &str) -> Result<Vec<String>, ConfigError> {
+    match f.get(name) {
+        None => Ok(Vec::new()),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| {
+                v.as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| f.invalid(name, "expected a list of strings"))
+            })
+            .collect(),
+        Some(_) => Err(f.invalid(name, "expected a list of strings")),
+    }
+}

@@ -1,0 +1,252 @@
+//! Reading one decoder linear layer under a [`LinearQuant`]: its weight as the FP8 product sees it
+//! (dequantized to f32 for the CPU reference) and how its input is quantized.
+//!
+//! An FP8 checkpoint's `…proj.weight` is `F8_E4M3` with a `…proj.weight_scale` (one value, or one
+//! per output row; F32, BF16 or F16) and, with static activations, a one-value `…proj.input_scale`.
+//! Every scale is checked: present, the right shape, finite and positive.
+
+use crate::checkpoint::{Checkpoint, CheckpointError, Dtype, TensorView, names};
+use crate::config::ModelConfig;
+use crate::quant::fp8::{self, Fp8Rows};
+use crate::quant::{ActivationScheme, Fp8Checkpoint, LinearQuant, ScaleGranularity};
+
+/// How a linear layer's input is quantized before the product.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum InputQuant {
+    /// One scale per token, from its largest magnitude.
+    DynamicPerToken,
+    /// One fixed scale.
+    Static(f32),
+}
+
+impl InputQuant {
+    /// Replaces each `width`-wide token of `x` by the FP8 value the product sees.
+    pub fn apply(self, x: &mut [f32], width: usize) {
+        match self {
+            Self::DynamicPerToken => fp8::fake_quant_tokens(x, width),
+            Self::Static(scale) => fp8::fake_quant_static(x, scale),
+        }
+    }
+}
+
+/// A linear layer's `[out, in]` weight in f32, as the product sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinearF32 {
+    pub weight: Vec<f32>,
+    /// `None`: the input is used as it is (unquantized layers).
+    pub input: Option<InputQuant>,
+}
+
+/// The module name of a weight tensor (`….q_proj` for `….q_proj.weight`).
+fn module_of(weight: &str) -> &str {
+    weight.strip_suffix(".weight").unwrap_or(weight)
+}
+
+/// Loads the linear layer whose weight tensor is `weight` (`model.layers.3.self_attn.q_proj.weight`).
+pub fn linear_f32(
+    ckpt: &Checkpoint,
+    weight: &str,
+    quant: &LinearQuant,
+) -> Result<LinearF32, CheckpointError> {
+    let view = ckpt.tensor(weight)?;
+    match quant {
+        LinearQuant::None => Ok(LinearF32 {
+            weight: unquantized(&view)?,
+            input: None,
+        }),
+        LinearQuant::Fp8 { stored: None } => {
+            let w = unquantized(&view)?;
+            let width = view.shape.get(1).copied().unwrap_or(1);
+            Ok(LinearF32 {
+                weight: Fp8Rows::quantize(&w, width).dequantize(),
+                input: Some(InputQuant::DynamicPerToken),
+            })
+        }
+        LinearQuant::Fp8 {
+            stored: Some(stored),
+        } => {
+            let module = module_of(weight);
+            if stored.ignored.iter().any(|m| m == module) {
+                return Ok(LinearF32 {
+                    weight: unquantized(&view)?,
+                    input: None,
+                });
+            }
+            stored_fp8(ckpt, &view, module, stored)
+        }
+    }
+}
+
+/// Checks that no decoder linear weight is FP8: what a backend that reads only unquantized weights
+/// calls before converting any.
+pub fn check_unquantized(ckpt: &Checkpoint, config: &ModelConfig) -> Result<(), CheckpointError> {
+    for i in 0..config.num_hidden_layers {
+        for suffix in names::LINEAR_WEIGHTS {
+            unquantized_dtype(&ckpt.tensor(&names::layer_tensor(i, suffix))?)?;
+        }
+    }
+    Ok(())
+}
+
+fn unquantized_dtype(view: &TensorView<'_>) -> Result<(), CheckpointError> {
+    if view.dtype == Dtype::F8E4M3 {
+        return Err(CheckpointError::BadQuantization {
+            path: view.file.to_path_buf(),
+            tensor: view.name.to_owned(),
+            reason: "stored as F8_E4M3, but config.json's quantization_config does not declare \
+                     this layer FP8"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
+/// A weight that must not be FP8 (no scales to read it with).
+fn unquantized(view: &TensorView<'_>) -> Result<Vec<f32>, CheckpointError> {
+    unquantized_dtype(view)?;
+    Ok(view.to_f32_vec())
+}
+
+fn stored_fp8(
+    ckpt: &Checkpoint,
+    view: &TensorView<'_>,
+    module: &str,
+    stored: &Fp8Checkpoint,
+) -> Result<LinearF32, CheckpointError> {
+    if view.dtype != Dtype::F8E4M3 {
+        return Err(CheckpointError::BadQuantization {
+            path: view.file.to_path_buf(),
+            tensor: view.name.to_owned(),
+            reason: format!(
+                "stored as {:?}; config.json's quantization_config declares FP8 (F8_E4M3) linear \
+                 layers (list unquantized modules in `ignore` / `modules_to_not_convert`)",
+                view.dtype
+            ),
+        });
+    }
+    let rows = view.shape.first().copied().unwrap_or(0);
+    let width = view.shape.get(1).copied().unwrap_or(1);
+    let scale_name = format!("{module}.weight_scale");
+    let (scales, granularity) = weight_scales(ckpt, &scale_name, rows)?;
+    if let Some(want) = stored.weights
+        && want != granularity
+    {
+        let scale = ckpt.tensor(&scale_name)?;
+        return Err(bad_scale(
+            &scale,
+            format!(
+                "shape {:?} is {granularity:?}-wise, but the config's strategy says {want:?}",
+                scale.shape
+            ),
+        ));
+    }
+    let table = fp8::decode_table();
+    let weight = view
+        .data
+        .chunks_exact(width.max(1))
+        .enumerate()
+        .flat_map(|(r, row)| {
+            let s = scales[if scales.len() == 1 { 0 } else { r }];
+            row.iter().map(move |&q| table[q as usize] * s)
+        })
+        .collect();
+    let input = match stored.activations {
+        ActivationScheme::DynamicPerToken => InputQuant::DynamicPerToken,
+        ActivationScheme::Static => {
+            let name = format!("{module}.input_scale");
+            let s = ckpt.tensor(&name)?;
+            let values = checked_scales(&s)?;
+            match values.as_slice() {
+                [v] => InputQuant::Static(*v),
+                _ => return Err(bad_scale(&s, "a static input scale is one value".into())),
+            }
+        }
+    };
+    Ok(LinearF32 {
+        weight,
+        input: Some(input),
+    })
+}
+
+/// A weight's scales and whether they are per tensor or per output row.
+fn weight_scales(
+    ckpt: &Checkpoint,
+    name: &str,
+    rows: usize,
+) -> Result<(Vec<f32>, ScaleGranularity), CheckpointError> {
+    let s = ckpt.tensor(name)?;
+    let values = checked_scales(&s)?;
+    let granularity = match s.shape {
+        [] | [1] | [1, 1] => ScaleGranularity::Tensor,
+        [n] | [n, 1] if *n == rows => ScaleGranularity::Channel,
+        other => {
+            return Err(bad_scale(
+                &s,
+                format!(
+                    "shape {other:?}: expected [] or [1] (per tensor), or [{rows}] or [{rows}, 1] (per output channel)"
+                ),
+            ));
+        }
+    };
+    Ok((values, granularity))
+}
+
+/// A scale tensor's values, each finite and positive.
+fn checked_scales(s: &TensorView<'_>) -> Result<Vec<f32>, CheckpointError> {
+    if s.dtype == Dtype::F8E4M3 {
+        return Err(bad_scale(s, "scales must be F32, BF16 or F16".into()));
+    }
+    let values = s.to_f32_vec();
+    if values.is_empty() {
+        return Err(bad_scale(s, "no values".into()));
+    }
+    if let Some((i, v)) = values
+        .iter()
+        .enumerate()
+        .find(|(_, v)| !(v.is_finite() && **v > 0.0))
+    {
+        return Err(bad_scale(
+            s,
+            format!("value {v} at index {i}: scales must be finite and positive"),
+        ));
+    }
+    Ok(values)
+}
+
+fn bad_scale(s: &TensorView<'_>, reason: String) -> CheckpointError {
+    CheckpointError::BadQuantization {
+        path: s.file.to_path_buf(),
+        tensor: s.name.to_owned(),
+        reason,
+    }
+}
+
+/// The input quantization of layers fused into one product (q/k/v, gate/up): the same for all
+/// (else an error naming the first); static scales merge to their maximum, as vLLM does.
+pub fn fused_input(
+    ckpt: &Checkpoint,
+    parts: &[(&str, Option<InputQuant>)],
+) -> Result<Option<InputQuant>, CheckpointError> {
+    let mut out = parts.first().and_then(|p| p.1);
+    for (name, q) in parts {
+        out = match (out, q) {
+            (None, None) => None,
+            (Some(InputQuant::DynamicPerToken), Some(InputQuant::DynamicPerToken)) => {
+                Some(InputQuant::DynamicPerToken)
+            }
+            (Some(InputQuant::Static(a)), Some(InputQuant::Static(b))) => {
+                Some(InputQuant::Static(a.max(*b)))
+            }
+            _ => {
+                return Err(CheckpointError::BadQuantization {
+                    path: ckpt.dir().join("config.json"),
+                    tensor: (*name).to_owned(),
+                    reason: "layers fused into one product (q/k/v or gate/up) must be quantized \
+                             the same way"
+                        .into(),
+                });
+            }
+        };
+    }
+    Ok(out)
+}

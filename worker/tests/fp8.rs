@@ -1,0 +1,349 @@
+//! FP8 checkpoints and `--quantization fp8` on the CPU reference backend, against the fixtures
+//! `scripts/make_fp8_checkpoint.py` writes from tiny-llama (compressed-tensors FP8_DYNAMIC and FP8,
+//! AutoFP8): the configs are detected, the stored codes equal this engine's quantizer bit for bit,
+//! the models run close to the float32 reference, and every kind of bad scale is a typed error
+//! naming the tensor.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use safetensors::Dtype as StDtype;
+use safetensors::tensor::TensorView as StView;
+use serde_json::Value;
+use worker::backend::cpu::{CpuBackend, CpuOptions};
+use worker::backend::{Backend, ForwardBatch, SeqInput};
+use worker::checkpoint::names::{LINEAR_WEIGHTS, layer_tensor};
+use worker::checkpoint::{Checkpoint, CheckpointError};
+use worker::config::{ConfigError, ModelConfig};
+use worker::quant::fp8::{amax, e4m3_from_f32, scale_for};
+use worker::quant::{ActivationScheme, Fp8Format, Quantization, ScaleGranularity};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures")
+        .join(name)
+}
+
+fn expected() -> Vec<(Vec<u32>, Vec<f32>)> {
+    let text = std::fs::read_to_string(fixture("tiny-llama/expected.json")).unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap();
+    v["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let ids = c["prompt"].as_array().unwrap();
+            let logits = c["last_logits"].as_array().unwrap();
+            (
+                ids.iter().map(|t| t.as_u64().unwrap() as u32).collect(),
+                logits.iter().map(|x| x.as_f64().unwrap() as f32).collect(),
+            )
+        })
+        .collect()
+}
+
+/// The last position's logits of `prompt` on the CPU backend.
+fn last_logits(dir: &Path, quantization: Option<Quantization>, prompt: &[u32]) -> Vec<f32> {
+    let (config, ckpt) = Checkpoint::load(dir).unwrap();
+    let options = CpuOptions {
+        block_size: 16,
+        num_kv_blocks: 16,
+        quantization,
+    };
+    let mut backend = CpuBackend::new(&config, &ckpt, options).unwrap();
+    let positions: Vec<u32> = (0..prompt.len() as u32).collect();
+    let table: Vec<u32> = (1..=prompt.len().div_ceil(16) as u32).collect();
+    let seqs = [SeqInput {
+        query_start: 0,
+        query_len: prompt.len(),
+        context_len: prompt.len(),
+        block_table: &table,
+        sample: true,
+    }];
+    let batch = ForwardBatch {
+        token_ids: prompt,
+        positions: &positions,
+        seqs: &seqs,
+    };
+    backend.forward(&batch).unwrap().data
+}
+
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
+    (num / den).sqrt()
+}
+
+#[test]
+fn configs_are_detected() {
+    let q = |name: &str| ModelConfig::load(&fixture(name)).unwrap().quantization;
+    assert_eq!(q("tiny-llama"), None);
+    let dynamic = q("tiny-llama-fp8-dynamic").unwrap();
+    assert_eq!(dynamic.format, Fp8Format::CompressedTensors);
+    assert_eq!(dynamic.weights, Some(ScaleGranularity::Channel));
+    assert_eq!(dynamic.activations, ActivationScheme::DynamicPerToken);
+    assert_eq!(dynamic.ignored, vec!["lm_head".to_owned()]);
+    let stat = q("tiny-llama-fp8-static").unwrap();
+    assert_eq!(
+        (stat.weights, stat.activations),
+        (Some(ScaleGranularity::Tensor), ActivationScheme::Static)
+    );
+    let auto = q("tiny-llama-autofp8").unwrap();
+    assert_eq!(
+        (auto.format, auto.weights, auto.activations),
+        (Fp8Format::Fp8, None, ActivationScheme::DynamicPerToken)
+    );
+}
+
+/// Each fixture's codes and scales, recomputed here with the engine's quantizer from the float32
+/// source: equal bit for bit to what the independent Python quantizer wrote.
+#[test]
+fn stored_codes_equal_the_engine_quantizer() {
+    let (config, source) = Checkpoint::load(&fixture("tiny-llama")).unwrap();
+    for (name, per_channel, bf16_scales) in [
+        ("tiny-llama-fp8-dynamic", true, true),
+        ("tiny-llama-fp8-static", false, true),
+        ("tiny-llama-autofp8", false, false),
+    ] {
+        let (_, fp8) = Checkpoint::load(&fixture(name)).unwrap();
+        let mut checked = 0usize;
+        for l in 0..config.num_hidden_layers {
+            for suffix in LINEAR_WEIGHTS {
+                let tensor = layer_tensor(l, suffix);
+                let w = source.tensor_f32(&tensor).unwrap();
+                let width = source.tensor(&tensor).unwrap().shape[1];
+                let stored = fp8.tensor(&tensor).unwrap().data;
+                let module = tensor.strip_suffix(".weight").unwrap();
+                let scales = fp8.tensor_f32(&format!("{module}.weight_scale")).unwrap();
+                let round = |s: f32| {
+                    if bf16_scales {
+                        half::bf16::from_f32(s).to_f32()
+                    } else {
+                        s
+                    }
+                };
+                let tensor_scale = round(scale_for(amax(&w)));
+                for (r, row) in w.chunks_exact(width).enumerate() {
+                    let s = if per_channel {
+                        round(scale_for(amax(row)))
+                    } else {
+                        tensor_scale
+                    };
+                    assert_eq!(
+                        scales[if per_channel { r } else { 0 }],
+                        s,
+                        "{name} {tensor}"
+                    );
+                    for (c, &v) in row.iter().enumerate() {
+                        let want = e4m3_from_f32(v / s);
+                        assert_eq!(
+                            stored[r * width + c],
+                            want,
+                            "{name} {tensor}[{r}, {c}] = {v}"
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(checked > 40_000, "{checked}");
+    }
+}
+
+#[test]
+fn fp8_models_run_close_to_float32() {
+    for (prompt, reference) in expected() {
+        let base = last_logits(&fixture("tiny-llama"), None, &prompt);
+        assert!(rel_l2(&base, &reference) < 1e-4);
+        let at_load = last_logits(&fixture("tiny-llama"), Some(Quantization::Fp8), &prompt);
+        let err = rel_l2(&at_load, &reference);
+        assert!(err > 1e-4 && err < 0.1, "--quantization fp8: {err}");
+        eprintln!(
+            "prompt of {}: --quantization fp8 relative L2 {err:.4}",
+            prompt.len()
+        );
+        for name in [
+            "tiny-llama-fp8-dynamic",
+            "tiny-llama-fp8-static",
+            "tiny-llama-autofp8",
+        ] {
+            let got = last_logits(&fixture(name), None, &prompt);
+            let e = rel_l2(&got, &reference);
+            assert!(e < 0.12, "{name}: relative L2 {e}");
+            eprintln!("prompt of {}: {name} relative L2 {e:.4}", prompt.len());
+            // `--quantization fp8` on an FP8 checkpoint changes nothing.
+            assert_eq!(
+                got,
+                last_logits(&fixture(name), Some(Quantization::Fp8), &prompt)
+            );
+        }
+        // The same scheme (channel weights, per-token activations) from the bf16-scaled fixture
+        // and quantized at load differ only by the scales' bf16 rounding.
+        let dynamic = last_logits(&fixture("tiny-llama-fp8-dynamic"), None, &prompt);
+        assert!(rel_l2(&dynamic, &at_load) < 0.05);
+    }
+}
+
+type Tensors = HashMap<String, (StDtype, Vec<usize>, Vec<u8>)>;
+
+/// A copy of fixture `name` in a temporary folder, its tensors and config changed by `edit`.
+fn edited(name: &str, edit: impl FnOnce(&mut Value, &mut Tensors)) -> tempfile::TempDir {
+    let src = fixture(name);
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Tensors = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| (n, (v.dtype(), v.shape().to_vec(), v.data().to_vec())))
+        .collect();
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    edit(&mut config, &mut tensors);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    let views: Vec<(String, StView<'_>)> = tensors
+        .iter()
+        .map(|(n, (d, s, b))| (n.clone(), StView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
+    dir
+}
+
+fn build(dir: &Path) -> Result<(), String> {
+    let (config, ckpt) = Checkpoint::load(dir).map_err(|e| e.to_string())?;
+    let options = CpuOptions {
+        block_size: 16,
+        num_kv_blocks: 4,
+        quantization: None,
+    };
+    CpuBackend::new(&config, &ckpt, options)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// A change to a fixture's config and tensors.
+type Edit = Box<dyn FnOnce(&mut Value, &mut Tensors)>;
+
+const Q0: &str = "model.layers.0.self_attn.q_proj";
+
+#[test]
+fn bad_scales_are_errors_naming_the_tensor() {
+    let cases: Vec<(&str, Edit, &str)> = vec![
+        (
+            "missing weight_scale",
+            Box::new(|_, t| {
+                t.remove(&format!("{Q0}.weight_scale"));
+            }),
+            "missing tensor `model.layers.0.self_attn.q_proj.weight_scale`",
+        ),
+        (
+            "a scale of the wrong shape",
+            Box::new(|_, t| {
+                let s = t.get_mut(&format!("{Q0}.weight_scale")).unwrap();
+                s.1 = vec![s.1[0] / 2, 2];
+            }),
+            "q_proj.weight_scale`: shape [32, 2]",
+        ),
+        (
+            "a NaN scale",
+            Box::new(|_, t| {
+                let s = t.get_mut(&format!("{Q0}.weight_scale")).unwrap();
+                s.2[2..4].copy_from_slice(&half::bf16::NAN.to_le_bytes());
+            }),
+            "value NaN at index 1",
+        ),
+        (
+            "a zero scale",
+            Box::new(|_, t| {
+                let s = t.get_mut(&format!("{Q0}.weight_scale")).unwrap();
+                s.2[0..2].copy_from_slice(&half::bf16::ZERO.to_le_bytes());
+            }),
+            "value 0 at index 0",
+        ),
+        (
+            "a bf16 weight where FP8 is declared",
+            Box::new(|_, t| {
+                let w = t.get_mut(&format!("{Q0}.weight")).unwrap();
+                w.0 = StDtype::BF16;
+                w.2 = w.2.iter().flat_map(|&b| [0, b & 0x3f]).collect();
+            }),
+            "stored as BF16; config.json's quantization_config declares FP8",
+        ),
+        (
+            "FP8 weights without a quantization_config",
+            Box::new(|c, _| {
+                c.as_object_mut().unwrap().remove("quantization_config");
+            }),
+            "stored as F8_E4M3, but config.json's quantization_config does not declare",
+        ),
+        (
+            "an FP8 norm",
+            Box::new(|_, t| {
+                let n = t.get_mut("model.norm.weight").unwrap();
+                n.0 = StDtype::F8_E4M3;
+                n.2.truncate(n.2.len() / 4);
+            }),
+            "only decoder linear layers may be FP8",
+        ),
+    ];
+    for (what, edit, want) in cases {
+        let dir = edited("tiny-llama-fp8-dynamic", edit);
+        let err = build(dir.path()).expect_err(what);
+        assert!(err.contains(want), "{what}: {err}");
+    }
+    // A static scheme without its input scale.
+    let dir = edited("tiny-llama-fp8-static", |_, t| {
+        t.remove(&format!("{Q0}.input_scale"));
+    });
+    let err = build(dir.path()).expect_err("no input_scale");
+    assert!(err.contains("q_proj.input_scale"), "{err}");
+}
+
+#[test]
+fn unsupported_schemes_name_the_field() {
+    let config = |edit: &dyn Fn(&mut Value)| {
+        let dir = edited("tiny-llama-fp8-dynamic", |c, _| edit(c));
+        ModelConfig::load(dir.path()).expect_err("unsupported")
+    };
+    let field = |e: &ConfigError| match e {
+        ConfigError::Unsupported { field, .. } | ConfigError::MissingField { field, .. } => {
+            field.clone()
+        }
+        other => panic!("{other:?}"),
+    };
+    let awq = config(&|c| c["quantization_config"] = serde_json::json!({"quant_method": "awq"}));
+    assert_eq!(field(&awq), "quantization_config.quant_method");
+    let block = config(&|c| {
+        c["quantization_config"] =
+            serde_json::json!({"quant_method": "fp8", "weight_block_size": [128, 128]})
+    });
+    assert_eq!(field(&block), "quantization_config.weight_block_size");
+    let int8 = config(&|c| {
+        c["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] =
+            serde_json::json!(4)
+    });
+    assert_eq!(
+        field(&int8),
+        "quantization_config.config_groups.group_0.weights.num_bits"
+    );
+    let per_tensor_dynamic = config(&|c| {
+        c["quantization_config"]["config_groups"]["group_0"]["input_activations"]["strategy"] =
+            serde_json::json!("tensor")
+    });
+    assert_eq!(
+        field(&per_tensor_dynamic),
+        "quantization_config.config_groups.group_0.input_activations.strategy"
+    );
+    let pack = config(&|c| {
+        c["quantization_config"]["format"] = serde_json::json!("pack-quantized");
+    });
+    assert_eq!(field(&pack), "quantization_config.format");
+    // Through the checkpoint, the error keeps its type.
+    let dir = edited("tiny-llama-fp8-dynamic", |c, _| {
+        c["quantization_config"]["quant_method"] = serde_json::json!("gptq");
+    });
+    assert!(matches!(
+        Checkpoint::load(dir.path()),
+        Err(CheckpointError::Config(ConfigError::Unsupported { .. }))
+    ));
+}
