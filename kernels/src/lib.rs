@@ -9,7 +9,8 @@
 //! cores for bf16 head size 128), `prefill_mma.cu` (tensor-core prefill
 //! attention, bf16, head size 128), `prefill_wgmma.cu` (the same on Hopper's wgmma; its body is
 //! compiled only for `sm_90a`, elsewhere it traps), `gemv.cu` (small-batch matrix-vector, alone
-//! or fused with RoPE and the KV write), `sampling.cu` (greedy, temperature, top-k, top-p, min-p,
+//! or fused with RoPE and the KV write), `fp8.cu` (per-row E4M3 quantization and the FP8 small-batch
+//! product on sm_89+ tensor cores), `sampling.cu` (greedy, temperature, top-k, top-p, min-p,
 //! seeded). The parameter structs the kernels take live in `params.cuh`, mirrored once in
 //! [`params`] and checked against it at compile time; the launch constants come from
 //! [`LAUNCH_CONSTANTS`] as `-D` options. All sources form one translation unit, compiled straight to a CUBIN for the device's
@@ -45,6 +46,8 @@ pub const SOURCES: &[(&str, &str)] = &[
     // After prefill_mma.cu: uses its parameter struct and helpers.
     ("prefill_wgmma.cu", include_str!("prefill_wgmma.cu")),
     ("gemv.cu", include_str!("gemv.cu")),
+    // After gemv.cu: uses its streamed loads and partial-sum reduction.
+    ("fp8.cu", include_str!("fp8.cu")),
     ("sampling.cu", include_str!("sampling.cu")),
     ("prefetch.cu", include_str!("prefetch.cu")),
 ];
@@ -90,6 +93,10 @@ pub const KERNELS: &[&str] = &[
     "gemv_bf16_f32out_r16",
     "gemv_bf16_f32out_r32",
     "gemv_rope_kv_bf16",
+    "quant_fp8_rows_bf16",
+    "gemv_fp8_r16",
+    "gemv_fp8_r32",
+    "scale_fp8_out_bf16",
     "sample_f32",
     "l2_prefetch_u8",
 ];
@@ -168,6 +175,10 @@ pub const GEMV_THREADS: u32 = 256;
 /// Weight rows per block of the bf16 GEMV kernels `gemv_bf16*_r<R>`; `gemv_f32` takes 8 (one per
 /// warp).
 pub const GEMV_BF16_ROWS: &[usize] = &[16, 32];
+/// Threads per block of `quant_fp8_rows_bf16` (one block per row).
+pub const FP8_QUANT_THREADS: u32 = 256;
+/// Threads per block of `scale_fp8_out_bf16`.
+pub const FP8_SCALE_THREADS: u32 = 256;
 /// Bytes one thread of `l2_prefetch_u8` asks for at a time (`PREFETCH_PIECE`).
 pub const PREFETCH_PIECE: usize = 16384;
 
@@ -206,6 +217,8 @@ pub const LAUNCH_CONSTANTS: &[(&str, usize)] = &[
     ("PREFILL_WGMMA_SMEM_BYTES", PREFILL_WGMMA_SMEM_BYTES),
     ("GEMV_MAX_BATCH", GEMV_MAX_BATCH),
     ("GEMV_THREADS", GEMV_THREADS as usize),
+    ("FP8_QUANT_THREADS", FP8_QUANT_THREADS as usize),
+    ("FP8_SCALE_THREADS", FP8_SCALE_THREADS as usize),
     ("PREFETCH_PIECE", PREFETCH_PIECE),
     ("SAMPLE_THREADS", SAMPLE_THREADS as usize),
     ("SAMPLE_PART_WORDS", SAMPLE_PART_WORDS),

@@ -92,6 +92,43 @@ RS_CHECK_FIELD(GemvParams, n);
 RS_CHECK_FIELD(GemvParams, k);
 RS_CHECK_FIELD(GemvParams, pad);
 
+struct Fp8QuantParams {
+    const bf16* x;      // [m, k]
+    unsigned char* q;   // [m, k] E4M3 codes
+    float* scales;      // [m]
+    int m, k;
+    float static_scale; // > 0: every row's scale; 0: each row's own max(amax / 448, 1 / (448 * 512))
+    u32 pad;
+};
+RS_CHECK_SIZE(Fp8QuantParams);
+RS_CHECK_FIELD(Fp8QuantParams, x);
+RS_CHECK_FIELD(Fp8QuantParams, q);
+RS_CHECK_FIELD(Fp8QuantParams, scales);
+RS_CHECK_FIELD(Fp8QuantParams, m);
+RS_CHECK_FIELD(Fp8QuantParams, k);
+RS_CHECK_FIELD(Fp8QuantParams, static_scale);
+RS_CHECK_FIELD(Fp8QuantParams, pad);
+
+struct GemvFp8Params {
+    const unsigned char* x; // [b, k] E4M3 activation codes
+    const float* x_scales;  // [b]
+    const unsigned char* w; // [n, k] E4M3 weight codes, row-major (HF Linear layout)
+    const float* w_scales;  // [n]
+    bf16* y;                // [b, n]
+    int b, n, k;            // k is a multiple of 16 and < 2^30; x and w are 16-byte aligned
+    u32 pad;
+};
+RS_CHECK_SIZE(GemvFp8Params);
+RS_CHECK_FIELD(GemvFp8Params, x);
+RS_CHECK_FIELD(GemvFp8Params, x_scales);
+RS_CHECK_FIELD(GemvFp8Params, w);
+RS_CHECK_FIELD(GemvFp8Params, w_scales);
+RS_CHECK_FIELD(GemvFp8Params, y);
+RS_CHECK_FIELD(GemvFp8Params, b);
+RS_CHECK_FIELD(GemvFp8Params, n);
+RS_CHECK_FIELD(GemvFp8Params, k);
+RS_CHECK_FIELD(GemvFp8Params, pad);
+
 struct GemvRopeParams {
     const void* x;   // bf16[b, k], the normed hidden states
     const void* w;   // bf16[(hq + 2 hkv) d, k], the fused q/k/v weights

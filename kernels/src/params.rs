@@ -85,6 +85,48 @@ pub struct GemvParams {
     pub pad: u32,
 }
 
+/// `Fp8QuantParams`: activations to E4M3 codes with one scale per row (`quant_fp8_rows_bf16`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct Fp8QuantParams {
+    /// `bf16[m, k]`.
+    pub x: u64,
+    /// `u8[m, k]` E4M3 codes out.
+    pub q: u64,
+    /// `f32[m]` scales out (`x ≈ code · scale`).
+    pub scales: u64,
+    pub m: i32,
+    pub k: i32,
+    /// `> 0`: this one scale for every row (static activations); `0`: each row's own
+    /// `max(amax / 448, 1 / (448 · 512))`.
+    pub static_scale: f32,
+    /// Tail padding made explicit.
+    pub pad: u32,
+}
+
+/// `GemvFp8Params`: the small-batch product of E4M3 activations and E4M3 weights, each with its
+/// scales (`gemv_fp8_r16`, `gemv_fp8_r32`), and the scaling of a raw FP8 product's output
+/// (`scale_fp8_out_bf16`, which leaves `x` and `w` unused).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct GemvFp8Params {
+    /// `u8[b, k]` activation codes.
+    pub x: u64,
+    /// `f32[b]` activation scales.
+    pub x_scales: u64,
+    /// `u8[n, k]` weight codes (HF `Linear` layout).
+    pub w: u64,
+    /// `f32[n]` weight scales (one per output channel).
+    pub w_scales: u64,
+    /// `bf16[b, n]`.
+    pub y: u64,
+    pub b: i32,
+    pub n: i32,
+    pub k: i32,
+    /// Tail padding made explicit.
+    pub pad: u32,
+}
+
 /// `GemvRopeParams`: the q/k/v GEMV with RoPE and the KV write in its epilogue.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
@@ -131,6 +173,10 @@ unsafe impl DeviceRepr for GemvParams {}
 unsafe impl DeviceRepr for GemvRopeParams {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for SampleRow {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for Fp8QuantParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for GemvFp8Params {}
 
 /// Pushes `RS_SIZEOF_<S>` and `RS_OFFSETOF_<S>_<field>` for every field of `S`; the pattern
 /// names every field without `..`, so a field added to the struct and not listed here does not
@@ -205,6 +251,32 @@ pub fn layout_defines() -> Vec<(&'static str, usize)> {
     layout!(out, GemvRopeParams { x, w, b, k, rope });
     layout!(
         out,
+        Fp8QuantParams {
+            x,
+            q,
+            scales,
+            m,
+            k,
+            static_scale,
+            pad
+        }
+    );
+    layout!(
+        out,
+        GemvFp8Params {
+            x,
+            x_scales,
+            w,
+            w_scales,
+            y,
+            b,
+            n,
+            k,
+            pad
+        }
+    );
+    layout!(
+        out,
         SampleRow {
             temperature,
             top_k,
@@ -224,7 +296,7 @@ mod tests {
     #[test]
     fn every_field_has_its_offset() {
         let defines = layout_defines();
-        assert_eq!(defines.len(), 5 + 19 + 12 + 7 + 5 + 6);
+        assert_eq!(defines.len(), 5 + 19 + 12 + 7 + 5 + 6 + 8 + 10);
         let get = |n: &str| defines.iter().find(|(k, _)| *k == n).unwrap().1;
         assert_eq!(get("RS_SIZEOF_AttnParams"), 112);
         assert_eq!(get("RS_OFFSETOF_AttnParams_scale_log2"), 104);
@@ -233,5 +305,9 @@ mod tests {
         assert_eq!(get("RS_SIZEOF_GemvRopeParams"), 104);
         assert_eq!(get("RS_OFFSETOF_GemvRopeParams_rope"), 24);
         assert_eq!(get("RS_SIZEOF_SampleRow"), 32);
+        assert_eq!(get("RS_SIZEOF_Fp8QuantParams"), 40);
+        assert_eq!(get("RS_OFFSETOF_Fp8QuantParams_static_scale"), 32);
+        assert_eq!(get("RS_SIZEOF_GemvFp8Params"), 56);
+        assert_eq!(get("RS_OFFSETOF_GemvFp8Params_b"), 40);
     }
 }

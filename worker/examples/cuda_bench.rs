@@ -371,8 +371,73 @@ const GEMV_ROTATE_BYTES: usize = 256 << 20;
 
 /// GEMV (both bf16 block heights, and the one `ops::gemv` picks) vs cuBLAS at the 8B shapes for
 /// [`GEMV_BATCHES`] rows; GB/s counts weight bytes only. lm_head writes f32 logits, as the model.
+/// The 8B shapes at batch and prefill sizes: bf16 cuBLAS against cuBLASLt FP8 (with the
+/// activations' quantization timed apart).
+fn fp8_gemm_alone(g: &Gpu, out: &mut serde_json::Map<String, Value>) -> Res<()> {
+    use worker::backend::cuda::fp8::{Fp8Gemm, Fp8Linear, QuantRows, quant_rows};
+    let gemm8 = Fp8Gemm::new(g)?;
+    for (name, n, k) in [
+        ("qkv", 6144usize, 4096usize),
+        ("o", 4096, 4096),
+        ("gate_up", 28672, 4096),
+        ("down", 4096, 14336),
+    ] {
+        let (w16, w8) = (g.alloc(DType::Bf16, n * k)?, g.alloc(DType::U8, n * k)?);
+        let ws = g.upload_f32(&vec![1e-3; n], DType::F32)?;
+        for m in [64usize, 128, 256, 4096] {
+            let x = g.upload_f32(&vec![0.01; m * k], DType::Bf16)?;
+            let (xq, xs) = (g.alloc(DType::U8, m * k)?, g.alloc(DType::F32, m)?);
+            let y = g.alloc(DType::Bf16, m * n)?;
+            let l16 = Linear {
+                x: &x,
+                w: &w16,
+                y: &y,
+                m,
+                n,
+                k,
+            };
+            let bf16_ms = time_ms(g, 20, || Ok(ops::gemm(g, &l16)?))?;
+            let quant = QuantRows {
+                x: &x,
+                q: &xq,
+                scales: &xs,
+                m,
+                k,
+                static_scale: 0.0,
+            };
+            let q_ms = time_ms(g, 20, || Ok(quant_rows(g, &quant)?))?;
+            let l8 = Fp8Linear {
+                x: &xq,
+                x_scales: &xs,
+                w: &w8,
+                w_scales: &ws,
+                y: &y,
+                m,
+                n,
+                k,
+            };
+            let fp8_ms = time_ms(g, 20, || Ok(gemm8.run(g, &l8)?))?;
+            let tflops = |ms: f64| 2.0 * (m * n * k) as f64 / ms / 1e9;
+            println!(
+                "gemm {name} m{m}: bf16 cublas {bf16_ms:.4} ms ({:.0} TFLOP/s), fp8 cublaslt {fp8_ms:.4} ms \
+                 ({:.0} TFLOP/s) + quantization {q_ms:.4} ms",
+                tflops(bf16_ms),
+                tflops(fp8_ms)
+            );
+            out.insert(
+                format!("{name}_m{m}_gemm"),
+                json!({"bf16_ms": bf16_ms, "fp8_ms": fp8_ms, "quant_ms": q_ms}),
+            );
+        }
+    }
+    Ok(())
+}
+
 fn linear_alone(g: &Gpu) -> Res<Value> {
     let mut out = serde_json::Map::new();
+    if worker::backend::cuda::fp8::has_fp8(g.capability) {
+        fp8_gemm_alone(g, &mut out)?;
+    }
     for (name, n, k) in [
         ("qkv", 6144usize, 4096usize),
         ("o", 4096, 4096),
@@ -391,6 +456,19 @@ fn linear_alone(g: &Gpu) -> Res<Value> {
             DType::Bf16
         };
         let picked = if n >= ops::GEMV_TALL_ROWS { 32 } else { 16 };
+        // The same product with E4M3 weights and activations (half the weight bytes).
+        let fp8 = (name != "lm_head" && worker::backend::cuda::fp8::has_fp8(g.capability))
+            .then(|| {
+                let copies8 = GEMV_ROTATE_BYTES.div_ceil(n * k).max(1);
+                let w8 = (0..copies8)
+                    .map(|_| g.alloc(DType::U8, n * k))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok::<_, worker::backend::BackendError>((
+                    w8,
+                    g.upload_f32(&vec![1e-3; n], DType::F32)?,
+                ))
+            })
+            .transpose()?;
         for m in GEMV_BATCHES {
             let x = g.upload_f32(&vec![0.01; m * k], DType::Bf16)?;
             let y = g.alloc(yt, m * n)?;
@@ -414,6 +492,51 @@ fn linear_alone(g: &Gpu) -> Res<Value> {
             let gemm = time(&|l| Ok(ops::gemm(g, l)?))?;
             let gemv = if picked == 32 { r32 } else { r16 };
             let gb = bytes as f64 / 1e6;
+            if let Some((w8, w8s)) = &fp8 {
+                use worker::backend::cuda::fp8::{Fp8Linear, QuantRows, gemv_fp8, quant_rows};
+                let (xq, xs) = (g.alloc(DType::U8, m * k)?, g.alloc(DType::F32, m)?);
+                let yb = g.alloc(DType::Bf16, m * n)?;
+                let quant = QuantRows {
+                    x: &x,
+                    q: &xq,
+                    scales: &xs,
+                    m,
+                    k,
+                    static_scale: 0.0,
+                };
+                let q_ms = time_ms(g, 100, || Ok(quant_rows(g, &quant)?))?;
+                let mut times = Vec::new();
+                for rows in worker::backend::cuda::fp8::GEMV_FP8_ROWS {
+                    let mut i = 0;
+                    times.push(time_ms(g, 100, || {
+                        i += 1;
+                        let l = Fp8Linear {
+                            x: &xq,
+                            x_scales: &xs,
+                            w: &w8[i % w8.len()],
+                            w_scales: w8s,
+                            y: &yb,
+                            m,
+                            n,
+                            k,
+                        };
+                        Ok(gemv_fp8(g, &l, *rows)?)
+                    })?);
+                }
+                let gb8 = gb / 2.0;
+                println!(
+                    "linear {name} m{m}: fp8 gemv r16 {:.4} ms ({:.0} GB/s), r32 {:.4} ms ({:.0} GB/s), \
+                     activation quantization {q_ms:.4} ms",
+                    times[0],
+                    gb8 / times[0],
+                    times[1],
+                    gb8 / times[1]
+                );
+                out.insert(
+                    format!("{name}_m{m}_fp8"),
+                    json!({"gemv_r16_ms": times[0], "gemv_r32_ms": times[1], "quant_ms": q_ms}),
+                );
+            }
             println!(
                 "linear {name} m{m}: gemv r16 {r16:.4} ms ({:.0} GB/s), r32 {r32:.4} ms ({:.0} GB/s), \
                  cublas {gemm:.4} ms ({:.0} GB/s)",

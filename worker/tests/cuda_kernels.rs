@@ -1168,3 +1168,225 @@ fn device_sampling_matches_the_host_sampler() {
         "{mismatched} of {total} seeded draws differ between device and host"
     );
 }
+
+/// E4M3 codes and scales of `rows × k` values, by the CPU reference quantizer.
+fn fp8_reference(v: &[f32], k: usize) -> (Vec<u8>, Vec<f32>) {
+    let q = worker::quant::fp8::Fp8Rows::quantize(v, k);
+    (q.codes, q.scales)
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn fp8_row_quantization_equals_the_cpu_quantizer() {
+    use worker::backend::cuda::fp8::{QuantRows, quant_rows};
+    let g = gpu();
+    let mut r = Rng(11);
+    for (m, k) in [(1, 64), (3, 4096), (8, 14336), (5, 40), (37, 1000)] {
+        // Rows of very different magnitudes, one all zero (the minimum scale).
+        let mut x: Vec<f32> = (0..m * k)
+            .map(|i| r.f() * [1e-3, 0.7, 30.0, 900.0][(i / k) % 4])
+            .collect();
+        if m > 2 {
+            x[k..2 * k].iter_mut().for_each(|v| *v = 0.0);
+        }
+        let x = q(&x, DType::Bf16);
+        let xb = g.upload_f32(&x, DType::Bf16).unwrap();
+        let codes = g.alloc(DType::U8, m * k).unwrap();
+        let scales = g.alloc(DType::F32, m).unwrap();
+        for static_scale in [0.0f32, 0.01] {
+            let a = QuantRows {
+                x: &xb,
+                q: &codes,
+                scales: &scales,
+                m,
+                k,
+                static_scale,
+            };
+            quant_rows(&g, &a).unwrap();
+            let got_q = g.download_bytes(&codes, m * k).unwrap();
+            let got_s = g.download_f32(&scales).unwrap();
+            let (want_q, want_s) = if static_scale > 0.0 {
+                let qs = x
+                    .iter()
+                    .map(|&v| worker::quant::fp8::quantize(v, static_scale))
+                    .collect();
+                (qs, vec![static_scale; m])
+            } else {
+                fp8_reference(&x, k)
+            };
+            assert_eq!(got_s, want_s, "m{m} k{k} static {static_scale}: scales");
+            let diff = got_q.iter().zip(&want_q).filter(|(a, b)| a != b).count();
+            assert_eq!(
+                diff, 0,
+                "m{m} k{k} static {static_scale}: {diff} codes differ"
+            );
+        }
+        eprintln!("fp8 quantization m{m} k{k}: codes and scales equal the CPU's");
+    }
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn gemv_fp8_matches_cpu() {
+    use worker::backend::cuda::fp8::{Fp8Linear, GEMV_FP8_ROWS, gemv_fp8};
+    let g = gpu();
+    let table = worker::quant::fp8::decode_table();
+    let mut r = Rng(12);
+    // k % 64 of 0, 16, 48 and 32 (the last 64-wide step full or partial); n not a multiple of
+    // the 16/32-row blocks; m = 1..8.
+    for (m, n, k) in [
+        (1, 64, 64),
+        (3, 1000, 4096),
+        (8, 4096, 14336),
+        (5, 7, 48),
+        (2, 33, 272),
+        (6, 50, 1040),
+        (4, 6144, 4096),
+    ] {
+        let (xq, xs) = fp8_reference(&r.vec(m * k), k);
+        let (wq, ws) = fp8_reference(&r.vec(n * k), k);
+        let xb = g.upload_bytes(&xq, DType::U8).unwrap();
+        let wb = g.upload_bytes(&wq, DType::U8).unwrap();
+        let xsb = g.upload_f32(&xs, DType::F32).unwrap();
+        let wsb = g.upload_f32(&ws, DType::F32).unwrap();
+        let y = g.alloc(DType::Bf16, m * n).unwrap();
+        let l = Fp8Linear {
+            x: &xb,
+            x_scales: &xsb,
+            w: &wb,
+            w_scales: &wsb,
+            y: &y,
+            m,
+            n,
+            k,
+        };
+        assert!(l.gemv_ok());
+        let mut want = vec![0f32; m * n];
+        let mut mag = vec![0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let (mut s, mut a) = (0f64, 0f64);
+                for t in 0..k {
+                    let p = f64::from(table[xq[i * k + t] as usize])
+                        * f64::from(table[wq[j * k + t] as usize]);
+                    s += p;
+                    a += p.abs();
+                }
+                let sc = f64::from(xs[i]) * f64::from(ws[j]);
+                want[i * n + j] = (s * sc) as f32;
+                mag[i * n + j] = (a * sc) as f32;
+            }
+        }
+        let mut first: Option<Vec<u32>> = None;
+        for &rows in GEMV_FP8_ROWS {
+            gemv_fp8(&g, &l, rows).unwrap();
+            let got = g.download_f32(&y).unwrap();
+            let bad: Vec<usize> = (0..m * n)
+                .filter(|&i| {
+                    let err = (got[i] - want[i]).abs();
+                    err.is_nan() || err > 8e-3 * want[i].abs() + 1e-5 * mag[i]
+                })
+                .collect();
+            assert!(
+                bad.is_empty(),
+                "gemv_fp8 r{rows} m{m} n{n} k{k}: {} of {} off, first [{}] got {} want {}",
+                bad.len(),
+                m * n,
+                bad[0],
+                got[bad[0]],
+                want[bad[0]]
+            );
+            let b = bits(&got);
+            if let Some(f) = &first {
+                assert_eq!(f, &b, "r16 and r32 differ: m{m} n{n} k{k}");
+            }
+            first = Some(b);
+        }
+        eprintln!("gemv_fp8 m{m} n{n} k{k}: within bf16 rounding, r16 = r32 bit for bit");
+    }
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn gemm_fp8_matches_cpu() {
+    use worker::backend::cuda::fp8::{Fp8Gemm, Fp8Linear};
+    let g = gpu();
+    let gemm = Fp8Gemm::new(&g).unwrap();
+    let table = worker::quant::fp8::decode_table();
+    let mut r = Rng(13);
+    for (m, n, k) in [
+        (9, 64, 64),
+        (37, 296, 512),
+        (128, 1000, 4096),
+        (300, 72, 1040),
+        (16, 4096, 14336),
+    ] {
+        let (xq, xs) = fp8_reference(&r.vec(m * k), k);
+        let (wq, ws) = fp8_reference(&r.vec(n * k), k);
+        let xb = g.upload_bytes(&xq, DType::U8).unwrap();
+        let wb = g.upload_bytes(&wq, DType::U8).unwrap();
+        let xsb = g.upload_f32(&xs, DType::F32).unwrap();
+        let wsb = g.upload_f32(&ws, DType::F32).unwrap();
+        let y = g.alloc(DType::Bf16, m * n).unwrap();
+        let l = Fp8Linear {
+            x: &xb,
+            x_scales: &xsb,
+            w: &wb,
+            w_scales: &wsb,
+            y: &y,
+            m,
+            n,
+            k,
+        };
+        gemm.run(&g, &l)
+            .unwrap_or_else(|e| panic!("m{m} n{n} k{k}: {e}"));
+        let got = g.download_f32(&y).unwrap();
+        let mut bad = Vec::new();
+        for i in 0..m {
+            for j in 0..n {
+                let (mut s, mut a) = (0f64, 0f64);
+                for t in 0..k {
+                    let p = f64::from(table[xq[i * k + t] as usize])
+                        * f64::from(table[wq[j * k + t] as usize]);
+                    s += p;
+                    a += p.abs();
+                }
+                let sc = f64::from(xs[i]) * f64::from(ws[j]);
+                let (want, mag) = ((s * sc) as f32, (a * sc) as f32);
+                let err = (got[i * n + j] - want).abs();
+                if err.is_nan() || err > 1e-2 * want.abs() + 1e-4 * mag {
+                    bad.push((i, j, got[i * n + j], want));
+                }
+            }
+        }
+        assert!(
+            bad.is_empty(),
+            "fp8 gemm m{m} n{n} k{k}: {} off, first {:?}",
+            bad.len(),
+            bad[0]
+        );
+        eprintln!("fp8 gemm m{m} n{n} k{k}: within tolerance");
+    }
+    // A shape cuBLASLt's FP8 path does not take is refused before any launch.
+    let (x, w) = (
+        g.alloc(DType::U8, 16 * 64).unwrap(),
+        g.alloc(DType::U8, 300 * 64).unwrap(),
+    );
+    let (xs, ws, y) = (
+        g.alloc(DType::F32, 16).unwrap(),
+        g.alloc(DType::F32, 300).unwrap(),
+        g.alloc(DType::Bf16, 16 * 300).unwrap(),
+    );
+    let odd = Fp8Linear {
+        x: &x,
+        x_scales: &xs,
+        w: &w,
+        w_scales: &ws,
+        y: &y,
+        m: 16,
+        n: 300,
+        k: 64,
+    };
+    let err = gemm.run(&g, &odd).unwrap_err();
+    assert!(err.to_string().contains("n of 8"), "{err}");
+}

@@ -21,6 +21,8 @@ use crate::backend::switches::{KernelSwitches, PrefillChoice};
 pub enum DType {
     F32,
     Bf16,
+    /// Bytes: FP8 E4M3 codes.
+    U8,
     U32,
     I32,
     I64,
@@ -30,6 +32,7 @@ impl DType {
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
+            DType::U8 => 1,
             DType::Bf16 => 2,
             DType::F32 | DType::U32 | DType::I32 => 4,
             DType::I64 => 8,
@@ -41,6 +44,7 @@ impl DType {
         match self {
             DType::F32 => "f32",
             DType::Bf16 => "bf16",
+            DType::U8 => "u8",
             DType::U32 => "u32",
             DType::I32 => "i32",
             DType::I64 => "i64",

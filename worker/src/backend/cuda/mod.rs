@@ -3,6 +3,7 @@
 
 mod backend;
 pub mod device;
+pub mod fp8;
 pub mod lt;
 pub mod ops;
 pub mod staging;

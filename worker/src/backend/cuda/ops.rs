@@ -21,7 +21,7 @@ fn float_type(b: &Buf, what: &str) -> Result<DType, BackendError> {
     }
 }
 
-fn cfg(grid: (u32, u32, u32), block: u32, smem: usize) -> LaunchConfig {
+pub(super) fn cfg(grid: (u32, u32, u32), block: u32, smem: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: grid,
         block_dim: (block, 1, 1),
@@ -29,11 +29,11 @@ fn cfg(grid: (u32, u32, u32), block: u32, smem: usize) -> LaunchConfig {
     }
 }
 
-fn dim(x: usize, what: &str) -> Result<u32, BackendError> {
+pub(super) fn dim(x: usize, what: &str) -> Result<u32, BackendError> {
     u32::try_from(x).map_err(|_| BackendError::InvalidBatch(format!("{what} too large: {x}")))
 }
 
-fn int(x: usize, what: &str) -> Result<i32, BackendError> {
+pub(super) fn int(x: usize, what: &str) -> Result<i32, BackendError> {
     i32::try_from(x).map_err(|_| BackendError::InvalidBatch(format!("{what} too large: {x}")))
 }
 

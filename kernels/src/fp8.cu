@@ -1,0 +1,163 @@
+// FP8 (E4M3) linear layers: activations quantized per row, and the small-batch product of E4M3
+// activations with E4M3 weights on the FP8 tensor cores (sm_89 and later).
+//
+// Quantization is worker/src/quant/fp8.rs's, step for step, so a code computed here equals the CPU
+// reference's for the same input: scale = max(amax / 448, 1 / (448 * 512)) (IEEE division: NVRTC
+// compiles without fast math), code = cvt.rn.satfinite.e4m3(x / scale), i.e. nearest-even,
+// saturated at +-448.
+//
+// gemv_fp8_r16 / _r32 are gemv.cu's bf16 GEMV with 8-bit operands: one mma.m16n8k32.e4m3 takes the
+// activation codes as A (batch rows 0..7; rows 8..15 and rows >= b are zero) and 8 weight rows as
+// B. A lane (g = lane / 4, t = lane % 4) loads 16 contiguous bytes, x[g, k0 + 16t ..] and
+// w[row g of the tile, k0 + 16t ..], which feed two mmas: bytes 0-3 and 4-7 are the first mma's
+// logical k 4t.. and 16 + 4t.., bytes 8-11 and 12-15 the second's (A and B map k the same way, so
+// the 32 logical k of each mma are 32 distinct physical k). A warp's k-step is 64 wide; the block's
+// warps split the k-steps as in gemv.cu and meet in shared memory (gemv_sum), and the epilogue
+// multiplies by the activation row's and the weight row's scales: y = bf16(sum * xs[b] * ws[n]).
+// As in gemv.cu, y[b, n] does not depend on the batch size or the variant.
+#include <cuda_fp8.h>
+
+#define FP8_MAX 448.0f
+#define FP8_MIN_SCALE (1.0f / (448.0f * 512.0f))
+
+// The nearest E4M3 code (ties to even), saturated at +-448.
+__device__ __forceinline__ unsigned char fp8_code(float v) {
+    return (unsigned char)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+}
+
+// One block per row: its largest magnitude (unless a static scale is given), its scale, its codes.
+extern "C" __global__ void __launch_bounds__(FP8_QUANT_THREADS) quant_fp8_rows_bf16(Fp8QuantParams p) {
+    __shared__ float red[FP8_QUANT_THREADS / 32];
+    const int row = blockIdx.x;
+    const bf16* x = p.x + (size_t)row * p.k;
+    float scale = p.static_scale;
+    if (!(scale > 0.f)) {
+        float m = 0.f;
+        for (int i = threadIdx.x; i < p.k; i += FP8_QUANT_THREADS) m = fmaxf(m, fabsf(__bfloat162float(x[i])));
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+        __syncthreads();
+        m = red[0];
+#pragma unroll
+        for (int w = 1; w < FP8_QUANT_THREADS / 32; w++) m = fmaxf(m, red[w]);
+        scale = fmaxf(m / FP8_MAX, FP8_MIN_SCALE);
+    }
+    if (threadIdx.x == 0) p.scales[row] = scale;
+    unsigned char* q = p.q + (size_t)row * p.k;
+    for (int i = threadIdx.x; i < p.k; i += FP8_QUANT_THREADS) q[i] = fp8_code(__bfloat162float(x[i]) / scale);
+}
+
+#if __CUDA_ARCH__ >= 890
+// c += A * B for A = {a0, 0, a2, 0} (rows 8..15 zero), B = {b0, b1}, 8-bit E4M3 operands.
+__device__ __forceinline__ void gemv_mma_fp8(float* c, u32 a0, u32 a2, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+#endif
+
+// Block i takes weight rows [8 NT i, 8 NT (i + 1)); each warp U k-steps of 64 in flight.
+template <int NT, int U>
+__device__ __forceinline__ void gemv_fp8_impl(const GemvFp8Params& p) {
+#if __CUDA_ARCH__ >= 890
+    __shared__ __align__(16) float red[GEMV_WARPS * NT * 64]; // [warp][tile][batch 8][row 8]
+    const int row0 = blockIdx.x * (8 * NT), n = p.n, k = p.k;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int nsteps = (k + 63) >> 6; // the last one partial when k % 64 != 0
+    const int nfull = k >> 6;         // steps where every lane's 16 k are in range
+    const bool rows_full = row0 + 8 * NT <= n;
+    const bool xrow = g < p.b;
+    // Byte pointers at this lane's k offset 16t; invalid rows point at row 0 and are never read.
+    const unsigned char* x = p.x + (size_t)(xrow ? g : 0) * k + 16 * t;
+    const unsigned char* w[NT];
+    bool wrow[NT];
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        const int r = row0 + 8 * j + g;
+        wrow[j] = r < n;
+        w[j] = p.w + (size_t)(wrow[j] ? r : 0) * k + 16 * t;
+    }
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    for (int s0 = warp; s0 < nsteps; s0 += GEMV_WARPS * U) {
+        uint4 wv[U][NT], xv[U];
+        if (rows_full && s0 + (U - 1) * GEMV_WARPS < nfull) {
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int off = 64 * (s0 + u * GEMV_WARPS);
+#pragma unroll
+                for (int j = 0; j < NT; j++) wv[u][j] = ld_stream(w[j] + off);
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int off = 64 * (s0 + u * GEMV_WARPS);
+                xv[u] = xrow ? __ldg((const uint4*)(x + off)) : zero;
+            }
+        } else {
+            // A lane's 16 k are in range iff 64 s + 16 t < k (k is a multiple of 16).
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int off = 64 * (s0 + u * GEMV_WARPS);
+                const bool kok = off + 16 * t < k;
+#pragma unroll
+                for (int j = 0; j < NT; j++) wv[u][j] = kok && wrow[j] ? ld_stream(w[j] + off) : zero;
+                xv[u] = kok && xrow ? __ldg((const uint4*)(x + off)) : zero;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                gemv_mma_fp8(acc[j], xv[u].x, xv[u].y, wv[u][j].x, wv[u][j].y);
+                gemv_mma_fp8(acc[j], xv[u].z, xv[u].w, wv[u][j].z, wv[u][j].w);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+        *(float2*)&red[((warp * NT + j) * 8 + g) * 8 + 2 * t] = make_float2(acc[j][0], acc[j][1]);
+    __syncthreads();
+    for (int o = threadIdx.x; o < NT * 64; o += blockDim.x) {
+        const int bb = o / (8 * NT), v = o % (8 * NT);
+        const int row = row0 + v;
+        if (bb < p.b && row < n)
+            p.y[(size_t)bb * n + row] = __float2bfloat16(gemv_sum<NT>(red, bb, v) * p.x_scales[bb] * p.w_scales[row]);
+    }
+#else
+    __trap(); // FP8 tensor cores need sm_89; the backend refuses FP8 below it
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_fp8_r16(GemvFp8Params p) {
+    gemv_fp8_impl<2, 4>(p);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_fp8_r32(GemvFp8Params p) {
+    gemv_fp8_impl<4, 2>(p);
+}
+
+// y[b, n] = bf16(y[b, n] * xs[b] * ws[n]) in place: the scales of a product cuBLASLt ran on raw
+// E4M3 codes (Hopper's cuBLASLt scales FP8 operands by one value each, not per row). Takes
+// GemvFp8Params; its x and w are unused. Two bf16 elements a thread per step when n is even.
+extern "C" __global__ void __launch_bounds__(FP8_SCALE_THREADS) scale_fp8_out_bf16(GemvFp8Params p) {
+    const size_t total = (size_t)p.b * p.n;
+    const size_t step = (size_t)gridDim.x * FP8_SCALE_THREADS;
+    if ((p.n & 1) == 0) {
+        __nv_bfloat162* y = (__nv_bfloat162*)p.y;
+        for (size_t i = (size_t)blockIdx.x * FP8_SCALE_THREADS + threadIdx.x; 2 * i < total; i += step) {
+            const int b = (int)(2 * i / p.n), n = (int)(2 * i % p.n);
+            const float2 v = __bfloat1622float2(y[i]);
+            const float xs = p.x_scales[b];
+            y[i] = __floats2bfloat162_rn(v.x * xs * p.w_scales[n], v.y * xs * p.w_scales[n + 1]);
+        }
+    } else {
+        for (size_t i = (size_t)blockIdx.x * FP8_SCALE_THREADS + threadIdx.x; i < total; i += step) {
+            const int b = (int)(i / p.n), n = (int)(i % p.n);
+            p.y[i] = __float2bfloat16(__bfloat162float(p.y[i]) * p.x_scales[b] * p.w_scales[n]);
+        }
+    }
+}

@@ -1,0 +1,410 @@
+//! FP8 linear products: launch wrappers of `kernels/src/fp8.cu` (per-row E4M3 quantization of bf16
+//! activations, the small-batch product of E4M3 activations with E4M3 weights on the FP8 tensor
+//! cores, sm_89 and later) and [`Fp8Gemm`], cuBLASLt's FP8 product for larger batches.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::c_void;
+
+use cudarc::cublaslt::sys::cublasLtMatmulDescAttributes_t as Attr;
+use cudarc::cublaslt::{result as lt, sys as lt_sys};
+use cudarc::driver::PushKernelArg;
+use kernels::params::{Fp8QuantParams, GemvFp8Params};
+
+use super::device::{Buf, DType, Gpu};
+use super::lt::LT_WORKSPACE_BYTES;
+use super::ops::{cfg, dim, int};
+use crate::backend::BackendError;
+
+/// Rows of weights per block of the FP8 GEMV kernels (`gemv_fp8_r<R>`).
+pub const GEMV_FP8_ROWS: &[usize] = &[16, 32];
+
+/// Whether a device of compute capability `(major, minor)` has FP8 tensor cores (sm_89 and later).
+pub fn has_fp8(capability: (i32, i32)) -> bool {
+    capability >= (8, 9)
+}
+
+/// `q[m, k]`, `scales[m]` from bf16 `x[m, k]`: each row's codes with its own scale, or with
+/// `static_scale` for every row when that is positive.
+pub struct QuantRows<'a> {
+    pub x: &'a Buf,
+    /// U8 codes out.
+    pub q: &'a Buf,
+    /// F32 scales out.
+    pub scales: &'a Buf,
+    pub m: usize,
+    pub k: usize,
+    /// `> 0`: one scale for all rows (static activations); `0.0`: dynamic per row.
+    pub static_scale: f32,
+}
+
+/// Quantizes `a.x` row by row (see [`QuantRows`]).
+pub fn quant_rows(gpu: &Gpu, a: &QuantRows<'_>) -> Result<(), BackendError> {
+    a.x.check("fp8 quant x", DType::Bf16, a.m * a.k)?;
+    a.q.check("fp8 quant codes", DType::U8, a.m * a.k)?;
+    a.scales.check("fp8 quant scales", DType::F32, a.m)?;
+    if !(a.static_scale >= 0.0 && a.static_scale.is_finite()) {
+        return Err(BackendError::InvalidBatch(format!(
+            "fp8 quant: static scale {}",
+            a.static_scale
+        )));
+    }
+    if a.m == 0 || a.k == 0 {
+        return Ok(());
+    }
+    let p = Fp8QuantParams {
+        x: a.x.ptr(),
+        q: a.q.ptr(),
+        scales: a.scales.ptr(),
+        m: int(a.m, "m")?,
+        k: int(a.k, "k")?,
+        static_scale: a.static_scale,
+        pad: 0,
+    };
+    let mut b = gpu.stream.launch_builder(gpu.func("quant_fp8_rows_bf16")?);
+    b.arg(&p);
+    // SAFETY: the checks above gave x >= m*k bf16, q >= m*k bytes and scales >= m floats; block r
+    // (one per row, grid m) reads x[r, 0..k) and writes q[r, 0..k) and scales[r] only, striding by
+    // kernels::FP8_QUANT_THREADS, the block size its reduction's shared array is sized for.
+    unsafe { b.launch(cfg((dim(a.m, "m")?, 1, 1), kernels::FP8_QUANT_THREADS, 0)) }
+        .map(|_| ())
+        .map_err(BackendError::from)
+}
+
+/// `y[b, n] = bf16(Σ_k code(x[b, k]) · code(w[n, k]) · x_scales[b] · w_scales[n])`.
+pub struct Fp8Linear<'a> {
+    /// U8 activation codes `[m, k]`.
+    pub x: &'a Buf,
+    /// F32 `[m]`.
+    pub x_scales: &'a Buf,
+    /// U8 weight codes `[n, k]` (HF `Linear` layout).
+    pub w: &'a Buf,
+    /// F32 `[n]`.
+    pub w_scales: &'a Buf,
+    /// Bf16 `[m, n]`.
+    pub y: &'a Buf,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+}
+
+impl Fp8Linear<'_> {
+    /// Checks every buffer's type and length.
+    pub fn check(&self) -> Result<(), BackendError> {
+        self.x.check("fp8 x", DType::U8, self.m * self.k)?;
+        self.x_scales.check("fp8 x scales", DType::F32, self.m)?;
+        self.w.check("fp8 weight", DType::U8, self.n * self.k)?;
+        self.w_scales
+            .check("fp8 weight scales", DType::F32, self.n)?;
+        self.y.check("fp8 y", DType::Bf16, self.m * self.n)
+    }
+
+    /// Whether the FP8 GEMV runs this product: at most [`kernels::GEMV_MAX_BATCH`] rows, `k` a
+    /// multiple of 16 below 2^30, `x` and `w` 16-byte aligned (so every row of both is).
+    pub fn gemv_ok(&self) -> bool {
+        self.m <= kernels::GEMV_MAX_BATCH
+            && self.k.is_multiple_of(16)
+            && self.k < 1 << 30
+            && self.x.ptr().is_multiple_of(16)
+            && self.w.ptr().is_multiple_of(16)
+    }
+}
+
+/// Runs `l` with the FP8 GEMV kernel, `rows_per_block` (one of [`GEMV_FP8_ROWS`]) weight rows a
+/// block. Every choice gives the same bits. The device must have FP8 tensor cores ([`has_fp8`]).
+pub fn gemv_fp8(gpu: &Gpu, l: &Fp8Linear<'_>, rows_per_block: usize) -> Result<(), BackendError> {
+    l.check()?;
+    if !l.gemv_ok() {
+        return Err(BackendError::InvalidBatch(
+            "gemv_fp8: shape or alignment unsupported".into(),
+        ));
+    }
+    if !GEMV_FP8_ROWS.contains(&rows_per_block) {
+        return Err(BackendError::InvalidBatch(format!(
+            "gemv_fp8: no kernel for {rows_per_block} rows per block"
+        )));
+    }
+    if !has_fp8(gpu.capability) {
+        return Err(BackendError::Device(format!(
+            "FP8 tensor cores need compute capability 8.9 or later; this device is {}.{}",
+            gpu.capability.0, gpu.capability.1
+        )));
+    }
+    if l.m == 0 || l.n == 0 {
+        return Ok(());
+    }
+    let p = GemvFp8Params {
+        x: l.x.ptr(),
+        x_scales: l.x_scales.ptr(),
+        w: l.w.ptr(),
+        w_scales: l.w_scales.ptr(),
+        y: l.y.ptr(),
+        b: int(l.m, "m")?,
+        n: int(l.n, "n")?,
+        k: int(l.k, "k")?,
+        pad: 0,
+    };
+    let name = format!("gemv_fp8_r{rows_per_block}");
+    let mut b = gpu.stream.launch_builder(gpu.func(&name)?);
+    b.arg(&p);
+    let grid = (dim(l.n.div_ceil(rows_per_block), "n")?, 1, 1);
+    // SAFETY: check() gave x >= m*k and w >= n*k bytes, x_scales >= m and w_scales >= n floats,
+    // y >= m*n bf16; gemv_ok 16-byte-aligned x and w with k a multiple of 16, so every row of both
+    // starts 16-byte aligned. Block i owns weight rows [i*R, i*R + R) (R = rows_per_block, the
+    // kernel picked: 16 or 32), the grid covers ceil(n / R) blocks. A lane reads 16 bytes of
+    // weight row r at byte 64*s + 16*t only for r < n and 64*s + 16*t < k (the unguarded round
+    // requires every row of the block < n and every step below floor(k/64)), and x row g < m at
+    // the same offsets; it writes y[bb, r] only for bb < m, r < n, reading x_scales[bb] and
+    // w_scales[r]. The device is sm_89 or later (checked), where the kernel's mma exists; its
+    // shared memory is static and sized for GEMV_THREADS (256) threads.
+    unsafe { b.launch(cfg(grid, kernels::GEMV_THREADS, 0)) }
+        .map(|_| ())
+        .map_err(BackendError::from)
+}
+
+/// The FP8 product for more rows than the GEMV takes: cuBLASLt on the raw E4M3 codes, bf16 out,
+/// then `scale_fp8_out_bf16` multiplies each output by its activation row's and weight row's
+/// scales. (Run 18: on the H200, cuBLASLt 13.0 finds no algorithm for per-row scale vectors,
+/// `CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F`: `CUBLAS_STATUS_INVALID_VALUE`.) One description per
+/// shape, its algorithm cuBLASLt's first heuristic choice.
+pub struct Fp8Gemm {
+    handle: lt_sys::cublasLtHandle_t,
+    workspace: Buf,
+    plans: RefCell<HashMap<(usize, usize, usize), Fp8Plan>>,
+}
+
+// SAFETY: used only through the backend, which one thread drives at a time (Send, not Sync);
+// cuBLASLt handles may move between threads when calls on them are not concurrent.
+unsafe impl Send for Fp8Gemm {}
+
+struct Fp8Plan {
+    desc: lt_sys::cublasLtMatmulDesc_t,
+    a: lt_sys::cublasLtMatrixLayout_t,
+    b: lt_sys::cublasLtMatrixLayout_t,
+    d: lt_sys::cublasLtMatrixLayout_t,
+    algo: lt_sys::cublasLtMatmulAlgo_t,
+}
+
+impl Drop for Fp8Plan {
+    fn drop(&mut self) {
+        // SAFETY: each handle was created by cuBLASLt (or is null and skipped) and is destroyed
+        // once, here; queued or captured launches do not refer to these host-side descriptions.
+        unsafe {
+            for layout in [self.a, self.b, self.d] {
+                if !layout.is_null() {
+                    let _ = lt::destroy_matrix_layout(layout);
+                }
+            }
+            let _ = lt::destroy_matmul_desc(self.desc);
+        }
+    }
+}
+
+/// Sets one attribute of a matmul description from a live value.
+///
+/// # Safety
+/// `desc` is a live description and `T` is the attribute's documented type.
+unsafe fn set_attr<T>(
+    desc: lt_sys::cublasLtMatmulDesc_t,
+    attr: lt_sys::cublasLtMatmulDescAttributes_t,
+    value: &T,
+) -> Result<(), BackendError> {
+    // SAFETY: the caller's contract; `value` is live for the call, which copies it.
+    unsafe {
+        lt::set_matmul_desc_attribute(
+            desc,
+            attr,
+            (value as *const T).cast(),
+            std::mem::size_of::<T>(),
+        )
+    }
+    .map_err(BackendError::from)
+}
+
+impl Fp8Gemm {
+    /// A cuBLASLt handle with its workspace on `gpu`.
+    pub fn new(gpu: &Gpu) -> Result<Self, BackendError> {
+        gpu.ctx.bind_to_thread()?;
+        Ok(Self {
+            handle: lt::create_handle()?,
+            workspace: gpu.alloc(DType::U32, LT_WORKSPACE_BYTES / 4)?,
+            plans: RefCell::new(HashMap::new()),
+        })
+    }
+
+    /// Whether `l` fits cuBLASLt's FP8 rules: `k` a multiple of 16 and `n` of 8 (every leading
+    /// dimension a multiple of 16 bytes; run 18: `n` 300 is `CUBLAS_STATUS_NOT_SUPPORTED`), every
+    /// operand 16-byte aligned.
+    pub fn fits(l: &Fp8Linear<'_>) -> bool {
+        l.k.is_multiple_of(16)
+            && l.n.is_multiple_of(8)
+            && [l.x.ptr(), l.w.ptr(), l.y.ptr()]
+                .iter()
+                .all(|p| p.is_multiple_of(16))
+    }
+
+    /// Queues `l` (any number of rows).
+    pub fn run(&self, gpu: &Gpu, l: &Fp8Linear<'_>) -> Result<(), BackendError> {
+        l.check()?;
+        if !Self::fits(l) {
+            return Err(BackendError::InvalidBatch(
+                "fp8 gemm: k must be a multiple of 16, n of 8, and the operands 16-byte aligned"
+                    .into(),
+            ));
+        }
+        if l.m == 0 || l.n == 0 {
+            return Ok(());
+        }
+        let key = (l.m, l.n, l.k);
+        if !self.plans.borrow().contains_key(&key) {
+            let plan = self.describe(l.m, l.n, l.k)?;
+            self.plans.borrow_mut().insert(key, plan);
+        }
+        let plans = self.plans.borrow();
+        let plan = &plans[&key];
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // SAFETY: check() gave w >= n*k and x >= m*k bytes and y >= m*n bf16; the layouts
+        // describe exactly those sizes; the algorithm came from
+        // cuBLASLt's heuristic for these descriptions with a workspace need within the workspace
+        // passed, which is used only in stream order; alpha/beta are f32 (the scale type).
+        unsafe {
+            lt::matmul(
+                self.handle,
+                plan.desc,
+                (&alpha as *const f32).cast(),
+                (&beta as *const f32).cast(),
+                l.w.ptr() as *const c_void,
+                plan.a,
+                l.x.ptr() as *const c_void,
+                plan.b,
+                l.y.ptr() as *const c_void,
+                plan.d,
+                l.y.ptr() as *mut c_void,
+                plan.d,
+                &plan.algo,
+                self.workspace.ptr() as *mut c_void,
+                LT_WORKSPACE_BYTES,
+                gpu.stream.cu_stream() as lt_sys::cudaStream_t,
+            )
+        }?;
+        scale_output(gpu, l)
+    }
+
+    /// D[n, m] = Wᵀ X in cuBLASLt's column-major terms (W stored k × n and transposed, X k × m),
+    /// E4M3 operands, bf16 D (the raw sums; [`scale_output`] applies the scales).
+    fn describe(&self, m: usize, n: usize, k: usize) -> Result<Fp8Plan, BackendError> {
+        use lt_sys::cudaDataType::{CUDA_R_8F_E4M3, CUDA_R_16BF, CUDA_R_32F};
+        let desc =
+            lt::create_matmul_desc(lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, CUDA_R_32F)?;
+        let mut plan = Fp8Plan {
+            desc,
+            a: std::ptr::null_mut(),
+            b: std::ptr::null_mut(),
+            d: std::ptr::null_mut(),
+            // SAFETY: plain data (an array of u64), replaced by a heuristic result before use.
+            algo: unsafe { std::mem::zeroed() },
+        };
+        let transpose: i32 = 1; // CUBLAS_OP_T
+        // SAFETY: desc is live; TRANSA is an int32.
+        unsafe { set_attr(plan.desc, Attr::CUBLASLT_MATMUL_DESC_TRANSA, &transpose) }?;
+        let (m64, n64, k64) = (m as u64, n as u64, k as u64);
+        plan.a = lt::create_matrix_layout(CUDA_R_8F_E4M3, k64, n64, k as i64)?;
+        plan.b = lt::create_matrix_layout(CUDA_R_8F_E4M3, k64, m64, k as i64)?;
+        plan.d = lt::create_matrix_layout(CUDA_R_16BF, n64, m64, n as i64)?;
+        plan.algo = self.heuristic(&plan, (m, n, k))?;
+        Ok(plan)
+    }
+
+    fn heuristic(
+        &self,
+        plan: &Fp8Plan,
+        shape: (usize, usize, usize),
+    ) -> Result<lt_sys::cublasLtMatmulAlgo_t, BackendError> {
+        let pref = lt::create_matmul_pref()?;
+        let limit = LT_WORKSPACE_BYTES as u64;
+        // SAFETY: pref was just created; the attribute is a u64 read from a live local.
+        let set = unsafe {
+            lt::set_matmul_pref_attribute(
+                pref,
+                lt_sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&limit as *const u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        };
+        // SAFETY: plain data; only read when cuBLASLt reports it filled.
+        let mut result: lt_sys::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
+        let mut count = 0i32;
+        let found = set.and_then(|()| {
+            // SAFETY: every description is live (plan, pref); one result requested into a live
+            // local; count is a live i32.
+            unsafe {
+                lt_sys::cublasLtMatmulAlgoGetHeuristic(
+                    self.handle,
+                    plan.desc,
+                    plan.a,
+                    plan.b,
+                    plan.d,
+                    plan.d,
+                    pref,
+                    1,
+                    &mut result,
+                    &mut count,
+                )
+            }
+            .result()
+        });
+        // SAFETY: pref was created above and is not used after this.
+        unsafe { lt::destroy_matmul_pref(pref) }?;
+        let (m, n, k) = shape;
+        match found {
+            Ok(())
+                if count >= 1 && result.state == lt_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS =>
+            {
+                Ok(result.algo)
+            }
+            other => Err(BackendError::Device(format!(
+                "cuBLASLt has no FP8 (E4M3 × E4M3 → bf16) algorithm for \
+                 m {m} n {n} k {k} ({other:?})"
+            ))),
+        }
+    }
+}
+
+/// `y[b, n] *= x_scales[b] · w_scales[n]` over `l`'s output, in place.
+fn scale_output(gpu: &Gpu, l: &Fp8Linear<'_>) -> Result<(), BackendError> {
+    let p = GemvFp8Params {
+        x: 0,
+        x_scales: l.x_scales.ptr(),
+        w: 0,
+        w_scales: l.w_scales.ptr(),
+        y: l.y.ptr(),
+        b: int(l.m, "m")?,
+        n: int(l.n, "n")?,
+        k: 0,
+        pad: 0,
+    };
+    let threads = kernels::FP8_SCALE_THREADS as usize;
+    let blocks = (l.m * l.n).div_ceil(2 * threads).clamp(1, 4 * 132 * 8);
+    let mut b = gpu.stream.launch_builder(gpu.func("scale_fp8_out_bf16")?);
+    b.arg(&p);
+    // SAFETY: the caller checked y >= m*n bf16, x_scales >= m and w_scales >= n floats; the kernel
+    // grid-strides over the m*n outputs (pairs when n is even, so a pair never straddles two rows)
+    // reading x_scales[b < m] and w_scales[n' < n] only; x and w are not read.
+    unsafe {
+        b.launch(cfg(
+            (dim(blocks, "blocks")?, 1, 1),
+            kernels::FP8_SCALE_THREADS,
+            0,
+        ))
+    }
+    .map(|_| ())
+    .map_err(BackendError::from)
+}
+
+impl Drop for Fp8Gemm {
+    fn drop(&mut self) {
+        self.plans.get_mut().clear();
+        // SAFETY: the handle was created in new() and every plan using it is gone.
+        let _ = unsafe { lt::destroy_handle(self.handle) };
+    }
+}
