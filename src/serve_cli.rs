@@ -69,7 +69,7 @@ pub struct ServingEngineFlags {
     pub dtype: Option<DtypeFlag>,
     /// Quantize the linear layers: `fp8` (E4M3 weights with per-channel scales, per-token dynamic
     /// activations; vLLM's meaning). FP8 checkpoints are detected from their config without it.
-    /// The CPU backend runs it exactly (the reference); CUDA FP8 kernels are not built yet.
+    /// CPU (the reference) and CUDA (sm_89+, bf16, one rank per model so far).
     #[arg(long)]
     pub quantization: Option<Quantization>,
     /// CUDA: run every step eagerly (no CUDA graphs for decode steps).

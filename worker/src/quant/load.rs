@@ -64,16 +64,16 @@ pub fn linear_f32(
         }
         LinearQuant::Fp8 {
             stored: Some(stored),
-        } => {
-            let module = module_of(weight);
-            if stored.ignored.iter().any(|m| m == module) {
-                return Ok(LinearF32 {
-                    weight: unquantized(&view)?,
-                    input: None,
-                });
-            }
-            stored_fp8(ckpt, &view, module, stored)
-        }
+        } => match stored_fp8_layer(ckpt, weight, stored)? {
+            None => Ok(LinearF32 {
+                weight: unquantized(&view)?,
+                input: None,
+            }),
+            Some(layer) => Ok(LinearF32 {
+                weight: layer.dequantize(),
+                input: Some(layer.input),
+            }),
+        },
     }
 }
 
@@ -107,12 +107,51 @@ fn unquantized(view: &TensorView<'_>) -> Result<Vec<f32>, CheckpointError> {
     Ok(view.to_f32_vec())
 }
 
-fn stored_fp8(
-    ckpt: &Checkpoint,
-    view: &TensorView<'_>,
+/// An FP8 checkpoint's linear layer as stored: its E4M3 codes (borrowed from the memory map), one
+/// scale per output row (a per-tensor scale repeated), and its input's quantization.
+#[derive(Debug, Clone)]
+pub struct StoredFp8<'a> {
+    /// `rows × width` codes, row-major.
+    pub codes: &'a [u8],
+    pub rows: usize,
+    pub width: usize,
+    pub row_scales: Vec<f32>,
+    pub input: InputQuant,
+}
+
+impl StoredFp8<'_> {
+    /// `decode(code) · scale` for every weight, row-major f32.
+    pub fn dequantize(&self) -> Vec<f32> {
+        let table = fp8::decode_table();
+        self.codes
+            .chunks_exact(self.width.max(1))
+            .zip(&self.row_scales)
+            .flat_map(|(row, &s)| row.iter().map(move |&q| table[q as usize] * s))
+            .collect()
+    }
+}
+
+/// The stored FP8 layer `weight` of a checkpoint declaring `stored`; `None` when its module is
+/// one the config leaves unquantized (`ignore`).
+pub fn stored_fp8_layer<'a>(
+    ckpt: &'a Checkpoint,
+    weight: &str,
+    stored: &Fp8Checkpoint,
+) -> Result<Option<StoredFp8<'a>>, CheckpointError> {
+    let module = module_of(weight);
+    if stored.ignored.iter().any(|m| m == module) {
+        return Ok(None);
+    }
+    let view = ckpt.tensor(weight)?;
+    stored_fp8(ckpt, &view, module, stored).map(Some)
+}
+
+fn stored_fp8<'a>(
+    ckpt: &'a Checkpoint,
+    view: &TensorView<'a>,
     module: &str,
     stored: &Fp8Checkpoint,
-) -> Result<LinearF32, CheckpointError> {
+) -> Result<StoredFp8<'a>, CheckpointError> {
     if view.dtype != Dtype::F8E4M3 {
         return Err(CheckpointError::BadQuantization {
             path: view.file.to_path_buf(),
@@ -140,16 +179,11 @@ fn stored_fp8(
             ),
         ));
     }
-    let table = fp8::decode_table();
-    let weight = view
-        .data
-        .chunks_exact(width.max(1))
-        .enumerate()
-        .flat_map(|(r, row)| {
-            let s = scales[if scales.len() == 1 { 0 } else { r }];
-            row.iter().map(move |&q| table[q as usize] * s)
-        })
-        .collect();
+    let row_scales = if scales.len() == 1 {
+        vec![scales[0]; rows]
+    } else {
+        scales
+    };
     let input = match stored.activations {
         ActivationScheme::DynamicPerToken => InputQuant::DynamicPerToken,
         ActivationScheme::Static => {
@@ -162,9 +196,12 @@ fn stored_fp8(
             }
         }
     };
-    Ok(LinearF32 {
-        weight,
-        input: Some(input),
+    Ok(StoredFp8 {
+        codes: view.data,
+        rows,
+        width,
+        row_scales,
+        input,
     })
 }
 

@@ -13,9 +13,15 @@ use crate::config::ModelConfig;
 use crate::tp::{CommOptions, ShardError, ShmComm};
 
 fn fixture() -> (ModelConfig, Checkpoint, serde_json::Value) {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-llama");
-    let (config, ckpt) = Checkpoint::load(&dir).expect("fixture");
-    let expected = std::fs::read_to_string(dir.join("expected.json")).expect("expected.json");
+    fixture_named("tiny-llama")
+}
+
+/// A fixture folder with tiny-llama's prompts and expected tokens.
+fn fixture_named(name: &str) -> (ModelConfig, Checkpoint, serde_json::Value) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
+    let (config, ckpt) = Checkpoint::load(&root.join(name)).expect("fixture");
+    let expected =
+        std::fs::read_to_string(root.join("tiny-llama/expected.json")).expect("expected.json");
     (config, ckpt, serde_json::from_str(&expected).expect("json"))
 }
 
@@ -80,13 +86,13 @@ fn cases(expected: &serde_json::Value) -> Vec<(Vec<u32>, Vec<u32>)> {
         .collect()
 }
 
-fn run_group(world: usize) -> Vec<(Vec<u32>, Vec<f32>)> {
+fn run_group(world: usize, options: CpuOptions, model: &'static str) -> Vec<(Vec<u32>, Vec<f32>)> {
     let name = ringbuf::unique_name(&format!("rs-tpshard{world}"));
     let handles: Vec<_> = (0..world)
         .map(|rank| {
             let name = name.clone();
             std::thread::spawn(move || {
-                let (config, ckpt, expected) = fixture();
+                let (config, ckpt, expected) = fixture_named(model);
                 let opts = CommOptions {
                     slot_floats: 1 << 12,
                     ..CommOptions::default()
@@ -102,7 +108,7 @@ fn run_group(world: usize) -> Vec<(Vec<u32>, Vec<f32>)> {
                     comm: Box::new(comm),
                 };
                 let mut backend =
-                    CpuBackend::new_sharded(&config, &ckpt, OPTIONS, Some(tp)).expect("backend");
+                    CpuBackend::new_sharded(&config, &ckpt, options, Some(tp)).expect("backend");
                 cases(&expected)
                     .iter()
                     .map(|(prompt, want)| greedy(&mut backend, prompt, want.len()))
@@ -122,7 +128,7 @@ fn run_group(world: usize) -> Vec<(Vec<u32>, Vec<f32>)> {
 fn check_world(world: usize) {
     let (config, ckpt, expected) = fixture();
     let mut solo = CpuBackend::new(&config, &ckpt, OPTIONS).expect("backend");
-    let group = run_group(world);
+    let group = run_group(world, OPTIONS, "tiny-llama");
     for ((prompt, want), (tokens, logits)) in cases(&expected).iter().zip(&group) {
         let (solo_tokens, solo_logits) = greedy(&mut solo, prompt, want.len());
         assert_eq!(
@@ -177,4 +183,65 @@ fn unsplittable_sizes_are_rejected() {
     };
     let err = CpuBackend::new_sharded(&config, &ckpt, OPTIONS, Some(tp)).expect_err("mismatch");
     assert!(matches!(err, BackendError::InvalidOptions(_)), "{err}");
+}
+
+/// FP8 shards: the weights are quantized whole and then split (every rank holds TP=1's scales), so
+/// TP=2 differs from TP=1 only where o_proj and down_proj quantize their inputs per token over a
+/// rank's half of the row instead of the whole row (as vLLM's FP8 shards do).
+#[test]
+fn fp8_tp2_stays_close_to_tp1() {
+    let (config, ckpt, expected) = fixture();
+    let fp8 = CpuOptions {
+        quantization: Some(crate::quant::Quantization::Fp8),
+        ..OPTIONS
+    };
+    let mut solo = CpuBackend::new(&config, &ckpt, fp8).expect("backend");
+    let group = run_group(2, fp8, "tiny-llama");
+    for ((prompt, want), (_, logits)) in cases(&expected).iter().zip(&group) {
+        let (_, solo_logits) = greedy(&mut solo, prompt, want.len());
+        let num: f64 = logits
+            .iter()
+            .zip(&solo_logits)
+            .map(|(a, b)| f64::from(a - b).powi(2))
+            .sum();
+        let den: f64 = solo_logits.iter().map(|b| f64::from(*b).powi(2)).sum();
+        let rel = (num / den).sqrt();
+        // A rank's half-row amax gives a different scale, so every code of those inputs may round
+        // differently: about FP8's own error (0.02–0.05 from f32 on this model); a mis-split
+        // weight or scale is off by the logits' own size.
+        eprintln!(
+            "FP8 TP=2 vs TP=1, prompt of {}: relative L2 {rel:.4}",
+            prompt.len()
+        );
+        assert!(
+            rel < 0.1,
+            "FP8 TP=2 vs TP=1, prompt of {}: relative L2 {rel}",
+            prompt.len()
+        );
+        assert!(rel > 0.0, "the row-parallel inputs are quantized per shard");
+    }
+}
+
+/// With static input scales (the llm-compressor FP8 fixture) a shard quantizes its inputs exactly as
+/// TP=1 does, so TP=2 must match TP=1 up to the all-reduce's summation order: this pins the split
+/// of FP8 weights and their scales.
+#[test]
+fn static_fp8_tp2_matches_tp1() {
+    let (config, ckpt, expected) = fixture_named("tiny-llama-fp8-static");
+    let mut solo = CpuBackend::new(&config, &ckpt, OPTIONS).expect("backend");
+    let group = run_group(2, OPTIONS, "tiny-llama-fp8-static");
+    for ((prompt, want), (tokens, logits)) in cases(&expected).iter().zip(&group) {
+        let (solo_tokens, solo_logits) = greedy(&mut solo, prompt, want.len());
+        let max_diff = logits
+            .iter()
+            .zip(&solo_logits)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            max_diff < 1e-4,
+            "prompt of {}: max diff {max_diff}",
+            prompt.len()
+        );
+        assert_eq!(tokens, &solo_tokens, "prompt of {}", prompt.len());
+    }
 }

@@ -23,11 +23,12 @@ use cudarc::driver::CudaGraph;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 
 use super::device::{Buf, DType, Gpu};
+use super::fp8::{Fp8Gemm, Fp8Linear, QuantRows, check_fp8_options, gemv_fp8, has_fp8, quant_rows};
 use super::lt::{LtGemm, TuneRecord};
 use super::ops::{self, AddRmsNorm, Attention, Linear, RopeKv, SampleRow};
 use super::step::{self, DECODE_SPLIT, HostStep, Limits};
 use super::tp::{CudaTp, DeviceGroup};
-use super::weights::{self, LayerWeights, Weights};
+use super::weights::{self, Fp8Layer, Fp8Scales, LayerWeights, Weights};
 use crate::backend::switches::{GemvChoice, KernelSwitches};
 use crate::backend::{Backend, BackendError, DeviceSampling, ForwardBatch, Logits};
 use crate::checkpoint::Checkpoint;
@@ -54,7 +55,7 @@ pub struct CudaOptions {
     pub batch_invariant: bool,
     /// Which kernels run where there is a choice.
     pub kernels: KernelSwitches,
-    /// `--quantization` (FP8 linear layers are not built for CUDA yet: a clear error).
+    /// `--quantization` (an FP8 checkpoint runs FP8 without it).
     pub quantization: Option<Quantization>,
 }
 
@@ -100,6 +101,10 @@ struct Workspace {
     sample_idx: Buf,
     part_o: Buf,
     part_ml: Buf,
+    /// FP8 linear layers: a product's input as E4M3 codes and its per-row scales (one element
+    /// each otherwise).
+    xq: Buf,
+    xs: Buf,
 }
 
 impl Workspace {
@@ -107,7 +112,7 @@ impl Workspace {
         gpu: &Gpu,
         cfg: &ModelConfig,
         dims: &LocalDims,
-        dt: DType,
+        (dt, fp8): (DType, bool),
         caps: Caps,
     ) -> Result<Self, BackendError> {
         // Whole GEMM blocks of rows, for batch-invariant mode's padding rows.
@@ -141,6 +146,8 @@ impl Workspace {
             sample_idx: gpu.alloc(DType::U32, s)?,
             part_o: gpu.alloc(DType::F32, s * dims.heads * caps.splits * cfg.head_dim)?,
             part_ml: gpu.alloc(DType::F32, s * dims.heads * caps.splits * 2)?,
+            xq: gpu.alloc(DType::U8, if fp8 { t * h.max(qd).max(inter) } else { 1 })?,
+            xs: gpu.alloc(DType::F32, if fp8 { t } else { 1 })?,
         })
     }
 }
@@ -151,6 +158,8 @@ struct LayerProducts<'a> {
     o: Linear<'a>,
     gate_up: Linear<'a>,
     down: Linear<'a>,
+    /// The products' FP8 scales (their weights are then E4M3 codes).
+    fp8: Option<&'a Fp8Layer>,
 }
 
 /// A captured decode step.
@@ -187,6 +196,9 @@ pub struct CudaBackend {
     /// Tuned cuBLASLt products (bf16, unless [`KernelSwitches::gemm_tune`] is off or in
     /// batch-invariant mode).
     lt: Option<LtGemm>,
+    /// With FP8 linear layers: cuBLASLt's FP8 product for steps of more than
+    /// [`kernels::GEMV_MAX_BATCH`] rows.
+    fp8_gemm: Option<Fp8Gemm>,
     /// Whether small-batch steps prefetch each layer's o_proj weights into L2 while RoPE and
     /// attention run ([`KernelSwitches::l2_prefetch`], where the device has it).
     l2_prefetch: bool,
@@ -242,16 +254,14 @@ impl CudaBackend {
     ) -> Result<Self, BackendError> {
         let shard = tp.as_ref().map_or(TpShard::SOLO, |t| t.shard);
         let quant = LinearQuant::resolve(opts.quantization, cfg.quantization.as_ref());
-        if quant != LinearQuant::None {
-            return Err(BackendError::InvalidOptions(format!(
-                "{}: the CUDA backend has no FP8 kernels yet; FP8 checkpoints and \
-                 --quantization fp8 run on --device cpu",
-                quant.describe()
-            )));
-        }
-        crate::quant::load::check_unquantized(ckpt, cfg)
-            .map_err(|e| BackendError::Weights(e.to_string()))?;
+        let fp8 = quant != LinearQuant::None;
         let dims = LocalDims::new(cfg, shard)?;
+        if fp8 {
+            check_fp8_options(cfg, &dims, opts, shard, &quant)?;
+        } else {
+            crate::quant::load::check_unquantized(ckpt, cfg)
+                .map_err(|e| BackendError::Weights(e.to_string()))?;
+        }
         if !matches!(opts.dtype, DType::F32 | DType::Bf16) {
             return Err(BackendError::InvalidOptions(format!(
                 "dtype {:?}",
@@ -278,6 +288,18 @@ impl CudaBackend {
             )));
         }
         let gpu = Gpu::new(opts.ordinal, &opts.kernels)?;
+        if fp8 && !has_fp8(gpu.capability) {
+            return Err(BackendError::InvalidOptions(format!(
+                "{}: FP8 tensor cores need compute capability 8.9 or later; GPU {} is {}.{}",
+                quant.describe(),
+                opts.ordinal,
+                gpu.capability.0,
+                gpu.capability.1
+            )));
+        }
+        if fp8 {
+            tracing::info!(quantization = %quant.describe(), "CUDA linear layers");
+        }
         tracing::info!(
             switches = %opts.kernels,
             prefill = gpu.prefill.name(),
@@ -286,7 +308,7 @@ impl CudaBackend {
         );
         let mut group = tp.map(|tp| DeviceGroup::new(&gpu, tp)).transpose()?;
         let samples = shard.rank == 0;
-        let weights = weights::upload(&gpu, cfg, ckpt, opts.dtype, &dims, samples)?;
+        let weights = weights::upload(&gpu, cfg, ckpt, (opts.dtype, &quant), &dims, samples)?;
         tracing::info!(
             gib = weights.copy.bytes as f64 / f64::from(1u32 << 30),
             seconds = weights.copy.seconds,
@@ -300,7 +322,7 @@ impl CudaBackend {
             stride: 64,
             splits: 32,
         };
-        let ws = Workspace::new(&gpu, cfg, &dims, opts.dtype, caps)?;
+        let ws = Workspace::new(&gpu, cfg, &dims, (opts.dtype, fp8), caps)?;
         let blas_ws = gpu.alloc(DType::U32, 8 << 20)?;
         // SAFETY: the handle is live; the 32 MiB workspace outlives it (both owned by the backend,
         // the buffer dropped after the handle's uses end). A fixed workspace keeps cuBLAS from
@@ -349,6 +371,7 @@ impl CudaBackend {
         let lt = (opts.dtype == DType::Bf16 && !opts.batch_invariant && opts.kernels.gemm_tune)
             .then(|| LtGemm::new(&gpu))
             .transpose()?;
+        let fp8_gemm = fp8.then(|| Fp8Gemm::new(&gpu)).transpose()?;
         Ok(Self {
             gpu,
             cfg: cfg.clone(),
@@ -368,6 +391,7 @@ impl CudaBackend {
             batch_invariant: opts.batch_invariant,
             gemv: opts.kernels.gemv,
             lt,
+            fp8_gemm,
             l2_prefetch: opts.dtype == DType::Bf16
                 && ops::has_l2_prefetch(capability)
                 && opts.kernels.l2_prefetch,
@@ -427,7 +451,8 @@ impl CudaBackend {
         };
         self.graphs.clear();
         self.gpu.sync()?;
-        self.ws = Workspace::new(&self.gpu, &self.cfg, &self.dims, self.dtype, caps)?;
+        let fp8 = self.fp8_gemm.is_some();
+        self.ws = Workspace::new(&self.gpu, &self.cfg, &self.dims, (self.dtype, fp8), caps)?;
         Ok(())
     }
 
@@ -492,6 +517,41 @@ impl CudaBackend {
         self.fuse_rope && self.uses_gemv(l) && ops::gemv_rope_fits(l, a)
     }
 
+    /// Runs a layer's product `l`: on the FP8 kernels when it has FP8 `scales` (the input
+    /// quantized per row first, or with its static scale), else as [`Self::linear`].
+    fn product(&self, l: &Linear<'_>, scales: Option<&Fp8Scales>) -> Result<(), BackendError> {
+        let Some(s) = scales else {
+            return self.linear(l);
+        };
+        let (g, ws) = (&self.gpu, &self.ws);
+        let quant = QuantRows {
+            x: l.x,
+            q: &ws.xq,
+            scales: &ws.xs,
+            m: l.m,
+            k: l.k,
+            static_scale: s.static_input.unwrap_or(0.0),
+        };
+        quant_rows(g, &quant)?;
+        let f = Fp8Linear {
+            x: &ws.xq,
+            x_scales: &ws.xs,
+            w: l.w,
+            w_scales: &s.rows,
+            y: l.y,
+            m: l.m,
+            n: l.n,
+            k: l.k,
+        };
+        match &self.fp8_gemm {
+            _ if l.m <= kernels::GEMV_MAX_BATCH && f.gemv_ok() => gemv_fp8(g, &f, 16),
+            Some(gemm) => gemm.run(g, &f),
+            None => Err(BackendError::InvalidOptions(
+                "FP8 weights in a backend built without FP8".into(),
+            )),
+        }
+    }
+
     fn linear(&self, l: &Linear<'_>) -> Result<(), BackendError> {
         if self.batch_invariant {
             ops::linear_chunked(&self.gpu, l, INVARIANT_CHUNK)
@@ -517,7 +577,11 @@ impl CudaBackend {
         if self.samples {
             products.extend(self.lm_product(m));
         }
-        for l in products.iter().filter(|l| !self.uses_gemv(l)) {
+        // FP8 products (E4M3 weights) run on their own kernels, never through the bf16 plans.
+        for l in products
+            .iter()
+            .filter(|l| !self.uses_gemv(l) && l.w.dtype() != DType::U8)
+        {
             lt.tune(&self.gpu, l)?;
         }
         Ok(())
@@ -561,6 +625,7 @@ impl CudaBackend {
                 n: h,
                 k: inter,
             },
+            fp8: w.fp8.as_ref(),
         }
     }
 
@@ -632,7 +697,7 @@ impl CudaBackend {
                 // SAFETY: as rope_kv_write's below.
                 unsafe { ops::gemv_rope_kv(g, &p.qkv, &rope) }?;
             } else {
-                self.linear(&p.qkv)?;
+                self.product(&p.qkv, p.fp8.map(|f| &f.qkv))?;
             }
             // o_proj's weights into L2 on a branch beside RoPE and attention (joined before o).
             let prefetch_o = self.l2_prefetch && n <= L2_PREFETCH_MAX_ROWS;
@@ -682,7 +747,7 @@ impl CudaBackend {
             if prefetch_o {
                 g.stream.join(&g.side)?;
             }
-            self.linear(&p.o)?;
+            self.product(&p.o, p.fp8.map(|f| &f.o))?;
             self.all_reduce(&ws.proj, n * h)?;
             ops::add_rmsnorm(
                 g,
@@ -696,9 +761,9 @@ impl CudaBackend {
                     eps,
                 },
             )?;
-            self.linear(&p.gate_up)?;
+            self.product(&p.gate_up, p.fp8.map(|f| &f.gate_up))?;
             ops::silu_mul(g, &ws.gate_up, &ws.act, (n, inter))?;
-            self.linear(&p.down)?;
+            self.product(&p.down, p.fp8.map(|f| &f.down))?;
             self.all_reduce(&ws.proj, n * h)?;
         }
         ops::add_rmsnorm(

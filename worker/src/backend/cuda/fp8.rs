@@ -11,10 +11,14 @@ use cudarc::cublaslt::{result as lt, sys as lt_sys};
 use cudarc::driver::PushKernelArg;
 use kernels::params::{Fp8QuantParams, GemvFp8Params};
 
+use super::backend::CudaOptions;
 use super::device::{Buf, DType, Gpu};
 use super::lt::LT_WORKSPACE_BYTES;
 use super::ops::{cfg, dim, int};
 use crate::backend::BackendError;
+use crate::config::ModelConfig;
+use crate::quant::LinearQuant;
+use crate::tp::{LocalDims, TpShard};
 
 /// Rows of weights per block of the FP8 GEMV kernels (`gemv_fp8_r<R>`).
 pub const GEMV_FP8_ROWS: &[usize] = &[16, 32];
@@ -407,4 +411,42 @@ impl Drop for Fp8Gemm {
         // SAFETY: the handle was created in new() and every plan using it is gone.
         let _ = unsafe { lt::destroy_handle(self.handle) };
     }
+}
+
+/// What FP8 linear layers need of the options and the model on CUDA (today: one rank, bf16, not
+/// batch-invariant, every product's `k` a multiple of 16 and `n` of 8).
+pub(super) fn check_fp8_options(
+    cfg: &ModelConfig,
+    dims: &LocalDims,
+    opts: &CudaOptions,
+    shard: TpShard,
+    quant: &LinearQuant,
+) -> Result<(), BackendError> {
+    let what = quant.describe();
+    let refuse = |why: String| Err(BackendError::InvalidOptions(format!("{what}: {why}")));
+    if opts.dtype != DType::Bf16 {
+        return refuse("FP8 linear layers compute in bfloat16 (--dtype bfloat16)".into());
+    }
+    if opts.batch_invariant {
+        return refuse("--batch-invariant is not available with FP8 yet".into());
+    }
+    if shard.world > 1 {
+        return refuse("FP8 with tensor parallelism runs on --device cpu only so far".into());
+    }
+    let h = cfg.hidden_size;
+    let shapes = [
+        ("q/k/v", dims.q_dim + 2 * dims.kv_dim, h),
+        ("o", h, dims.q_dim),
+        ("gate/up", 2 * dims.inter, h),
+        ("down", h, dims.inter),
+    ];
+    for (name, n, k) in shapes {
+        if !k.is_multiple_of(16) || !n.is_multiple_of(8) {
+            return refuse(format!(
+                "the {name} product ({n} × {k}) needs its input width a multiple of 16 and its \
+                 output width a multiple of 8"
+            ));
+        }
+    }
+    Ok(())
 }

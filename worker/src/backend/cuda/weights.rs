@@ -13,12 +13,31 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 use super::device::{Buf, DType, Gpu};
+use super::fp8::{QuantRows, quant_rows};
 use super::staging::{CopyStats, Staging};
 use crate::backend::BackendError;
 use crate::checkpoint::names::{self, layer, layer_tensor};
 use crate::checkpoint::{Checkpoint, Dtype as StoredDtype, TensorView};
 use crate::config::ModelConfig;
+use crate::quant::LinearQuant;
+use crate::quant::load::{InputQuant, fused_input, stored_fp8_layer};
 use crate::tp::LocalDims;
+
+/// An FP8 linear layer's scales on the device; its weight buffer then holds E4M3 codes (U8).
+pub struct Fp8Scales {
+    /// F32 `[n]`: one per output row.
+    pub rows: Buf,
+    /// The input's static scale; `None`: per-token dynamic.
+    pub static_input: Option<f32>,
+}
+
+/// The scales of a layer's four FP8 products.
+pub struct Fp8Layer {
+    pub qkv: Fp8Scales,
+    pub o: Fp8Scales,
+    pub gate_up: Fp8Scales,
+    pub down: Fp8Scales,
+}
 
 /// One decoder layer on the device (HF `[out, in]` layout).
 pub struct LayerWeights {
@@ -31,6 +50,8 @@ pub struct LayerWeights {
     /// `[2 intermediate, hidden]`: gate rows then up rows.
     pub gate_up: Buf,
     pub down: Buf,
+    /// With FP8 linear layers: their scales (`qkv`, `o`, `gate_up`, `down` are E4M3 codes).
+    pub fp8: Option<Fp8Layer>,
 }
 
 /// The whole model (or this rank's share of it) on the device.
@@ -170,8 +191,16 @@ fn upload_stacked(
     for (stored, bytes, numel) in &pieces {
         let same = matches!(
             (stored, dtype),
-            (StoredDtype::BF16, DType::Bf16) | (StoredDtype::F32, DType::F32)
+            (StoredDtype::BF16, DType::Bf16)
+                | (StoredDtype::F32, DType::F32)
+                | (StoredDtype::F8E4M3, DType::U8)
         );
+        if (*stored == StoredDtype::F8E4M3) != (dtype == DType::U8) {
+            return Err(BackendError::Weights(format!(
+                "{}: {stored:?} weights cannot be uploaded as {dtype:?}",
+                parts[0].0
+            )));
+        }
         if same {
             staging.write(gpu, &mut buf, offset, bytes)?;
         } else {
@@ -182,13 +211,89 @@ fn upload_stacked(
     Ok(buf)
 }
 
+/// One linear product's weights (its parts stacked) of `n` rows × `k`, as `quant` asks: `dtype`
+/// values, or E4M3 codes with their row scales — the checkpoint's own, or quantized here on the
+/// device from bf16, row by row with the kernel that quantizes activations (the CPU reference's
+/// arithmetic, bit for bit).
+fn upload_product(
+    gpu: &Gpu,
+    staging: &mut Staging,
+    ckpt: &Checkpoint,
+    parts: &[(String, Part)],
+    (dtype, quant): (DType, &LinearQuant),
+    (n, k): (usize, usize),
+) -> Result<(Buf, Option<Fp8Scales>), BackendError> {
+    match quant {
+        LinearQuant::None => Ok((upload_stacked(gpu, staging, ckpt, parts, dtype)?, None)),
+        LinearQuant::Fp8 { stored: None } => {
+            let dense = upload_stacked(gpu, staging, ckpt, parts, DType::Bf16)?;
+            let (codes, rows) = (gpu.alloc(DType::U8, n * k)?, gpu.alloc(DType::F32, n)?);
+            let q = QuantRows {
+                x: &dense,
+                q: &codes,
+                scales: &rows,
+                m: n,
+                k,
+                static_scale: 0.0,
+            };
+            quant_rows(gpu, &q)?;
+            // The bf16 copy is freed in stream order after the kernel that reads it.
+            drop(dense);
+            let scales = Fp8Scales {
+                rows,
+                static_input: None,
+            };
+            Ok((codes, Some(scales)))
+        }
+        LinearQuant::Fp8 {
+            stored: Some(stored),
+        } => {
+            let codes = upload_stacked(gpu, staging, ckpt, parts, DType::U8)?;
+            let mut row_scales = Vec::with_capacity(n);
+            let mut inputs = Vec::with_capacity(parts.len());
+            for (name, part) in parts {
+                let layer = stored_fp8_layer(ckpt, name, stored)
+                    .map_err(weights_err)?
+                    .ok_or_else(|| {
+                        BackendError::Weights(format!(
+                            "{name}: unquantized layers inside an FP8 checkpoint (its `ignore` \
+                             list) run on the CPU backend only so far"
+                        ))
+                    })?;
+                match part {
+                    Part::Rows(r) => row_scales.extend_from_slice(&layer.row_scales[r.clone()]),
+                    Part::All | Part::Cols(_) => row_scales.extend_from_slice(&layer.row_scales),
+                }
+                inputs.push((name.as_str(), Some(layer.input)));
+            }
+            if row_scales.len() != n {
+                return Err(BackendError::Weights(format!(
+                    "{}: {} row scales for {n} rows",
+                    parts[0].0,
+                    row_scales.len()
+                )));
+            }
+            let static_input = match fused_input(ckpt, &inputs).map_err(weights_err)? {
+                Some(InputQuant::Static(s)) => Some(s),
+                _ => None,
+            };
+            let scales = Fp8Scales {
+                rows: gpu.upload_f32(&row_scales, DType::F32)?,
+                static_input,
+            };
+            Ok((codes, Some(scales)))
+        }
+    }
+}
+
 /// Validates the checkpoint against `config` and uploads this rank's share (`dims`) of every
-/// weight as `dtype`; the output projection only when `lm_head` (rank 0, which samples).
+/// weight as `dtype` (the decoder linears as `quant` says); the output projection only when
+/// `lm_head` (rank 0, which samples).
 pub fn upload(
     gpu: &Gpu,
     config: &ModelConfig,
     ckpt: &Checkpoint,
-    dtype: DType,
+    (dtype, quant): (DType, &LinearQuant),
     dims: &LocalDims,
     lm_head: bool,
 ) -> Result<Weights, BackendError> {
@@ -209,25 +314,52 @@ pub fn upload(
                 (t(v), Part::Rows(kv_rows.clone())),
             ]
         };
+        let h = config.hidden_size;
+        let mut product = |parts: Vec<(String, Part)>, nk: (usize, usize)| {
+            upload_product(gpu, st, ckpt, &parts, (dtype, quant), nk)
+        };
+        let (qkv, qkv_s) = product(
+            qkv_parts(layer::Q_PROJ, layer::K_PROJ, layer::V_PROJ),
+            (dims.q_dim + 2 * dims.kv_dim, h),
+        )?;
+        let (o, o_s) = product(
+            vec![(t(layer::O_PROJ), Part::Cols(q_rows.clone()))],
+            (h, dims.q_dim),
+        )?;
+        let (gate_up, gate_up_s) = product(
+            vec![
+                (t(layer::GATE_PROJ), Part::Rows(dims.inter_range.clone())),
+                (t(layer::UP_PROJ), Part::Rows(dims.inter_range.clone())),
+            ],
+            (2 * dims.inter, h),
+        )?;
+        let (down, down_s) = product(
+            vec![(t(layer::DOWN_PROJ), Part::Cols(dims.inter_range.clone()))],
+            (h, dims.inter),
+        )?;
+        let fp8 = match (qkv_s, o_s, gate_up_s, down_s) {
+            (Some(qkv), Some(o), Some(gate_up), Some(down)) => Some(Fp8Layer {
+                qkv,
+                o,
+                gate_up,
+                down,
+            }),
+            _ => None,
+        };
         let mut up = |parts: Vec<(String, Part)>| upload_stacked(gpu, st, ckpt, &parts, dtype);
         layers.push(LayerWeights {
             input_norm: up(whole(t(layer::INPUT_NORM)))?,
             post_norm: up(whole(t(layer::POST_ATTENTION_NORM)))?,
-            qkv: up(qkv_parts(layer::Q_PROJ, layer::K_PROJ, layer::V_PROJ))?,
+            qkv,
             qkv_bias: if config.qkv_bias {
                 Some(up(qkv_parts(layer::Q_BIAS, layer::K_BIAS, layer::V_BIAS))?)
             } else {
                 None
             },
-            o: up(vec![(t(layer::O_PROJ), Part::Cols(q_rows.clone()))])?,
-            gate_up: up(vec![
-                (t(layer::GATE_PROJ), Part::Rows(dims.inter_range.clone())),
-                (t(layer::UP_PROJ), Part::Rows(dims.inter_range.clone())),
-            ])?,
-            down: up(vec![(
-                t(layer::DOWN_PROJ),
-                Part::Cols(dims.inter_range.clone()),
-            )])?,
+            o,
+            gate_up,
+            down,
+            fp8,
         });
     }
     let mut one = |name: &str| upload_stacked(gpu, st, ckpt, &whole(name.to_string()), dtype);
@@ -248,7 +380,13 @@ pub fn upload(
             + l.qkv_bias.as_ref().map_or(0, Buf::bytes)
             + l.o.bytes()
             + l.gate_up.bytes()
-            + l.down.bytes();
+            + l.down.bytes()
+            + l.fp8.as_ref().map_or(0, |f| {
+                [&f.qkv, &f.o, &f.gate_up, &f.down]
+                    .iter()
+                    .map(|s| s.rows.bytes())
+                    .sum()
+            });
     }
     Ok(Weights {
         embed,

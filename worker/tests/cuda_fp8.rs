@@ -1,0 +1,202 @@
+//! FP8 linear layers on the CUDA backend against the CPU reference, on the tiny FP8 fixtures
+//! (`scripts/make_fp8_checkpoint.py`) and on tiny-llama with `--quantization fp8`: last-position
+//! logits close to the CPU's FP8 logits, greedy tokens run and compared (reported, not asserted:
+//! random weights) with CUDA graphs and without, and
+//! the options FP8 cannot run with refused by name.
+//!
+//! Run on a GPU machine: `cargo test --release --features cuda --test cuda_fp8 --
+//! --include-ignored` (set `FIXTURES_DIR` when the fixtures are not at their source path).
+#![cfg(feature = "cuda")]
+
+use std::path::PathBuf;
+
+use worker::backend::cpu::{CpuBackend, CpuOptions};
+use worker::backend::cuda::{CudaBackend, CudaOptions, DType};
+use worker::backend::switches::KernelSwitches;
+use worker::backend::{Backend, ForwardBatch, SeqInput};
+use worker::checkpoint::Checkpoint;
+use worker::engine::{Engine, EngineConfig};
+use worker::kv::SeqId;
+use worker::quant::Quantization;
+use worker::request::Request;
+use worker::sampler::SamplingParams;
+
+fn fixture(name: &str) -> PathBuf {
+    std::env::var_os("FIXTURES_DIR")
+        .map_or_else(
+            || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures"),
+            PathBuf::from,
+        )
+        .join(name)
+}
+
+fn prompts() -> Vec<Vec<u32>> {
+    let text = std::fs::read_to_string(fixture("tiny-llama/expected.json")).expect("expected");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+    v["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .map(|c| {
+            c["prompt"]
+                .as_array()
+                .expect("prompt")
+                .iter()
+                .map(|t| t.as_u64().expect("id") as u32)
+                .collect()
+        })
+        .collect()
+}
+
+fn cuda_options(eager: bool, quantization: Option<Quantization>) -> CudaOptions {
+    CudaOptions {
+        ordinal: 0,
+        dtype: DType::Bf16,
+        block_size: 16,
+        num_kv_blocks: Some(64),
+        gpu_memory_utilization: 0.9,
+        enforce_eager: eager,
+        max_batch_tokens: 512,
+        batch_invariant: false,
+        kernels: KernelSwitches::default(),
+        quantization,
+    }
+}
+
+fn last_logits(b: &mut dyn Backend, prompt: &[u32]) -> Vec<f32> {
+    let positions: Vec<u32> = (0..prompt.len() as u32).collect();
+    let table: Vec<u32> = (1..=prompt.len().div_ceil(16) as u32).collect();
+    let seqs = [SeqInput {
+        query_start: 0,
+        query_len: prompt.len(),
+        context_len: prompt.len(),
+        block_table: &table,
+        sample: true,
+    }];
+    let batch = ForwardBatch {
+        token_ids: prompt,
+        positions: &positions,
+        seqs: &seqs,
+    };
+    b.forward(&batch).expect("forward").data
+}
+
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
+    (num / den).sqrt()
+}
+
+/// 24 greedy tokens of every prompt, all batched together.
+fn greedy(backend: Box<dyn Backend>, config: &worker::config::ModelConfig) -> Vec<Vec<u32>> {
+    let mut engine = Engine::new(backend, config, EngineConfig::default()).expect("engine");
+    let prompts = prompts();
+    for (i, p) in prompts.iter().enumerate() {
+        let mut req = Request::new(SeqId(i as u64), p.clone(), 24);
+        req.params = SamplingParams::greedy();
+        req.ignore_eos = true;
+        engine.add_request(req).expect("request");
+    }
+    let mut out = vec![Vec::new(); prompts.len()];
+    while engine.has_unfinished() {
+        for ev in engine.step().expect("step") {
+            out[ev.id.0 as usize].push(ev.token);
+        }
+    }
+    out
+}
+
+fn cpu(
+    name: &str,
+    quantization: Option<Quantization>,
+) -> (CpuBackend, worker::config::ModelConfig) {
+    let (config, ckpt) = Checkpoint::load(&fixture(name)).expect("fixture");
+    let opts = CpuOptions {
+        block_size: 16,
+        num_kv_blocks: 64,
+        quantization,
+    };
+    (CpuBackend::new(&config, &ckpt, opts).expect("cpu"), config)
+}
+
+fn cuda(name: &str, eager: bool, quantization: Option<Quantization>) -> CudaBackend {
+    let (config, ckpt) = Checkpoint::load(&fixture(name)).expect("fixture");
+    CudaBackend::new(&config, &ckpt, &cuda_options(eager, quantization))
+        .unwrap_or_else(|e| panic!("CUDA backend on {name}: {e}"))
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn fp8_on_cuda_matches_the_cpu_reference() {
+    let cases = [
+        ("tiny-llama-fp8-dynamic", None),
+        ("tiny-llama-fp8-static", None),
+        ("tiny-llama-autofp8", None),
+        ("tiny-llama", Some(Quantization::Fp8)),
+    ];
+    // The noise floor: the unquantized bf16 CUDA path against the f32 CPU backend, per prompt.
+    let floor: Vec<f64> = {
+        let (mut reference, _) = cpu("tiny-llama", None);
+        let mut gpu = cuda("tiny-llama", true, None);
+        prompts()
+            .iter()
+            .map(|p| rel_l2(&last_logits(&mut gpu, p), &last_logits(&mut reference, p)))
+            .collect()
+    };
+    for (name, q) in cases {
+        let (mut reference, config) = cpu(name, q);
+        let mut gpu = cuda(name, true, q);
+        for (p, floor) in prompts().iter().zip(&floor) {
+            let want = last_logits(&mut reference, p);
+            let got = last_logits(&mut gpu, p);
+            let e = rel_l2(&got, &want);
+            eprintln!(
+                "{name}: prompt of {}: CUDA FP8 vs CPU FP8 relative L2 {e:.4} (bf16 CUDA vs f32 CPU: {floor:.4})",
+                p.len()
+            );
+            // The CUDA path computes activations in bf16 (the CPU in f32), so their FP8 codes
+            // differ now and then (about as far as FP8 is from f32 on this model: 0.02–0.05,
+            // docs/quantization.md); a wrong scale or layout is off by the logits' own size.
+            assert!(e < 0.1, "{name}: relative L2 {e}");
+        }
+        let want = greedy(Box::new(reference), &config);
+        for eager in [true, false] {
+            let got = greedy(Box::new(cuda(name, eager, q)), &config);
+            let same: usize = got
+                .iter()
+                .zip(&want)
+                .map(|(g, w)| g.iter().zip(w).take_while(|(a, b)| a == b).count())
+                .sum();
+            eprintln!(
+                "{name} (graphs: {}): {same} of {} greedy tokens equal the CPU's before the first difference",
+                !eager,
+                want.len() * 24
+            );
+            // Not asserted: tiny-llama's random weights leave top-1/top-2 gaps (≥ 1.3e-3) far
+            // below the noise of FP8 codes of bf16 against f32 activations (the logits above).
+            assert_eq!(got.len(), want.len());
+        }
+    }
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn fp8_refuses_what_it_cannot_run() {
+    let (config, ckpt) = Checkpoint::load(&fixture("tiny-llama-fp8-dynamic")).expect("fixture");
+    let f32_opts = CudaOptions {
+        dtype: DType::F32,
+        ..cuda_options(true, None)
+    };
+    let err = CudaBackend::new(&config, &ckpt, &f32_opts)
+        .err()
+        .expect("f32 refused");
+    assert!(err.to_string().contains("--dtype bfloat16"), "{err}");
+    let invariant = CudaOptions {
+        batch_invariant: true,
+        ..cuda_options(true, None)
+    };
+    let err = CudaBackend::new(&config, &ckpt, &invariant)
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("--batch-invariant"), "{err}");
+}
