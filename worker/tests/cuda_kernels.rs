@@ -1298,11 +1298,11 @@ fn gemv_fp8_matches_cpu() {
             );
             let b = bits(&got);
             if let Some(f) = &first {
-                assert_eq!(f, &b, "r16 and r32 differ: m{m} n{n} k{k}");
+                assert_eq!(f, &b, "block heights differ: m{m} n{n} k{k}");
             }
             first = Some(b);
         }
-        eprintln!("gemv_fp8 m{m} n{n} k{k}: within bf16 rounding, r16 = r32 bit for bit");
+        eprintln!("gemv_fp8 m{m} n{n} k{k}: within bf16 rounding, every block height bit for bit");
     }
 }
 
