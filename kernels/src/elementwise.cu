@@ -32,14 +32,22 @@ template <typename T> __device__ __forceinline__ void store16(T* p, const float*
 
 // residual[i] += delta[i] (rounded to T, as the model keeps its residual stream in T), then
 // out[i] = rmsnorm(residual[i]) * weight. delta may be null (first layer). Grid: one block per row.
+// With q (bf16, vector path only; the host wrapper checks), out's row is also quantized to E4M3 as
+// quant_fp8_rows_bf16 quantizes it (fp8.cu): the same scale from the same bf16 values (or
+// static_scale when positive) into scales[row], the same codes into q.
 // Where a row is whole 16-byte chunks and at most NORM_CHUNKS of them per thread (hidden 4096 in
 // bf16: 512 threads, one chunk each), every load of the row, the delta and the weight is issued
 // before any store (one memory round trip before the reduction, none after it) and the row stays
 // in registers; else a scalar loop (whose stores to the residual serialise its loads).
+__device__ __forceinline__ unsigned char fp8_code(float v);
+#define FP8_MAX 448.0f
+#define FP8_MIN_SCALE (1.0f / (448.0f * 512.0f))
+
 template <typename T>
 __device__ void add_rmsnorm_impl(T* __restrict__ residual, const T* __restrict__ delta,
                                  const T* __restrict__ weight, T* __restrict__ out, int hidden,
-                                 float eps) {
+                                 float eps, unsigned char* __restrict__ q = nullptr,
+                                 float* __restrict__ qscales = nullptr, float static_scale = 0.f) {
     __shared__ float red[32];
     constexpr int V = vec16<T>();
     T* res = residual + (size_t)blockIdx.x * hidden;
@@ -76,6 +84,7 @@ __device__ void add_rmsnorm_impl(T* __restrict__ residual, const T* __restrict__
         }
         ss = block_sum(ss, red);
         const float scale = rsqrtf(ss / (float)hidden + eps);
+        float amax = 0.f;
 #pragma unroll
         for (int c = 0; c < NORM_CHUNKS; c++) {
             const int i = (c * blockDim.x + threadIdx.x) * V;
@@ -85,7 +94,31 @@ __device__ void add_rmsnorm_impl(T* __restrict__ residual, const T* __restrict__
             unpack16(wt[c], w, T());
 #pragma unroll
             for (int e = 0; e < V; e++) v[e] = v[e] * scale * w[e];
-            store16(o + i, v);
+            row[c] = pack16<T>(v); // the row is not needed again: keep the stored values
+            *(uint4*)(o + i) = row[c];
+            if (q) {
+                unpack16(row[c], v, T());
+#pragma unroll
+                for (int e = 0; e < V; e++) amax = fmaxf(amax, fabsf(v[e]));
+            }
+        }
+        if (q) {
+            float s = static_scale;
+            if (!(s > 0.f)) s = fmaxf(block_max(amax, red) / FP8_MAX, FP8_MIN_SCALE);
+            if (threadIdx.x == 0) qscales[blockIdx.x] = s;
+            unsigned char* qr = q + (size_t)blockIdx.x * hidden;
+#pragma unroll
+            for (int c = 0; c < NORM_CHUNKS; c++) {
+                const int i = (c * blockDim.x + threadIdx.x) * V;
+                if (i >= hidden) break;
+                float v[V];
+                unpack16(row[c], v, T());
+                unsigned char b[V];
+#pragma unroll
+                for (int e = 0; e < V; e++) b[e] = fp8_code(v[e] / s);
+#pragma unroll
+                for (int e = 0; e < V; e++) qr[i + e] = b[e];
+            }
         }
         return;
     }
@@ -149,6 +182,12 @@ __device__ void cast_impl(const Ti* in, To* out, u64 n) {
     }
 ELEMENTWISE(float, f32)
 ELEMENTWISE(bf16, bf16)
+
+extern "C" __global__ void add_rmsnorm_fp8_bf16(bf16* residual, const bf16* delta, const bf16* weight,
+                                                 bf16* out, unsigned char* q, float* scales, int hidden,
+                                                 float eps, float static_scale) {
+    add_rmsnorm_impl<bf16>(residual, delta, weight, out, hidden, eps, q, scales, static_scale);
+}
 
 extern "C" __global__ void cast_f32_bf16(const float* in, bf16* out, u64 n) { cast_impl(in, out, n); }
 extern "C" __global__ void cast_bf16_f32(const bf16* in, float* out, u64 n) { cast_impl(in, out, n); }

@@ -17,10 +17,8 @@
 // As in gemv.cu, y[b, n] does not depend on the batch size or the variant.
 #include <cuda_fp8.h>
 
-#define FP8_MAX 448.0f
-#define FP8_MIN_SCALE (1.0f / (448.0f * 512.0f))
-
-// The nearest E4M3 code (ties to even), saturated at +-448.
+// The nearest E4M3 code (ties to even), saturated at +-448 (declared, with FP8_MAX and
+// FP8_MIN_SCALE, in elementwise.cu, whose add_rmsnorm_fp8_bf16 quantizes its output the same way).
 __device__ __forceinline__ unsigned char fp8_code(float v) {
     return (unsigned char)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
 }

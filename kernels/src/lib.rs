@@ -58,6 +58,7 @@ pub const KERNELS: &[&str] = &[
     "embedding_bf16",
     "add_rmsnorm_f32",
     "add_rmsnorm_bf16",
+    "add_rmsnorm_fp8_bf16",
     "silu_mul_f32",
     "silu_mul_bf16",
     "cast_f32_bf16",

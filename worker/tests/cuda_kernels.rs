@@ -134,6 +134,7 @@ fn add_rmsnorm_matches_cpu() {
                     rows,
                     hidden,
                     eps: 1e-5,
+                    fp8: None,
                 },
             )
             .unwrap();
@@ -172,6 +173,53 @@ fn add_rmsnorm_matches_cpu() {
                 (1e-3, 8e-3)
             };
             assert_close("rmsnorm", &g.download_f32(&out).unwrap(), &want, abs, rel);
+            if !AddRmsNorm::fuses_fp8(hidden, dt) {
+                continue;
+            }
+            // Again from the same residual, also quantizing the output for an FP8 product: the
+            // same output bits, and the codes and scales the CPU quantizer gives that output.
+            let normed = g.download_f32(&out).unwrap();
+            let rb2 = g.upload_f32(&res, dt).unwrap();
+            let out2 = g.alloc(dt, rows * hidden).unwrap();
+            let codes = g.alloc(DType::U8, rows * hidden).unwrap();
+            let scales = g.alloc(DType::F32, rows).unwrap();
+            for static_scale in [0.0f32, 0.02] {
+                ops::add_rmsnorm(
+                    &g,
+                    &AddRmsNorm {
+                        residual: &rb2,
+                        delta: with_delta.then_some(&db),
+                        weight: &wb,
+                        out: &out2,
+                        rows,
+                        hidden,
+                        eps: 1e-5,
+                        fp8: Some(ops::NormFp8 {
+                            q: &codes,
+                            scales: &scales,
+                            static_scale,
+                        }),
+                    },
+                )
+                .unwrap();
+                // Only the first launch adds delta to the fresh copy of the residual.
+                if static_scale == 0.0 {
+                    assert_eq!(bits(&g.download_f32(&out2).unwrap()), bits(&normed));
+                    let (want_q, want_s) = fp8_reference(&normed, hidden);
+                    assert_eq!(g.download_f32(&scales).unwrap(), want_s, "{hidden}: scales");
+                    assert_eq!(g.download_bytes(&codes, rows * hidden).unwrap(), want_q);
+                } else {
+                    let got = g.download_bytes(&codes, rows * hidden).unwrap();
+                    let want: Vec<u8> = g
+                        .download_f32(&out2)
+                        .unwrap()
+                        .iter()
+                        .map(|&v| worker::quant::fp8::quantize(v, static_scale))
+                        .collect();
+                    assert_eq!(got, want, "{hidden}: static codes");
+                }
+            }
+            eprintln!("add_rmsnorm + fp8 rows {rows} hidden {hidden}: codes equal the CPU's");
         }
     }
 }

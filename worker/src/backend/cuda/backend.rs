@@ -25,7 +25,7 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use super::device::{Buf, DType, Gpu};
 use super::fp8::{Fp8Gemm, Fp8Linear, QuantRows, check_fp8_options, gemv_fp8, has_fp8, quant_rows};
 use super::lt::{LtGemm, TuneRecord};
-use super::ops::{self, AddRmsNorm, Attention, Linear, RopeKv, SampleRow};
+use super::ops::{self, AddRmsNorm, Attention, Linear, NormFp8, RopeKv, SampleRow};
 use super::step::{self, DECODE_SPLIT, HostStep, Limits};
 use super::tp::{CudaTp, DeviceGroup};
 use super::weights::{self, Fp8Layer, Fp8Scales, LayerWeights, Weights};
@@ -517,22 +517,31 @@ impl CudaBackend {
         self.fuse_rope && self.uses_gemv(l) && ops::gemv_rope_fits(l, a)
     }
 
-    /// Runs a layer's product `l`: on the FP8 kernels when it has FP8 `scales` (the input
-    /// quantized per row first, or with its static scale), else as [`Self::linear`].
-    fn product(&self, l: &Linear<'_>, scales: Option<&Fp8Scales>) -> Result<(), BackendError> {
+    /// Runs a layer's product `l`: on the FP8 kernels when it has FP8 `scales`, its input
+    /// quantized per row (or with its static scale) into the workspace first — unless `quantized`,
+    /// when the norm that wrote `l.x` already put its codes and scales there — else as
+    /// [`Self::linear`].
+    fn product(
+        &self,
+        l: &Linear<'_>,
+        scales: Option<&Fp8Scales>,
+        quantized: bool,
+    ) -> Result<(), BackendError> {
         let Some(s) = scales else {
             return self.linear(l);
         };
         let (g, ws) = (&self.gpu, &self.ws);
-        let quant = QuantRows {
-            x: l.x,
-            q: &ws.xq,
-            scales: &ws.xs,
-            m: l.m,
-            k: l.k,
-            static_scale: s.static_input.unwrap_or(0.0),
-        };
-        quant_rows(g, &quant)?;
+        if !quantized {
+            let quant = QuantRows {
+                x: l.x,
+                q: &ws.xq,
+                scales: &ws.xs,
+                m: l.m,
+                k: l.k,
+                static_scale: s.static_input.unwrap_or(0.0),
+            };
+            quant_rows(g, &quant)?;
+        }
         let f = Fp8Linear {
             x: &ws.xq,
             x_scales: &ws.xs,
@@ -663,7 +672,17 @@ impl CudaBackend {
         let eps = cfg.rms_norm_eps;
         // SAFETY: step::build checked every id < vocab.
         unsafe { ops::embedding(g, &ws.x, &self.weights.embed, &ws.ids, (n, h)) }?;
+        // The norms before q/k/v and gate/up also quantize their output for an FP8 product.
+        let fused_quant = AddRmsNorm::fuses_fp8(h, self.dtype);
+        let norm_fp8 = |s: Option<&'_ Fp8Scales>| {
+            s.filter(|_| fused_quant).map(|s| NormFp8 {
+                q: &ws.xq,
+                scales: &ws.xs,
+                static_scale: s.static_input.unwrap_or(0.0),
+            })
+        };
         for (l, w) in self.weights.layers.iter().enumerate() {
+            let fp8 = w.fp8.as_ref();
             ops::add_rmsnorm(
                 g,
                 &AddRmsNorm {
@@ -674,6 +693,7 @@ impl CudaBackend {
                     rows: n,
                     hidden: h,
                     eps,
+                    fp8: norm_fp8(fp8.map(|f| &f.qkv)),
                 },
             )?;
             let p = self.layer_products(w, n);
@@ -697,7 +717,7 @@ impl CudaBackend {
                 // SAFETY: as rope_kv_write's below.
                 unsafe { ops::gemv_rope_kv(g, &p.qkv, &rope) }?;
             } else {
-                self.product(&p.qkv, p.fp8.map(|f| &f.qkv))?;
+                self.product(&p.qkv, p.fp8.map(|f| &f.qkv), fused_quant)?;
             }
             // o_proj's weights into L2 on a branch beside RoPE and attention (joined before o).
             let prefetch_o = self.l2_prefetch && n <= L2_PREFETCH_MAX_ROWS;
@@ -747,7 +767,7 @@ impl CudaBackend {
             if prefetch_o {
                 g.stream.join(&g.side)?;
             }
-            self.product(&p.o, p.fp8.map(|f| &f.o))?;
+            self.product(&p.o, p.fp8.map(|f| &f.o), false)?;
             self.all_reduce(&ws.proj, n * h)?;
             ops::add_rmsnorm(
                 g,
@@ -759,11 +779,12 @@ impl CudaBackend {
                     rows: n,
                     hidden: h,
                     eps,
+                    fp8: norm_fp8(fp8.map(|f| &f.gate_up)),
                 },
             )?;
-            self.product(&p.gate_up, p.fp8.map(|f| &f.gate_up))?;
+            self.product(&p.gate_up, p.fp8.map(|f| &f.gate_up), fused_quant)?;
             ops::silu_mul(g, &ws.gate_up, &ws.act, (n, inter))?;
-            self.product(&p.down, p.fp8.map(|f| &f.down))?;
+            self.product(&p.down, p.fp8.map(|f| &f.down), false)?;
             self.all_reduce(&ws.proj, n * h)?;
         }
         ops::add_rmsnorm(
@@ -776,6 +797,7 @@ impl CudaBackend {
                 rows: n,
                 hidden: h,
                 eps,
+                fp8: None,
             },
         )?;
         if d.rows == 0 {

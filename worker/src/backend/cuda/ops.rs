@@ -81,6 +81,37 @@ pub struct AddRmsNorm<'a> {
     pub rows: usize,
     pub hidden: usize,
     pub eps: f32,
+    /// Also quantize `out` for an FP8 product, as `fp8::quant_rows` would (bf16 rows that take the
+    /// kernel's vector path only: see [`AddRmsNorm::fuses_fp8`]).
+    pub fp8: Option<NormFp8<'a>>,
+}
+
+/// Where [`add_rmsnorm`] writes its output's E4M3 codes and row scales.
+#[derive(Clone, Copy)]
+pub struct NormFp8<'a> {
+    /// U8 `[rows, hidden]`.
+    pub q: &'a Buf,
+    /// F32 `[rows]`.
+    pub scales: &'a Buf,
+    /// `> 0`: this scale for every row; `0.0`: each row's own.
+    pub static_scale: f32,
+}
+
+/// Threads of an `add_rmsnorm` launch over rows of `hidden` elements of `dt`, and whether the
+/// kernel takes its vector path (the row whole 16-byte chunks, at most 4 a thread).
+fn norm_threads(hidden: usize, dt: DType) -> (u32, bool) {
+    let vec = 16 / dt.size();
+    let per_thread = if hidden.is_multiple_of(vec) { vec } else { 4 };
+    let threads = (hidden.div_ceil(per_thread).div_ceil(32) * 32).clamp(32, 1024);
+    let vector = hidden.is_multiple_of(vec) && hidden <= 4 * vec * threads;
+    (threads as u32, vector)
+}
+
+impl AddRmsNorm<'_> {
+    /// Whether this norm can also quantize its output (bf16 rows on the vector path).
+    pub fn fuses_fp8(hidden: usize, dt: DType) -> bool {
+        dt == DType::Bf16 && norm_threads(hidden, dt).1
+    }
 }
 
 /// `residual += delta; out = rmsnorm(residual) * weight`, row by row.
@@ -101,25 +132,46 @@ pub fn add_rmsnorm(gpu: &Gpu, a: &AddRmsNorm<'_>) -> Result<(), BackendError> {
     if a.rows == 0 {
         return Ok(());
     }
-    let f = gpu.func(&format!("add_rmsnorm_{}", dt.suffix()))?;
     let delta = a.delta.map_or(0u64, |d| d.ptr());
     let hidden = int(a.hidden, "hidden")?;
     // One 16-byte chunk a thread where the row is whole chunks (the kernel's vector path).
-    let per_thread = if a.hidden.is_multiple_of(16 / dt.size()) {
-        16 / dt.size()
-    } else {
-        4
+    let (threads, _) = norm_threads(a.hidden, dt);
+    if let Some(f) = &a.fp8 {
+        if !AddRmsNorm::fuses_fp8(a.hidden, dt) {
+            return Err(BackendError::InvalidBatch(format!(
+                "add_rmsnorm: FP8 output needs bf16 rows of a multiple of 8 up to 32768, not {} {dt:?}",
+                a.hidden
+            )));
+        }
+        f.q.check("norm fp8 codes", DType::U8, n)?;
+        f.scales.check("norm fp8 scales", DType::F32, a.rows)?;
+        if !(f.static_scale >= 0.0 && f.static_scale.is_finite()) {
+            return Err(BackendError::InvalidBatch(format!(
+                "add_rmsnorm: static scale {}",
+                f.static_scale
+            )));
+        }
+    }
+    let name = match a.fp8 {
+        Some(_) => "add_rmsnorm_fp8_bf16".to_string(),
+        None => format!("add_rmsnorm_{}", dt.suffix()),
     };
-    let threads = (a.hidden.div_ceil(per_thread).div_ceil(32) * 32).clamp(32, 1024) as u32;
-    let mut b = gpu.stream.launch_builder(f);
+    let mut b = gpu.stream.launch_builder(gpu.func(&name)?);
     b.arg(a.residual.dptr())
         .arg(&delta)
         .arg(a.weight.dptr())
-        .arg(a.out.dptr())
-        .arg(&hidden)
-        .arg(&a.eps);
+        .arg(a.out.dptr());
+    if let Some(f) = &a.fp8 {
+        b.arg(f.q.dptr()).arg(f.scales.dptr());
+    }
+    b.arg(&hidden).arg(&a.eps);
+    if let Some(f) = &a.fp8 {
+        b.arg(&f.static_scale);
+    }
     // SAFETY: every buffer holds rows*hidden (weight: hidden) elements of dt (checked above);
-    // delta is null or rows*hidden long; the arguments match add_rmsnorm_<dt>. The kernel's
+    // delta is null or rows*hidden long; the arguments match add_rmsnorm_<dt> (or, with fp8,
+    // add_rmsnorm_fp8_bf16's: q rows*hidden bytes and scales rows floats, checked, written only on
+    // the vector path, which fuses_fp8 guaranteed, one row per block). The kernel's
     // 16-byte accesses happen only where hidden is a multiple of 16 bytes' worth, so every row
     // starts 16-byte aligned in these whole (256-byte aligned) allocations.
     unsafe { b.launch(cfg((dim(a.rows, "rows")?, 1, 1), threads, 0)) }
