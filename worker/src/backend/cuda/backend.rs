@@ -257,7 +257,11 @@ impl CudaBackend {
         let fp8 = quant != LinearQuant::None;
         let dims = LocalDims::new(cfg, shard)?;
         if fp8 {
-            check_fp8_options(cfg, &dims, opts, shard, &quant)?;
+            check_fp8_options(
+                (cfg, &dims, shard),
+                (opts.dtype, opts.batch_invariant),
+                &quant,
+            )?;
         } else {
             crate::quant::load::check_unquantized(ckpt, cfg)
                 .map_err(|e| BackendError::Weights(e.to_string()))?;

@@ -11,7 +11,6 @@ use cudarc::cublaslt::{result as lt, sys as lt_sys};
 use cudarc::driver::PushKernelArg;
 use kernels::params::{Fp8QuantParams, GemvFp8Params};
 
-use super::backend::CudaOptions;
 use super::device::{Buf, DType, Gpu};
 use super::lt::LT_WORKSPACE_BYTES;
 use super::ops::{cfg, dim, int};
@@ -419,18 +418,16 @@ impl Drop for Fp8Gemm {
 /// What FP8 linear layers need of the options and the model on CUDA (today: one rank, bf16, not
 /// batch-invariant, every product's `k` a multiple of 16 and `n` of 8).
 pub(super) fn check_fp8_options(
-    cfg: &ModelConfig,
-    dims: &LocalDims,
-    opts: &CudaOptions,
-    shard: TpShard,
+    (cfg, dims, shard): (&ModelConfig, &LocalDims, TpShard),
+    (dtype, batch_invariant): (DType, bool),
     quant: &LinearQuant,
 ) -> Result<(), BackendError> {
     let what = quant.describe();
     let refuse = |why: String| Err(BackendError::InvalidOptions(format!("{what}: {why}")));
-    if opts.dtype != DType::Bf16 {
+    if dtype != DType::Bf16 {
         return refuse("FP8 linear layers compute in bfloat16 (--dtype bfloat16)".into());
     }
-    if opts.batch_invariant {
+    if batch_invariant {
         return refuse("--batch-invariant is not available with FP8 yet".into());
     }
     if shard.world > 1 {
