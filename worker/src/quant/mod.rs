@@ -120,7 +120,7 @@ impl LinearQuant {
         }
     }
 
-    /// A short name for logs (`bf16`, `fp8 (quantized at load)`, `fp8 (compressed-tensors)`).
+    /// What the scheme is, for logs and errors (`none`, or `fp8 (...)` with where its scales come from).
     pub fn describe(&self) -> String {
         match self {
             Self::None => "none".into(),

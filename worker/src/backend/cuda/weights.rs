@@ -248,7 +248,8 @@ fn upload_product(
         LinearQuant::Fp8 {
             stored: Some(stored),
         } => {
-            let codes = upload_stacked(gpu, staging, ckpt, parts, DType::U8)?;
+            // The scales first: reading them checks each part (an FP8 weight, its scales' shape
+            // and values) and names the tensor at fault before anything is uploaded.
             let mut row_scales = Vec::with_capacity(n);
             let mut inputs = Vec::with_capacity(parts.len());
             for (name, part) in parts {
@@ -260,10 +261,16 @@ fn upload_product(
                              list) run on the CPU backend only so far"
                         ))
                     })?;
-                match part {
-                    Part::Rows(r) => row_scales.extend_from_slice(&layer.row_scales[r.clone()]),
-                    Part::All | Part::Cols(_) => row_scales.extend_from_slice(&layer.row_scales),
-                }
+                let rows = match part {
+                    Part::Rows(r) => layer.row_scales.get(r.clone()).ok_or_else(|| {
+                        BackendError::Weights(format!(
+                            "{name}: rows {r:?} outside its {} scales",
+                            layer.row_scales.len()
+                        ))
+                    })?,
+                    Part::All | Part::Cols(_) => &layer.row_scales[..],
+                };
+                row_scales.extend_from_slice(rows);
                 inputs.push((name.as_str(), Some(layer.input)));
             }
             if row_scales.len() != n {
@@ -273,6 +280,7 @@ fn upload_product(
                     row_scales.len()
                 )));
             }
+            let codes = upload_stacked(gpu, staging, ckpt, parts, DType::U8)?;
             let static_input = match fused_input(ckpt, &inputs).map_err(weights_err)? {
                 Some(InputQuant::Static(s)) => Some(s),
                 _ => None,
