@@ -450,3 +450,56 @@ pub(super) fn check_fp8_options(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::Quantization;
+
+    #[test]
+    fn fp8_needs_sm89() {
+        assert!(!has_fp8((8, 0)) && !has_fp8((8, 6)));
+        assert!(has_fp8((8, 9)) && has_fp8((9, 0)) && has_fp8((10, 0)));
+    }
+
+    #[test]
+    fn options_fp8_cannot_run_are_refused_by_name() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-llama");
+        let cfg = ModelConfig::load(&dir).expect("fixture");
+        let quant = LinearQuant::resolve(Some(Quantization::Fp8), None);
+        let solo = LocalDims::new(&cfg, TpShard::SOLO).expect("dims");
+        let check = |dims: &LocalDims, shard, dtype, invariant| {
+            check_fp8_options((&cfg, dims, shard), (dtype, invariant), &quant)
+                .err()
+                .map(|e| e.to_string())
+        };
+        assert_eq!(check(&solo, TpShard::SOLO, DType::Bf16, false), None);
+        let refused = |e: Option<String>, what: &str| {
+            let e = e.expect("refused");
+            assert!(
+                e.contains(what) && e.starts_with("invalid backend options: fp8"),
+                "{e}"
+            );
+        };
+        refused(
+            check(&solo, TpShard::SOLO, DType::F32, false),
+            "--dtype bfloat16",
+        );
+        refused(
+            check(&solo, TpShard::SOLO, DType::Bf16, true),
+            "--batch-invariant",
+        );
+        let shard = TpShard { rank: 0, world: 2 };
+        let half = LocalDims::new(&cfg, shard).expect("dims");
+        refused(
+            check(&half, shard, DType::Bf16, false),
+            "tensor parallelism",
+        );
+        let mut odd = cfg.clone();
+        odd.intermediate_size = 100;
+        let dims = LocalDims::new(&odd, TpShard::SOLO).expect("dims");
+        let e = check_fp8_options((&odd, &dims, TpShard::SOLO), (DType::Bf16, false), &quant);
+        refused(e.err().map(|e| e.to_string()), "multiple of 16");
+    }
+}
