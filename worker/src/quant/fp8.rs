@@ -99,13 +99,18 @@ impl Fp8Rows {
 
     /// `decode(q) · scale` for every element, row-major f32.
     pub fn dequantize(&self) -> Vec<f32> {
-        let table = decode_table();
-        self.codes
-            .chunks_exact(self.width.max(1))
-            .zip(&self.scales)
-            .flat_map(|(row, &s)| row.iter().map(move |&q| table[q as usize] * s))
-            .collect()
+        dequantize_rows(&self.codes, self.width, &self.scales)
     }
+}
+
+/// `decode(code) · scale` of `width`-wide rows of codes, each with its own scale; row-major f32.
+pub fn dequantize_rows(codes: &[u8], width: usize, row_scales: &[f32]) -> Vec<f32> {
+    let table = decode_table();
+    codes
+        .chunks_exact(width.max(1))
+        .zip(row_scales)
+        .flat_map(|(row, &s)| row.iter().map(move |&q| table[q as usize] * s))
+        .collect()
 }
 
 /// Every code's value, indexed by the code.

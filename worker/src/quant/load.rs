@@ -122,12 +122,7 @@ pub struct StoredFp8<'a> {
 impl StoredFp8<'_> {
     /// `decode(code) · scale` for every weight, row-major f32.
     pub fn dequantize(&self) -> Vec<f32> {
-        let table = fp8::decode_table();
-        self.codes
-            .chunks_exact(self.width.max(1))
-            .zip(&self.row_scales)
-            .flat_map(|(row, &s)| row.iter().map(move |&q| table[q as usize] * s))
-            .collect()
+        fp8::dequantize_rows(self.codes, self.width, &self.row_scales)
     }
 }
 
