@@ -93,8 +93,9 @@ fn report(error: &anyhow::Error, format: LogFormat) {
 enum Command {
     /// Offline batch generation: JSONL requests in, JSONL results out.
     Generate(engine_cli::GenerateArgs),
-    /// Serve a model over gRPC: the gateway plus worker processes (default: the demo model on the CPU).
-    Serve(serve_cli::ServeArgs),
+    /// Serve a model over gRPC and the OpenAI-compatible HTTP API: the gateway plus worker
+    /// processes (default: the demo model on the CPU).
+    Serve(Box<serve_cli::ServeArgs>),
     /// One worker process serving a gateway's rings (started by `serve`, or joining a running one
     /// with --join NAME). SIGTERM drains it: it finishes its streams, then exits 0.
     Worker(serve_cli::WorkerArgs),
@@ -151,7 +152,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Generate(args) => engine_cli::generate(args),
-        Command::Serve(args) => serve_cli::serve(args, cli.log_format),
+        Command::Serve(args) => serve_cli::serve(*args, cli.log_format),
         Command::Worker(args) => serve_cli::worker(args),
         Command::Client(args) => serve_cli::client(args),
         Command::Bench(BenchCommand::Ring {

@@ -173,7 +173,12 @@ pub struct ServeArgs {
     /// Prometheus /metrics listen address.
     #[arg(long, default_value = "127.0.0.1:9090")]
     pub metrics_addr: SocketAddr,
-    /// Model name reported by ModelInfo (default: the folder's name).
+    /// The OpenAI-compatible HTTP API's listen address (`/v1/completions`, `/v1/chat/completions`,
+    /// ...), or `off`.
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    pub http_addr: ListenAddr,
+    /// The model's name in ModelInfo, `/v1/models` and the `model` field of OpenAI requests
+    /// (default: the --model argument as given, as vLLM does; `demo` for the demo model).
     #[arg(long)]
     pub served_model_name: Option<String>,
     /// Requests admitted at once; more get RESOURCE_EXHAUSTED.
@@ -196,6 +201,24 @@ pub struct ServeArgs {
     pub life: WorkerLifeFlags,
     #[command(flatten)]
     pub security: ServerSecurityFlags,
+}
+
+/// A listen address, or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListenAddr(pub Option<SocketAddr>);
+
+impl std::str::FromStr for ListenAddr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" | "none" => Ok(Self(None)),
+            _ => s
+                .parse()
+                .map(|a| Self(Some(a)))
+                .map_err(|e| format!("{s:?} is not an address like 127.0.0.1:8000 or `off`: {e}")),
+        }
+    }
 }
 
 /// `ringserve worker`: one engine on one device, serving a gateway's rings.
@@ -325,7 +348,7 @@ pub fn serve(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
         args.engine.tp_collectives,
         &args.gpus,
     )?;
-    let demo = args.model.is_none();
+    let given = args.model.as_ref().map(|m| m.display().to_string());
     let dir = model_dir(args.model)?;
     let dir = dir
         .canonicalize()
@@ -334,14 +357,10 @@ pub fn serve(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
         let model = ModelConfig::load(&dir).with_context(|| format!("model {}", dir.display()))?;
         check_model(tp, &model)?;
     }
-    let model_name = args.served_model_name.unwrap_or_else(|| {
-        if demo {
-            "demo".to_owned()
-        } else {
-            dir.file_name()
-                .map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned())
-        }
-    });
+    let model_name = args
+        .served_model_name
+        .or(given)
+        .unwrap_or_else(|| "demo".to_owned());
     let mut worker_args = vec![
         "worker".to_owned(),
         "--model".into(),
@@ -356,6 +375,7 @@ pub fn serve(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
         model_name,
         addr: args.addr,
         metrics_addr: Some(args.metrics_addr),
+        http_addr: args.http_addr.0,
         workers,
         worker: WorkerCommand {
             exe: std::env::current_exe().context("locating the ringserve binary")?,

@@ -21,25 +21,33 @@ pub struct Detokenizer {
     read: usize,
     /// Bytes of the open tokens' text (`read..`) already sent.
     partial: usize,
+    /// Leave special tokens (BOS, EOS, chat markers) out of the text.
+    skip_special: bool,
 }
 
 impl Detokenizer {
-    /// A detokenizer for a completion of `prompt` (its last tokens serve as context only).
-    pub fn new(prompt: &[u32]) -> Self {
+    /// A detokenizer for a completion of `prompt` (its last tokens serve as context only);
+    /// `skip_special` leaves special tokens out of the text.
+    pub fn new(prompt: &[u32], skip_special: bool) -> Self {
         let ctx = &prompt[prompt.len().saturating_sub(PROMPT_CONTEXT)..];
         Self {
             ids: ctx.to_vec(),
             prefix: 0,
             read: ctx.len(),
             partial: 0,
+            skip_special,
         }
     }
 
     /// Adds generated tokens; returns the text they complete (possibly empty).
     pub fn push(&mut self, tokenizer: &Tokenizer, tokens: &[u32]) -> String {
         self.ids.extend_from_slice(tokens);
-        let emitted = decode(tokenizer, &self.ids[self.prefix..self.read]);
-        let window = decode(tokenizer, &self.ids[self.prefix..]);
+        let emitted = decode(
+            tokenizer,
+            self.skip_special,
+            &self.ids[self.prefix..self.read],
+        );
+        let window = decode(tokenizer, self.skip_special, &self.ids[self.prefix..]);
         // Where the new text starts: after what the emitted tokens spell, plus any complete
         // characters of the still-open tokens already sent.
         let mut start = if window.starts_with(emitted.as_str()) {
@@ -76,8 +84,12 @@ impl Detokenizer {
     /// Text still held back (an incomplete character at the end of the output), decoded lossily.
     /// Call once when the completion ends.
     pub fn flush(&mut self, tokenizer: &Tokenizer) -> String {
-        let emitted = decode(tokenizer, &self.ids[self.prefix..self.read]);
-        let window = decode(tokenizer, &self.ids[self.prefix..]);
+        let emitted = decode(
+            tokenizer,
+            self.skip_special,
+            &self.ids[self.prefix..self.read],
+        );
+        let window = decode(tokenizer, self.skip_special, &self.ids[self.prefix..]);
         let mut start = (emitted.len() + self.partial).min(window.len());
         while !window.is_char_boundary(start) {
             start += 1;
@@ -89,8 +101,8 @@ impl Detokenizer {
     }
 }
 
-fn decode(tokenizer: &Tokenizer, ids: &[u32]) -> String {
-    tokenizer.decode(ids, false).unwrap_or_default()
+fn decode(tokenizer: &Tokenizer, skip_special: bool, ids: &[u32]) -> String {
+    tokenizer.decode(ids, skip_special).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -131,7 +143,7 @@ pub(crate) mod tests {
         ] {
             let ids = t.encode(text, false).unwrap().get_ids().to_vec();
             assert!(ids.len() > text.chars().count(), "bytes are split");
-            let mut d = Detokenizer::new(&[]);
+            let mut d = Detokenizer::new(&[], false);
             let mut out = String::new();
             for &id in &ids {
                 let delta = d.push(&t, &[id]);
@@ -152,7 +164,7 @@ pub(crate) mod tests {
         let text = "mixed 😀 text 中文 and more 🎊 end";
         let ids = t.encode(text, false).unwrap().get_ids().to_vec();
         let prompt = t.encode("prompt ", false).unwrap().get_ids().to_vec();
-        let mut d = Detokenizer::new(&prompt);
+        let mut d = Detokenizer::new(&prompt, false);
         let mut out = String::new();
         for chunk in ids.chunks(3) {
             out.push_str(&d.push(&t, chunk));
@@ -165,7 +177,7 @@ pub(crate) mod tests {
     fn an_incomplete_character_at_the_end_is_flushed_lossily() {
         let t = byte_tokenizer();
         let ids = t.encode("ok 👋", false).unwrap().get_ids().to_vec();
-        let mut d = Detokenizer::new(&[]);
+        let mut d = Detokenizer::new(&[], false);
         let mut out = d.push(&t, &ids[..ids.len() - 1]);
         assert_eq!(out, "ok ");
         out.push_str(&d.flush(&t));

@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use crate::health::Health;
 use crate::link::{self, RingReader, WorkerLink};
 use crate::metrics as m;
-use crate::service::Shared;
+use crate::pipeline::Shared;
 use crate::supervisor::{Stop, WorkerCommand, kill};
 
 /// How often the ranks' exit status is polled.

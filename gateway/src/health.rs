@@ -12,7 +12,7 @@ use tonic_health::server::HealthReporter;
 
 use crate::link::WorkerLink;
 use crate::metrics as m;
-use crate::service::Shared;
+use crate::pipeline::Shared;
 
 /// The service name clients ask about (besides `""`, the whole server).
 pub const SERVICE: &str = "ringserve.v1.Inference";

@@ -28,7 +28,7 @@ use tokio::sync::watch;
 use crate::health::Health;
 use crate::link::{ReaderEnd, RingReader, WorkerLink};
 use crate::metrics as m;
-use crate::service::Shared;
+use crate::pipeline::Shared;
 
 /// How long a registering peer may take to send its line.
 pub const LINE_TIMEOUT: Duration = Duration::from_secs(5);

@@ -21,6 +21,8 @@ pub mod health;
 pub mod join;
 pub mod link;
 pub mod metrics;
+pub mod openai;
+pub mod pipeline;
 pub mod router;
 pub mod server;
 pub mod service;

@@ -21,8 +21,10 @@ use crate::auth::ApiKey;
 use crate::guard::GuardLayer;
 use crate::health::Health;
 use crate::join::{JoinContext, JoinListener};
+use crate::openai::{ApiState, HttpServeError, HttpTls};
+use crate::pipeline::Shared;
 use crate::router::{AffinityConfig, Router};
-use crate::service::{InferenceService, Shared};
+use crate::service::InferenceService;
 use crate::supervisor::{WorkerCommand, supervise};
 use crate::tokenizer::TextModel;
 
@@ -37,6 +39,8 @@ pub struct ServerConfig {
     pub addr: SocketAddr,
     /// Prometheus `/metrics` address, if any.
     pub metrics_addr: Option<SocketAddr>,
+    /// The OpenAI-compatible HTTP API's address, if any (port 0 picks a free port).
+    pub http_addr: Option<SocketAddr>,
     /// Worker processes (with tensor parallelism, `workers / worker.tensor_parallel_size` groups).
     pub workers: usize,
     /// How to start one (`ring_prefix` is filled in by [`run`]).
@@ -55,12 +59,13 @@ pub struct ServerConfig {
     pub security: ServerSecurity,
 }
 
-/// Who may connect to the gRPC server.
+/// Who may connect to the gRPC server and the HTTP API.
 #[derive(Debug, Clone, Default)]
 pub struct ServerSecurity {
-    /// Required as `authorization: Bearer KEY` on every call but `grpc.health.v1`.
+    /// Required as `authorization: Bearer KEY` on every call but `grpc.health.v1` (and, over
+    /// HTTP, `/health` and `/version`).
     pub api_key: Option<ApiKey>,
-    /// Serve TLS instead of plain HTTP/2.
+    /// Serve TLS (gRPC and HTTP) instead of plain text.
     pub tls: Option<ServerTls>,
 }
 
@@ -90,6 +95,15 @@ impl ServerTls {
         }
         Ok(config)
     }
+
+    /// The same files as the HTTP API's rustls acceptor.
+    fn load_http(&self) -> Result<HttpTls, ServerError> {
+        Ok(HttpTls::load(
+            &self.cert,
+            &self.key,
+            self.client_ca.as_deref(),
+        )?)
+    }
 }
 
 /// The server could not start.
@@ -117,6 +131,8 @@ pub enum ServerError {
     Tls(#[source] tonic::transport::Error),
     #[error("join socket: {0}")]
     Join(#[from] crate::join::JoinServerError),
+    #[error("HTTP API: {0}")]
+    Http(#[from] HttpServeError),
     #[error("{0}")]
     Other(String),
 }
@@ -208,8 +224,10 @@ pub async fn run(mut config: ServerConfig) -> Result<(), ServerError> {
     let slots = worker_slots(config.workers, config.worker.tensor_parallel_size)?;
     // Checked before anything starts, so bad certificates are one clear error.
     let mut grpc = tonic::transport::Server::builder();
+    let mut http_tls = None;
     if let Some(tls) = &config.security.tls {
         grpc = grpc.tls_config(tls.load()?).map_err(ServerError::Tls)?;
+        http_tls = Some(tls.load_http()?);
     }
     let dir = config.model_dir.clone();
     let text = tokio::task::spawn_blocking(move || TextModel::load(&dir))
@@ -239,6 +257,15 @@ pub async fn run(mut config: ServerConfig) -> Result<(), ServerError> {
     let grpc_bound = listener
         .local_addr()
         .map_err(|e| ServerError::Other(e.to_string()))?;
+    let http_listener = match config.http_addr {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| ServerError::Bind { addr, source })?,
+        ),
+        None => None,
+    };
+    let http_bound = http_listener.as_ref().and_then(|l| l.local_addr().ok());
 
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let health = Health::new(reporter).await;
@@ -293,15 +320,30 @@ pub async fn run(mut config: ServerConfig) -> Result<(), ServerError> {
         .collect();
 
     let refresher = tokio::spawn(health.clone().refresh(shared.clone(), stop_rx.clone()));
+    let http = http_listener.map(|listener| {
+        let api = Arc::new(ApiState {
+            shared: shared.clone(),
+            api_key: config.security.api_key.clone(),
+        });
+        tokio::spawn(crate::openai::serve(
+            listener,
+            crate::openai::router(api),
+            http_tls,
+            stop_rx.clone(),
+        ))
+    });
 
     // Tests and tools read this line.
+    let off = |a: Option<SocketAddr>| a.map_or_else(|| "off".to_owned(), |a| a.to_string());
     println!(
-        "listening grpc={grpc_bound} metrics={} rings={prefix} name={name} join={join_path}",
-        metrics_bound.map_or_else(|| "off".to_owned(), |a| a.to_string())
+        "listening grpc={grpc_bound} http={} metrics={} rings={prefix} name={name} join={join_path}",
+        off(http_bound),
+        off(metrics_bound),
     );
     let security = &config.security;
     tracing::info!(
         %grpc_bound,
+        ?http_bound,
         ?metrics_bound,
         workers = config.workers,
         %name,
@@ -358,6 +400,9 @@ pub async fn run(mut config: ServerConfig) -> Result<(), ServerError> {
         })
         .await;
     drain.abort();
+    if let Some(http) = http {
+        http.abort();
+    }
     // Every ring was unlinked by its supervisor; remove anything a crash left behind.
     match ringbuf::reap(&prefix) {
         Ok(left) if !left.is_empty() => tracing::warn!(?left, "removed leftover segments"),

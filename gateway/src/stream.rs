@@ -30,6 +30,8 @@ use crate::validate::ValidRequest;
 pub struct RequestTask {
     /// The gateway's id (the worker's request id).
     pub id: u64,
+    /// Which of the request's `n` completions this is.
+    pub index: u32,
     /// The client's id, echoed in responses.
     pub request_id: String,
     pub link: Arc<WorkerLink>,
@@ -102,10 +104,10 @@ struct Progress {
 pub async fn run_request(mut t: RequestTask) {
     let prompt_len = t.request.prompt.len();
     let mut p = Progress {
-        detok: t
-            .text
-            .clone()
-            .map(|tm| (Detokenizer::new(&t.request.prompt), tm)),
+        detok: t.text.clone().map(|tm| {
+            let skip = t.request.skip_special_tokens;
+            (Detokenizer::new(&t.request.prompt, skip), tm)
+        }),
         stop: StopMatcher::new(&t.request.stop),
         generated: 0,
         first_at: None,
@@ -390,6 +392,7 @@ fn build(t: &mut RequestTask, p: &mut Progress, batch: Vec<Event>) -> Result<Bui
         logprobs,
         finish_reason: reason as i32,
         usage,
+        index: t.index,
     };
     Ok((Some(msg), end))
 }

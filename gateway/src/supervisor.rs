@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use crate::health::Health;
 use crate::link::{self, ReaderEnd, RingReader, WorkerLink};
 use crate::metrics as m;
-use crate::service::Shared;
+use crate::pipeline::Shared;
 
 /// How to start a worker process.
 #[derive(Debug, Clone)]

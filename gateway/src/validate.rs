@@ -62,6 +62,9 @@ pub struct CheckedRequest {
     pub stop_token_ids: Vec<u32>,
     pub logprobs: u32,
     pub ignore_eos: bool,
+    /// Completions of this prompt (at least 1).
+    pub n: u32,
+    pub skip_special_tokens: bool,
 }
 
 /// A request ready for a worker.
@@ -75,6 +78,7 @@ pub struct ValidRequest {
     pub stop_token_ids: Vec<u32>,
     pub logprobs: u32,
     pub ignore_eos: bool,
+    pub skip_special_tokens: bool,
 }
 
 impl ValidRequest {
@@ -117,6 +121,8 @@ pub const MAX_STOP_STRING_LEN: usize = 512;
 pub const MAX_STOP_TOTAL_LEN: usize = 8192;
 /// Stop token ids per request at most.
 pub const MAX_STOP_TOKEN_IDS: usize = 1024;
+/// Completions per prompt (`n`) at most.
+pub const MAX_N: u32 = 64;
 
 fn check_request_id(id: &str) -> Result<(), InvalidArgument> {
     if id.len() > MAX_REQUEST_ID_LEN {
@@ -282,6 +288,12 @@ pub fn check(req: GenerateRequest, seed: u64) -> Result<CheckedRequest, InvalidA
             format!("{} is over the limit of {MAX_TOP_LOGPROBS}", req.logprobs),
         ));
     }
+    if req.n > MAX_N {
+        return Err(InvalidArgument::new(
+            "n",
+            format!("{} is over the limit of {MAX_N}", req.n),
+        ));
+    }
     Ok(CheckedRequest {
         request_id: req.request_id,
         prompt,
@@ -300,6 +312,8 @@ pub fn check(req: GenerateRequest, seed: u64) -> Result<CheckedRequest, InvalidA
         stop_token_ids: req.stop_token_ids,
         logprobs: req.logprobs,
         ignore_eos: req.ignore_eos,
+        n: req.n.max(1),
+        skip_special_tokens: req.skip_special_tokens,
     })
 }
 
@@ -375,6 +389,7 @@ pub fn finish(
         stop_token_ids: req.stop_token_ids,
         logprobs: req.logprobs,
         ignore_eos: req.ignore_eos,
+        skip_special_tokens: req.skip_special_tokens,
     })
 }
 
@@ -658,6 +673,8 @@ mod tests {
                         stop_token_ids,
                         logprobs: lp % 64,
                         ignore_eos: ignore,
+                        n: lp % 70,
+                        ..Default::default()
                     }
                 },
             )

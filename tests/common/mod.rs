@@ -42,6 +42,8 @@ pub struct Server {
     pub child: Child,
     /// `http://127.0.0.1:PORT`.
     pub url: String,
+    /// The OpenAI-compatible HTTP API's `127.0.0.1:PORT`.
+    pub http_addr: String,
     pub metrics_addr: String,
     /// The prefix of every shared-memory segment this server made.
     pub rings: String,
@@ -85,6 +87,7 @@ impl Server {
             .envs(env.iter().map(|(k, v)| (*k, *v)))
             .arg("serve")
             .args(["--addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"])
+            .args(["--http-addr", "127.0.0.1:0"])
             .args(args)
             .stdout(Stdio::piped())
             .stderr(stderr)
@@ -103,6 +106,7 @@ impl Server {
         let mut server = Server {
             child,
             url: String::new(),
+            http_addr: String::new(),
             metrics_addr: String::new(),
             rings: String::new(),
             join: String::new(),
@@ -116,6 +120,8 @@ impl Server {
         for field in listening.split_whitespace() {
             if let Some(a) = field.strip_prefix("grpc=") {
                 server.url = format!("http://{a}");
+            } else if let Some(a) = field.strip_prefix("http=") {
+                server.http_addr = a.to_owned();
             } else if let Some(a) = field.strip_prefix("metrics=") {
                 server.metrics_addr = a.to_owned();
             } else if let Some(r) = field.strip_prefix("rings=") {
