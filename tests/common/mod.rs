@@ -352,3 +352,119 @@ pub async fn wait_health(
     }
     panic!("health stayed {status:?}, never {want:?}");
 }
+
+/// An HTTP/1.1 response: status, headers (lower-case names) and body (de-chunked).
+pub struct HttpResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl HttpResponse {
+    /// The body as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("{e}: not JSON: {:?}", self.body))
+    }
+
+    /// A header's value.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The `data:` payloads of a server-sent-event body, in order.
+    pub fn sse_data(&self) -> Vec<String> {
+        self.body
+            .split("\n\n")
+            .filter(|e| !e.trim().is_empty())
+            .map(|e| {
+                e.strip_prefix("data: ")
+                    .unwrap_or_else(|| panic!("an event that is not `data: `: {e:?}"))
+                    .to_owned()
+            })
+            .collect()
+    }
+}
+
+/// Sends one HTTP/1.1 request (`Connection: close`) and reads the whole response.
+pub fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    headers: &[(&str, &str)],
+) -> HttpResponse {
+    let mut s = TcpStream::connect(addr).expect("connecting to the HTTP API");
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if let Some(b) = body {
+        req.push_str(&format!(
+            "content-type: application/json\r\ncontent-length: {}\r\n",
+            b.len()
+        ));
+    }
+    req.push_str("\r\n");
+    req.push_str(body.unwrap_or(""));
+    s.write_all(req.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    parse_http(&raw)
+}
+
+/// POSTs a JSON body.
+pub fn http_post(addr: &str, path: &str, body: &serde_json::Value) -> HttpResponse {
+    http(addr, "POST", path, Some(&body.to_string()), &[])
+}
+
+fn parse_http(raw: &[u8]) -> HttpResponse {
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("an HTTP header");
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status: u16 = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse().ok())
+        .expect("a status line");
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let mut rest = &raw[split + 4..];
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"));
+    let body = if chunked {
+        let mut out = Vec::new();
+        loop {
+            let end = rest
+                .windows(2)
+                .position(|w| w == b"\r\n")
+                .expect("a chunk size");
+            let size_text = String::from_utf8_lossy(&rest[..end]).into_owned();
+            let size = usize::from_str_radix(size_text.trim(), 16).expect("a hex chunk size");
+            rest = &rest[end + 2..];
+            if size == 0 {
+                break;
+            }
+            out.extend_from_slice(&rest[..size]);
+            rest = &rest[size + 2..];
+        }
+        out
+    } else {
+        rest.to_vec()
+    };
+    HttpResponse {
+        status,
+        headers,
+        body: String::from_utf8(body).expect("a UTF-8 body"),
+    }
+}

@@ -1,0 +1,383 @@
+//! The OpenAI-compatible HTTP API end to end, on the demo model: the same completions as gRPC
+//! (one pipeline), OpenAI's response and SSE shapes, `n`, seeds, stop strings, logprobs, and errors
+//! with OpenAI's body and status (400, 401, 404, 429), and a client that goes away freeing its
+//! request at once.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{Server, collect, http, http_post, ids_of, runtime};
+use protos::v1::{GenerateRequest, SamplingParams, generate_request};
+use serde_json::{Value, json};
+
+fn write_demo(dir: &Path) {
+    let ok = Command::new(env!("CARGO_BIN_EXE_ringserve"))
+        .args(["demo-model", "--out"])
+        .arg(dir)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "ringserve demo-model");
+}
+
+const PROMPT: &str = "Once upon a time";
+
+/// The text of a non-streamed response's choices, by index.
+fn texts(v: &Value, field: &str) -> Vec<String> {
+    v["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            assert_eq!(c["index"], i, "{v}");
+            let text = match field {
+                "message" => &c["message"]["content"],
+                _ => &c["text"],
+            };
+            text.as_str().unwrap().to_owned()
+        })
+        .collect()
+}
+
+/// The chunks of an SSE response (all but the final `[DONE]`, which must be there).
+fn chunks(r: &common::HttpResponse) -> Vec<Value> {
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(
+        r.header("content-type")
+            .is_some_and(|c| c.starts_with("text/event-stream")),
+        "{:?}",
+        r.headers
+    );
+    let mut data = r.sse_data();
+    assert_eq!(data.pop().as_deref(), Some("[DONE]"), "{}", r.body);
+    data.iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
+#[test]
+fn completions_and_chat_are_the_grpc_pipeline_in_openai_shapes() {
+    let dir = tempfile::tempdir().unwrap();
+    write_demo(dir.path());
+    let model = dir.path().to_str().unwrap().to_owned();
+    let server = Server::start(&["--model", &model], 1);
+    let addr = server.http_addr.clone();
+
+    // gRPC's greedy completion is the HTTP API's (special tokens kept, as gRPC sends them).
+    let rt = runtime();
+    let grpc = rt.block_on(async {
+        let mut client = server.client().await;
+        let req = GenerateRequest {
+            prompt: Some(generate_request::Prompt::Text(PROMPT.into())),
+            sampling: Some(SamplingParams {
+                temperature: Some(0.0),
+                ..Default::default()
+            }),
+            max_tokens: Some(12),
+            ignore_eos: true,
+            ..Default::default()
+        };
+        collect(&mut client, req).await.unwrap()
+    });
+    let grpc_text: String = grpc.iter().map(|m| m.text.as_str()).collect();
+    let greedy = json!({
+        "model": model, "prompt": PROMPT, "max_tokens": 12, "temperature": 0,
+        "ignore_eos": true, "skip_special_tokens": false,
+    });
+    let r = http_post(&addr, "/v1/completions", &greedy);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["model"], model.as_str());
+    assert_eq!(texts(&v, "text"), [grpc_text.clone()]);
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    let prompt_ids = http_post(&addr, "/tokenize", &json!({"prompt": PROMPT})).json();
+    let prompt_len = prompt_ids["count"].as_u64().unwrap();
+    assert_eq!(v["usage"]["prompt_tokens"], prompt_len);
+    assert_eq!(v["usage"]["completion_tokens"], 12);
+    assert_eq!(v["usage"]["total_tokens"], prompt_len + 12);
+
+    // Token-id prompts and /detokenize.
+    let ids = prompt_ids["tokens"].clone();
+    let by_ids = http_post(
+        &addr,
+        "/v1/completions",
+        &json!({"prompt": ids, "max_tokens": 12, "temperature": 0, "ignore_eos": true,
+                "skip_special_tokens": false}),
+    )
+    .json();
+    assert_eq!(texts(&by_ids, "text"), [grpc_text.clone()]);
+    let generated: Vec<u32> = ids_of(&grpc);
+    let back = http_post(&addr, "/detokenize", &json!({"tokens": generated})).json();
+    assert_eq!(back["prompt"], grpc_text.as_str());
+
+    // Streamed: the same text in chunks, the finish reason last, then the usage chunk, then [DONE].
+    let mut stream_req = greedy.clone();
+    stream_req["stream"] = json!(true);
+    stream_req["stream_options"] = json!({"include_usage": true});
+    let chunks_ = chunks(&http_post(&addr, "/v1/completions", &stream_req));
+    let (usage, body) = chunks_.split_last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 12);
+    let streamed: String = body
+        .iter()
+        .map(|c| c["choices"][0]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(streamed, grpc_text);
+    assert_eq!(
+        body.last().unwrap()["choices"][0]["finish_reason"],
+        "length"
+    );
+    assert!(
+        body[..body.len() - 1]
+            .iter()
+            .all(|c| c["choices"][0]["finish_reason"].is_null())
+    );
+
+    // n samples per prompt, several prompts: OpenAI numbers the choices prompt * n + i, and
+    // sample i with seed s is what n = 1 with seed s + i gives.
+    let sampled = |prompt: Value, n: u32, seed: u64| {
+        let r = http_post(
+            &addr,
+            "/v1/completions",
+            &json!({"prompt": prompt, "n": n, "seed": seed, "max_tokens": 8, "ignore_eos": true}),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()
+    };
+    let three = sampled(json!(PROMPT), 3, 7);
+    let three_texts = texts(&three, "text");
+    assert_eq!(three["usage"]["completion_tokens"], 24);
+    assert_eq!(three["usage"]["prompt_tokens"], prompt_len);
+    for (i, text) in three_texts.iter().enumerate() {
+        let one = sampled(json!(PROMPT), 1, 7 + i as u64);
+        assert_eq!(&texts(&one, "text")[0], text, "sample {i}");
+    }
+    assert_eq!(texts(&sampled(json!(PROMPT), 3, 7), "text"), three_texts);
+    let batch = sampled(json!([PROMPT, "Hello"]), 2, 3);
+    assert_eq!(texts(&batch, "text").len(), 4);
+    assert_eq!(
+        texts(&batch, "text")[..2],
+        texts(&sampled(json!(PROMPT), 2, 3), "text")[..]
+    );
+
+    // A stop string from the middle of the greedy text cuts it there and finishes with "stop".
+    let chars: Vec<char> = grpc_text.chars().collect();
+    let stop: String = chars[chars.len() / 2..chars.len() / 2 + 2].iter().collect();
+    let cut = grpc_text.find(&stop).unwrap();
+    let mut stopped = greedy.clone();
+    stopped["stop"] = json!([stop]);
+    let v = http_post(&addr, "/v1/completions", &stopped).json();
+    assert_eq!(texts(&v, "text"), [grpc_text[..cut].to_owned()]);
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+
+    // Logprobs in the completions shape: one entry per token, at most k alternatives.
+    let mut lp = greedy.clone();
+    lp["logprobs"] = json!(2);
+    let v = http_post(&addr, "/v1/completions", &lp).json();
+    let l = &v["choices"][0]["logprobs"];
+    assert_eq!(l["tokens"].as_array().unwrap().len(), 12, "{l}");
+    assert_eq!(l["text_offset"].as_array().unwrap().len(), 12);
+    for (p, top) in l["token_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(l["top_logprobs"].as_array().unwrap())
+    {
+        assert!(p.as_f64().unwrap() <= 0.0);
+        let n = top.as_object().unwrap().len();
+        assert!((1..=2).contains(&n), "{top}");
+    }
+
+    // Chat: the template, the role first when streamed, logprobs in chat's shape.
+    let chat = json!({
+        "model": model, "messages": [{"role": "system", "content": "Be brief."},
+                                     {"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+        "max_tokens": 6, "temperature": 0, "ignore_eos": true,
+        "logprobs": true, "top_logprobs": 3,
+    });
+    let v = http_post(&addr, "/v1/chat/completions", &chat).json();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(v["usage"]["completion_tokens"], 6);
+    let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(content.len(), 6);
+    assert_eq!(content[0]["top_logprobs"].as_array().unwrap().len(), 3);
+    let whole = texts(&v, "message")[0].clone();
+    let mut streamed_chat = chat.clone();
+    streamed_chat["stream"] = json!(true);
+    let c = chunks(&http_post(&addr, "/v1/chat/completions", &streamed_chat));
+    assert_eq!(c[0]["object"], "chat.completion.chunk");
+    assert_eq!(c[0]["choices"][0]["delta"]["role"], "assistant");
+    let text: String = c
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, whole);
+    assert_eq!(c.last().unwrap()["choices"][0]["finish_reason"], "length");
+
+    // The other routes.
+    let models = http(&addr, "GET", "/v1/models", None, &[]).json();
+    assert_eq!(models["data"][0]["id"], model.as_str());
+    assert_eq!(http(&addr, "GET", "/health", None, &[]).status, 200);
+    assert!(http(&addr, "GET", "/version", None, &[]).json()["version"].is_string());
+}
+
+/// Opens a streamed request and returns its connection once the first chunk arrived.
+fn open_stream(addr: &str, key: &str) -> TcpStream {
+    let body = json!({"prompt": PROMPT, "max_tokens": 3000, "ignore_eos": true, "stream": true})
+        .to_string();
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {key}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("data: {") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "{}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    s
+}
+
+#[test]
+fn errors_are_openai_json_with_the_right_status_and_a_gone_client_frees_its_request() {
+    let dir = tempfile::tempdir().unwrap();
+    write_demo(dir.path());
+    let model = dir.path().to_str().unwrap().to_owned();
+    let server = Server::start(
+        &[
+            "--model",
+            &model,
+            "--api-key",
+            "sekret",
+            "--max-in-flight",
+            "1",
+            "--served-model-name",
+            "tiny",
+        ],
+        1,
+    );
+    let addr = server.http_addr.clone();
+    let auth = [("authorization", "Bearer sekret")];
+    let post = |path: &str, body: Value| http(&addr, "POST", path, Some(&body.to_string()), &auth);
+    let error = |r: &common::HttpResponse, status: u16| -> Value {
+        assert_eq!(r.status, status, "{}", r.body);
+        let v = r.json();
+        assert!(v["error"]["message"].is_string(), "{v}");
+        assert!(v["error"]["type"].is_string(), "{v}");
+        v["error"].clone()
+    };
+
+    // 401 without the key or with a wrong one; /health needs none.
+    let ok_body = json!({"prompt": "hi", "max_tokens": 2});
+    let r = http(
+        &addr,
+        "POST",
+        "/v1/completions",
+        Some(&ok_body.to_string()),
+        &[],
+    );
+    assert_eq!(error(&r, 401)["type"], "authentication_error");
+    let wrong = [("authorization", "Bearer nope")];
+    let r = http(
+        &addr,
+        "POST",
+        "/v1/completions",
+        Some(&ok_body.to_string()),
+        &wrong,
+    );
+    error(&r, 401);
+    assert_eq!(http(&addr, "GET", "/health", None, &[]).status, 200);
+    assert_eq!(post("/v1/completions", ok_body.clone()).status, 200);
+
+    // 404 for a model that is not served, and for a path that does not exist.
+    let e = error(
+        &post("/v1/completions", json!({"model": "gpt-4", "prompt": "hi"})),
+        404,
+    );
+    assert_eq!(e["code"], "model_not_found");
+    assert_eq!(
+        post(
+            "/v1/completions",
+            json!({"model": "tiny", "prompt": "hi", "max_tokens": 1})
+        )
+        .status,
+        200
+    );
+    error(&http(&addr, "GET", "/v1/nothing", None, &auth), 404);
+
+    // 400 naming the field, by the same validation as gRPC.
+    for (body, param) in [
+        (json!({"prompt": "hi", "temperature": -1}), "temperature"),
+        (json!({"prompt": "hi", "top_p": 2}), "top_p"),
+        (json!({"prompt": "hi", "n": 65}), "n"),
+        (json!({"prompt": "hi", "max_tokens": 0}), "max_tokens"),
+        (json!({"prompt": "hi", "stop": ["", "x"]}), "stop[0]"),
+        (json!({"prompt": [1, 99999999]}), "prompt[1]"),
+        (json!({"prompt": "hi", "logprobs": 21}), "logprobs"),
+        (json!({"prompt": "hi", "temperature": "hot"}), "temperature"),
+        (
+            json!({"prompt": "hi", "response_format": {"type": "json_object"}}),
+            "response_format.type",
+        ),
+    ] {
+        let e = error(&post("/v1/completions", body.clone()), 400);
+        assert_eq!(e["param"], param, "{body}: {e}");
+    }
+    for (body, param) in [
+        (
+            json!({"messages": [{"role": "wizard", "content": "x"}]}),
+            "messages[0].role",
+        ),
+        (json!({"messages": []}), "messages"),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}),
+            "top_logprobs",
+        ),
+    ] {
+        let e = error(&post("/v1/chat/completions", body.clone()), 400);
+        assert_eq!(e["param"], param, "{body}: {e}");
+    }
+    error(
+        &http(&addr, "POST", "/v1/completions", Some("{not json"), &auth),
+        400,
+    );
+
+    // 429 at the admission limit (one request in flight), and a client that goes away frees its
+    // request at once: the next request is admitted.
+    let held = open_stream(&addr, "sekret");
+    let e = error(&post("/v1/completions", ok_body.clone()), 429);
+    assert_eq!(e["code"], "rate_limit_exceeded");
+    drop(held);
+    let start = Instant::now();
+    loop {
+        let r = post("/v1/completions", ok_body.clone());
+        if r.status == 200 {
+            break;
+        }
+        assert_eq!(r.status, 429, "{}", r.body);
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the gone client's request still holds its admission"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(server.wait_metric(
+        "ringserve_num_requests_running",
+        Duration::from_secs(30),
+        |v| v == 0.0
+    ));
+}
