@@ -400,6 +400,63 @@ impl Pki {
     }
 }
 
+/// The status of `GET /v1/models` over HTTPS to the HTTP API at `addr`, trusting `ca` and
+/// presenting `client`'s certificate, if any; `Err` when the handshake or the exchange fails.
+async fn https_status(
+    pki: &Pki,
+    addr: &str,
+    ca: &str,
+    client: Option<&str>,
+) -> Result<u16, String> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_rustls::rustls;
+    let certs = |file: &str| -> Vec<CertificateDer<'static>> {
+        CertificateDer::pem_file_iter(pki.path(file))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for c in certs(ca) {
+        roots.add(c).unwrap();
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    let mut config = match client {
+        None => builder.with_no_client_auth(),
+        Some(c) => {
+            let key = PrivateKeyDer::from_pem_file(pki.path(&format!("{c}.key"))).unwrap();
+            builder
+                .with_client_auth_cert(certs(&format!("{c}.pem")), key)
+                .unwrap()
+        }
+    };
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let name = ServerName::try_from("localhost").unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    tls.write_all(b"GET /v1/models HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut raw = Vec::new();
+    tls.read_to_end(&mut raw).await.map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&raw);
+    text.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("no HTTP status in {text:?}"))
+}
+
 /// Whether a greedy request over `channel` completes.
 async fn serves(channel: Result<Channel, String>) -> Result<(), String> {
     let mut client = InferenceClient::new(channel?);
@@ -448,6 +505,30 @@ fn tls_and_mutual_tls_admit_only_trusted_peers() {
         )
         .await;
         assert!(plain.is_err(), "plain HTTP/2 reached a TLS server");
+        // The HTTP API serves TLS with the same files.
+        let http = tls.http_addr.clone();
+        assert_eq!(
+            https_status(&pki, &http, "good-ca.pem", None).await,
+            Ok(200)
+        );
+        assert!(
+            https_status(&pki, &http, "rogue-ca.pem", None)
+                .await
+                .is_err()
+        );
+        let plain = {
+            use std::io::{Read, Write};
+            let mut s = std::net::TcpStream::connect(&http).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let _ = s.write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n");
+            let mut raw = Vec::new();
+            let _ = s.read_to_end(&mut raw);
+            raw
+        };
+        assert!(
+            !plain.starts_with(b"HTTP/1.1 200"),
+            "plain HTTP reached a TLS server"
+        );
     });
     drop(tls);
 
@@ -471,6 +552,21 @@ fn tls_and_mutual_tls_admit_only_trusted_peers() {
         assert!(
             rogue.is_err(),
             "a client certificate from another CA was admitted"
+        );
+        let http = mtls.http_addr.clone();
+        assert_eq!(
+            https_status(&pki, &http, "good-ca.pem", Some("good-client")).await,
+            Ok(200)
+        );
+        let none = https_status(&pki, &http, "good-ca.pem", None).await;
+        assert!(
+            none.is_err(),
+            "an HTTPS client without a certificate was admitted: {none:?}"
+        );
+        let rogue = https_status(&pki, &http, "good-ca.pem", Some("rogue-client")).await;
+        assert!(
+            rogue.is_err(),
+            "an HTTPS client of another CA was admitted: {rogue:?}"
         );
     });
     // The CLI client: --tls-ca, an https address and its own certificate.

@@ -95,7 +95,7 @@ fn completions_and_chat_are_the_grpc_pipeline_in_openai_shapes() {
     let v = r.json();
     assert_eq!(v["object"], "text_completion");
     assert_eq!(v["model"], model.as_str());
-    assert_eq!(texts(&v, "text"), [grpc_text.clone()]);
+    assert_eq!(texts(&v, "text"), [grpc_text.as_str()]);
     assert_eq!(v["choices"][0]["finish_reason"], "length");
     let prompt_ids = http_post(&addr, "/tokenize", &json!({"prompt": PROMPT})).json();
     let prompt_len = prompt_ids["count"].as_u64().unwrap();
@@ -112,7 +112,7 @@ fn completions_and_chat_are_the_grpc_pipeline_in_openai_shapes() {
                 "skip_special_tokens": false}),
     )
     .json();
-    assert_eq!(texts(&by_ids, "text"), [grpc_text.clone()]);
+    assert_eq!(texts(&by_ids, "text"), [grpc_text.as_str()]);
     let generated: Vec<u32> = ids_of(&grpc);
     let back = http_post(&addr, "/detokenize", &json!({"tokens": generated})).json();
     assert_eq!(back["prompt"], grpc_text.as_str());

@@ -164,8 +164,8 @@ impl Shared {
         Ok(encoded.map_err(|e| InvalidArgument::new(field, e))?)
     }
 
-    /// Starts a request: validates it, tokenizes its prompt once, admits and places each of its
-    /// `n` completions, and returns their merged stream. `deadline` (the call's, if any) ends the
+    /// Starts a request: validates it, tokenizes its prompt once, admits it (once, whatever its
+    /// `n`), places each of its `n` completions, and returns their merged stream. `deadline` (the call's, if any) ends the
     /// streams with `DEADLINE_EXCEEDED` and cancels the work.
     pub async fn generate(
         &self,
@@ -195,14 +195,13 @@ impl Shared {
             .inspect_err(|_| outcome("invalid"))?;
         let valid =
             validate::finish(checked, prompt, limits).inspect_err(|_| outcome("invalid"))?;
-        // Every completion is admitted before any is placed, so a refusal leaves nothing running.
-        let permits = (0..n)
-            .map(|_| self.admission.try_admit(valid.prompt.len()))
-            .collect::<Result<Vec<Permit>, Refused>>()
+        // One admission for the request, whatever its `n`: each completion holds a share.
+        let permit = self
+            .admission
+            .try_admit(valid.prompt.len())
             .inspect_err(|_| outcome("rejected_overload"))?;
         let mut streams = StreamMap::with_capacity(n as usize);
-        let mut shares = Vec::with_capacity(n as usize);
-        for (index, permit) in (0..n).zip(permits) {
+        for index in 0..n {
             let mut child = valid.clone();
             child.sampling.seed = valid.sampling.seed.wrapping_add(u64::from(index));
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -241,7 +240,6 @@ impl Shared {
             );
             let (tx, rx) = tokio::sync::mpsc::channel(64);
             streams.insert(index, ReceiverStream::new(rx));
-            shares.push(permit.share());
             let task = RequestTask {
                 id,
                 index,
@@ -249,7 +247,7 @@ impl Shared {
                 link: placed.link,
                 events: placed.events,
                 out: tx,
-                permit,
+                permit: permit.share(),
                 text: self.text.clone(),
                 request: child,
                 arrived,
@@ -264,17 +262,17 @@ impl Shared {
         }
         Ok(ResponseStream {
             messages: streams,
-            _permits: shares,
+            _permit: permit,
         })
     }
 }
 
 /// The merged stream of a request's completions (each message's `index` says whose). It holds a
-/// share of each completion's admission, so tokens buffered for a client that has not read them
-/// yet still count as in flight. Dropping it cancels every completion still running.
+/// share of the request's admission, so tokens buffered for a client that has not read them yet
+/// still count as in flight. Dropping it cancels every completion still running.
 pub struct ResponseStream {
     messages: StreamMap<u32, ReceiverStream<Result<GenerateResponse, Status>>>,
-    _permits: Vec<Permit>,
+    _permit: Permit,
 }
 
 impl tokio_stream::Stream for ResponseStream {
