@@ -535,6 +535,11 @@ pub struct BenchServeArgs {
     /// gRPC connections to spread the streams over.
     #[arg(long, default_value_t = 4)]
     pub connections: usize,
+    /// Send the requests through the OpenAI-compatible HTTP API at this host:port (streamed
+    /// `/v1/completions`, one keep-alive connection per client) instead of gRPC; `--addr` still
+    /// answers ModelInfo.
+    #[arg(long)]
+    pub openai_addr: Option<String>,
     /// Write the report (or the sweep's reports) as JSON to this file.
     #[arg(long)]
     pub result_file: Option<PathBuf>,
@@ -568,6 +573,7 @@ pub fn bench_serve(args: BenchServeArgs) -> anyhow::Result<()> {
         seed: args.seed,
         connections: args.connections,
         progress: !args.quiet,
+        openai_addr: args.openai_addr.clone(),
         security: args.security.security(),
     };
     let rt = tokio::runtime::Runtime::new()?;

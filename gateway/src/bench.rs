@@ -19,6 +19,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use tokio::sync::Mutex;
 
+use crate::bench_openai::HttpConn;
 use crate::connect::{Bearer, Client};
 
 /// How to load the server.
@@ -46,6 +47,9 @@ pub struct BenchOptions {
     pub progress: bool,
     /// API key and TLS settings.
     pub security: crate::connect::ClientSecurity,
+    /// Send the requests through the OpenAI-compatible HTTP API at this `host:port` instead of
+    /// gRPC (the model's vocabulary and context length still come from gRPC's `ModelInfo`).
+    pub openai_addr: Option<String>,
 }
 
 /// Percentiles of a latency, in milliseconds.
@@ -152,13 +156,13 @@ pub enum BenchError {
 
 /// One request's measurements.
 #[derive(Debug, Default)]
-struct Sample {
-    ttft: Option<f64>,
-    itl: Vec<f64>,
-    e2e: f64,
-    input: u64,
-    output: u64,
-    error: Option<String>,
+pub(crate) struct Sample {
+    pub(crate) ttft: Option<f64>,
+    pub(crate) itl: Vec<f64>,
+    pub(crate) e2e: f64,
+    pub(crate) input: u64,
+    pub(crate) output: u64,
+    pub(crate) error: Option<String>,
 }
 
 fn draw_len(rng: &mut StdRng, mean: usize, ratio: f64) -> usize {
@@ -263,6 +267,7 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
         ProgressBar::hidden()
     };
     let samples = Arc::new(Mutex::new(Vec::with_capacity(reqs.len())));
+    let key = opts.security.api_key.as_deref();
     let start = Instant::now();
     let client_for = |i: usize| {
         InferenceClient::with_interceptor(channels[i % channels.len()].clone(), bearer.clone())
@@ -275,8 +280,12 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
             for (i, req) in reqs.into_iter().enumerate() {
                 tokio::time::sleep_until(next.into()).await;
                 let (client, samples, bar) = (client_for(i), samples.clone(), bar.clone());
+                let http = opts.openai_addr.as_deref().map(|a| HttpConn::new(a, key));
                 tasks.push(tokio::spawn(async move {
-                    let s = one(client, req).await;
+                    let s = match http {
+                        Some(mut conn) => conn.one(&req).await,
+                        None => one(client, req).await,
+                    };
                     samples.lock().await.push(s);
                     bar.inc(1);
                 }));
@@ -297,6 +306,7 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
                     (reqs.clone(), samples.clone(), bar.clone(), counter.clone());
                 let channels = channels.clone();
                 let bearer = bearer.clone();
+                let mut http = opts.openai_addr.as_deref().map(|a| HttpConn::new(a, key));
                 tasks.push(tokio::spawn(async move {
                     loop {
                         let next = reqs.lock().unwrap_or_else(|e| e.into_inner()).next();
@@ -304,7 +314,10 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
                         let i = counter.fetch_add(1, Ordering::Relaxed);
                         let channel = channels[i % channels.len()].clone();
                         let client = InferenceClient::with_interceptor(channel, bearer.clone());
-                        let s = one(client, req).await;
+                        let s = match &mut http {
+                            Some(conn) => conn.one(&req).await,
+                            None => one(client, req).await,
+                        };
                         samples.lock().await.push(s);
                         bar.inc(1);
                     }
@@ -389,6 +402,7 @@ mod tests {
             connections: 1,
             progress: false,
             security: Default::default(),
+            openai_addr: None,
         };
         let a = requests(&opts, 1000, 512);
         assert_eq!(a, requests(&opts, 1000, 512));

@@ -10,6 +10,7 @@
 pub mod admission;
 pub mod auth;
 pub mod bench;
+mod bench_openai;
 pub mod bench_plot;
 pub mod chat;
 pub mod client;

@@ -261,6 +261,7 @@ impl Shared {
             tokio::spawn(run_request(task));
         }
         Ok(ResponseStream {
+            prompt_tokens: valid.prompt.len(),
             messages: streams,
             _permit: permit,
         })
@@ -271,6 +272,8 @@ impl Shared {
 /// share of the request's admission, so tokens buffered for a client that has not read them yet
 /// still count as in flight. Dropping it cancels every completion still running.
 pub struct ResponseStream {
+    /// Tokens of the request's prompt (as tokenized).
+    pub prompt_tokens: usize,
     messages: StreamMap<u32, ReceiverStream<Result<GenerateResponse, Status>>>,
     _permit: Permit,
 }

@@ -26,6 +26,9 @@ pub struct StreamOptions {
     /// Send a last chunk with the usage of the whole request.
     #[serde(default)]
     pub include_usage: Option<bool>,
+    /// vLLM's: every chunk carries its choice's usage so far.
+    #[serde(default)]
+    pub continuous_usage_stats: Option<bool>,
 }
 
 /// The fields `/v1/completions` and `/v1/chat/completions` share (OpenAI's and vLLM's extras).
@@ -250,6 +253,8 @@ pub fn chat_messages(messages: &[Value]) -> Result<ChatMessages, ApiError> {
 pub struct Shape {
     pub stream: bool,
     pub include_usage: bool,
+    /// Every chunk carries its choice's usage so far (vLLM's `continuous_usage_stats`).
+    pub continuous_usage: bool,
     /// Top logprobs the client asked for (`None`: no logprobs at all).
     pub logprobs: Option<u32>,
     pub n: u32,
@@ -344,6 +349,9 @@ pub fn generate_request(
         include_usage: c
             .stream_options
             .is_some_and(|o| o.include_usage.unwrap_or(false)),
+        continuous_usage: c
+            .stream_options
+            .is_some_and(|o| o.continuous_usage_stats.unwrap_or(false)),
         logprobs,
         n,
     };

@@ -79,6 +79,8 @@ struct Choice {
     top: Vec<Value>,
     /// Chat's `logprobs.content` entries.
     content: Vec<Value>,
+    /// Tokens generated so far.
+    generated: usize,
 }
 
 impl Choice {
@@ -264,6 +266,7 @@ pub fn streamed(env: Envelope, streams: Vec<ResponseStream>, spell: TokenText) -
             v
         };
         let mut states: Vec<Choice> = (0..env.echo.len() * n).map(|_| Choice::default()).collect();
+        let prompt_tokens: Vec<usize> = streams.iter().map(|s| s.prompt_tokens).collect();
         // Chat: each choice opens with the role; completions: with the echoed prompt.
         for (c, state) in states.iter_mut().enumerate() {
             let first = match (env.api, &env.echo[c / n]) {
@@ -300,6 +303,7 @@ pub fn streamed(env: Envelope, streams: Vec<ResponseStream>, spell: TokenText) -
             let Some(state) = states.get_mut(t.choice) else {
                 continue;
             };
+            state.generated += msg.token_ids.len();
             if msg.text.is_empty() && msg.logprobs.is_empty() && finish.is_none() {
                 continue;
             }
@@ -324,7 +328,15 @@ pub fn streamed(env: Envelope, streams: Vec<ResponseStream>, spell: TokenText) -
                     json!({"index": t.choice, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
                 }
             };
-            if tx.send(Ok(event(&chunk(json!([choice]))))).await.is_err() {
+            let mut out = chunk(json!([choice]));
+            if env.shape.continuous_usage {
+                let prompt = prompt_tokens.get(t.choice / n).copied().unwrap_or(0);
+                out["usage"] = json!({
+                    "prompt_tokens": prompt, "completion_tokens": state.generated,
+                    "total_tokens": prompt + state.generated,
+                });
+            }
+            if tx.send(Ok(event(&out))).await.is_err() {
                 return;
             }
         }

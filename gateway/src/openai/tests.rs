@@ -89,6 +89,7 @@ fn requests_map_onto_the_pipeline_and_unsupported_fields_are_named() {
         Shape {
             stream: true,
             include_usage: true,
+            continuous_usage: false,
             logprobs: Some(0),
             n: 3
         }
