@@ -452,6 +452,11 @@ mod tests {
             ..ids(&[1])
         };
         assert_eq!(field_of(zero), "max_tokens");
+        let many = GenerateRequest {
+            n: MAX_N + 1,
+            ..ids(&[1])
+        };
+        assert_eq!(field_of(many), "n");
         let t = SamplingParams {
             temperature: Some(-0.1),
             ..Default::default()

@@ -71,6 +71,7 @@ async fn check_key(State(state): State<Arc<ApiState>>, req: Request, next: Next)
     if let Some(key) = &state.api_key
         && let Err(e) = key.verify(req.headers())
     {
+        metrics::counter!(crate::metrics::AUTH_FAILURES).increment(1);
         return ApiError::unauthorized(e.to_string()).into_response();
     }
     next.run(req).await
