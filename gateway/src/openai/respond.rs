@@ -7,6 +7,7 @@ use std::sync::Arc;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use protos::v1::{FinishReason, GenerateResponse};
+use serde::Serialize;
 use serde_json::{Value, json};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{StreamExt, StreamMap};
@@ -245,6 +246,52 @@ pub async fn whole(env: Envelope, streams: Vec<ResponseStream>, spell: TokenText
     .into_response()
 }
 
+/// A streamed chunk of one choice's new text: built from borrowed parts, so a token costs no
+/// JSON tree and no copy of the id or the model name.
+#[derive(Serialize)]
+struct TokenChunk<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: [TokenChoice<'a>; 1],
+    /// Absent; `null` with `include_usage`; the choice's usage so far with `continuous_usage_stats`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Option<UsageJson>>,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum TokenChoice<'a> {
+    Completion {
+        index: usize,
+        text: &'a str,
+        logprobs: &'a Value,
+        finish_reason: Option<&'static str>,
+        stop_reason: (),
+    },
+    Chat {
+        index: usize,
+        delta: Delta<'a>,
+        logprobs: &'a Value,
+        finish_reason: Option<&'static str>,
+    },
+}
+
+#[derive(Serialize)]
+struct Delta<'a> {
+    /// Left out of a last chunk that brings no text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct UsageJson {
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    total_tokens: usize,
+}
+
 fn event(v: &Value) -> Event {
     Event::default().data(v.to_string())
 }
@@ -314,29 +361,44 @@ pub fn streamed(env: Envelope, streams: Vec<ResponseStream>, spell: TokenText) -
                 }
                 None => Value::Null,
             };
+            let text = msg.text.as_str();
             let choice = match env.api {
-                Api::Completions => json!({
-                    "index": t.choice, "text": msg.text, "logprobs": logprobs,
-                    "finish_reason": finish, "stop_reason": Value::Null,
-                }),
-                Api::Chat => {
-                    let delta = if msg.text.is_empty() && finish.is_some() {
-                        json!({})
-                    } else {
-                        json!({"content": msg.text})
-                    };
-                    json!({"index": t.choice, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
-                }
+                Api::Completions => TokenChoice::Completion {
+                    index: t.choice,
+                    text,
+                    logprobs: &logprobs,
+                    finish_reason: finish,
+                    stop_reason: (),
+                },
+                Api::Chat => TokenChoice::Chat {
+                    index: t.choice,
+                    delta: Delta {
+                        content: (!text.is_empty() || finish.is_none()).then_some(text),
+                    },
+                    logprobs: &logprobs,
+                    finish_reason: finish,
+                },
             };
-            let mut out = chunk(json!([choice]));
-            if env.shape.continuous_usage {
+            let usage = if env.shape.continuous_usage {
                 let prompt = prompt_tokens.get(t.choice / n).copied().unwrap_or(0);
-                out["usage"] = json!({
-                    "prompt_tokens": prompt, "completion_tokens": state.generated,
-                    "total_tokens": prompt + state.generated,
-                });
-            }
-            if tx.send(Ok(event(&out))).await.is_err() {
+                Some(Some(UsageJson {
+                    prompt_tokens: prompt,
+                    completion_tokens: state.generated,
+                    total_tokens: prompt + state.generated,
+                }))
+            } else {
+                env.shape.include_usage.then_some(None)
+            };
+            let out = TokenChunk {
+                id: &env.id,
+                object: env.api.object(true),
+                created: env.created,
+                model: &env.model,
+                choices: [choice],
+                usage,
+            };
+            let data = serde_json::to_string(&out).unwrap_or_default();
+            if tx.send(Ok(Event::default().data(data))).await.is_err() {
                 return;
             }
         }
