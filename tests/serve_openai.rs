@@ -381,3 +381,33 @@ fn errors_are_openai_json_with_the_right_status_and_a_gone_client_frees_its_requ
         |v| v == 0.0
     ));
 }
+
+#[test]
+fn a_model_without_a_tokenizer_streams_its_tokens_as_they_come() {
+    // tiny-llama has no tokenizer: token-id prompts only, and every chunk's text is empty.
+    let model = common::tiny_llama();
+    let model = model.to_str().unwrap();
+    let server = Server::start(&["--model", model, "--device", "null"], 1);
+    let body = json!({
+        "prompt": [1, 2, 3], "max_tokens": 400, "ignore_eos": true, "stream": true,
+        "stream_options": {"include_usage": true, "continuous_usage_stats": true},
+    });
+    let c = chunks(&http_post(&server.http_addr, "/v1/completions", &body));
+    let (usage, body) = c.split_last().unwrap();
+    assert_eq!(usage["usage"]["completion_tokens"], 400);
+    // Each chunk counts the tokens so far; they rise to the total, over more than one chunk.
+    let counts: Vec<u64> = body
+        .iter()
+        .map(|c| c["usage"]["completion_tokens"].as_u64().unwrap())
+        .collect();
+    assert!(counts.len() > 1, "one chunk for {counts:?}");
+    assert!(counts.windows(2).all(|w| w[0] < w[1]), "{counts:?}");
+    assert_eq!(counts.last(), Some(&400));
+    let text = http_post(
+        &server.http_addr,
+        "/v1/completions",
+        &json!({"prompt": "hi"}),
+    );
+    assert_eq!(text.status, 400, "{}", text.body);
+    assert_eq!(text.json()["error"]["param"], "prompt");
+}

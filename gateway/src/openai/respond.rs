@@ -351,7 +351,9 @@ pub fn streamed(env: Envelope, streams: Vec<ResponseStream>, spell: TokenText) -
                 continue;
             };
             state.generated += msg.token_ids.len();
-            if msg.text.is_empty() && msg.logprobs.is_empty() && finish.is_none() {
+            // A message with tokens is a chunk even when its text is held back (or there is no
+            // tokenizer): the client sees the tokens arrive, and continuous usage counts them.
+            if msg.token_ids.is_empty() && msg.text.is_empty() && finish.is_none() {
                 continue;
             }
             let logprobs = match env.shape.logprobs {
