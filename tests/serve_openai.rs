@@ -177,6 +177,25 @@ fn completions_and_chat_are_the_grpc_pipeline_in_openai_shapes() {
     assert_eq!(texts(&v, "text"), [grpc_text[..cut].to_owned()]);
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
 
+    // min_tokens: the greedy run's first token as a stop id ends the completion at once, but not
+    // before min_tokens tokens.
+    let first = ids_of(&grpc)[0];
+    let mut early = greedy.clone();
+    early["stop_token_ids"] = json!([first]);
+    let v = http_post(&addr, "/v1/completions", &early).json();
+    assert_eq!(v["usage"]["completion_tokens"], 1, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    early["min_tokens"] = json!(4);
+    let v = http_post(&addr, "/v1/completions", &early).json();
+    assert!(
+        v["usage"]["completion_tokens"].as_u64().unwrap() >= 4,
+        "{v}"
+    );
+    early["min_tokens"] = json!(13);
+    let r = http_post(&addr, "/v1/completions", &early);
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json()["error"]["param"], "min_tokens");
+
     // Logprobs in the completions shape: one entry per token, at most k alternatives.
     let mut lp = greedy.clone();
     lp["logprobs"] = json!(2);

@@ -456,6 +456,7 @@ mod tests {
             request_id: 9,
             sampling: Default::default(),
             max_tokens: 5,
+            min_tokens: 0,
             logprobs: 0,
             ignore_eos: false,
             stop_token_ids: vec![],

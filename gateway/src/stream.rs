@@ -363,11 +363,14 @@ fn build(t: &mut RequestTask, p: &mut Progress, batch: Vec<Event>) -> Result<Bui
     {
         text.push_str(&d.flush(&tm.tokenizer));
     }
-    match p.stop.push(&text) {
-        StopOutcome::Continue(t) => text = t,
-        StopOutcome::Stopped(t) => {
-            text = t;
-            end = Some(End::StopString);
+    // Stop strings are looked for in the text after the first `min_tokens` tokens.
+    if p.emitted.len() >= t.request.min_tokens as usize {
+        match p.stop.push(&text) {
+            StopOutcome::Continue(t) => text = t,
+            StopOutcome::Stopped(t) => {
+                text = t;
+                end = Some(End::StopString);
+            }
         }
     }
     if end.is_some() && end != Some(End::StopString) {

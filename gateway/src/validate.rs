@@ -65,6 +65,7 @@ pub struct CheckedRequest {
     /// Completions of this prompt (at least 1).
     pub n: u32,
     pub skip_special_tokens: bool,
+    pub min_tokens: u32,
 }
 
 /// A request ready for a worker.
@@ -79,6 +80,8 @@ pub struct ValidRequest {
     pub logprobs: u32,
     pub ignore_eos: bool,
     pub skip_special_tokens: bool,
+    /// Output tokens before EOS, stop ids and stop strings count (at most `max_tokens`).
+    pub min_tokens: u32,
 }
 
 impl ValidRequest {
@@ -94,6 +97,7 @@ impl ValidRequest {
             request_id: id,
             sampling: self.sampling,
             max_tokens: self.max_tokens.saturating_sub(emitted.len() as u32),
+            min_tokens: self.min_tokens,
             logprobs: self.logprobs,
             ignore_eos: self.ignore_eos,
             stop_token_ids: self.stop_token_ids.clone(),
@@ -288,6 +292,14 @@ pub fn check(req: GenerateRequest, seed: u64) -> Result<CheckedRequest, InvalidA
             format!("{} is over the limit of {MAX_TOP_LOGPROBS}", req.logprobs),
         ));
     }
+    if let Some(max) = req.max_tokens
+        && req.min_tokens > max
+    {
+        return Err(InvalidArgument::new(
+            "min_tokens",
+            format!("{} is more than max_tokens {max}", req.min_tokens),
+        ));
+    }
     if req.n > MAX_N {
         return Err(InvalidArgument::new(
             "n",
@@ -314,6 +326,7 @@ pub fn check(req: GenerateRequest, seed: u64) -> Result<CheckedRequest, InvalidA
         ignore_eos: req.ignore_eos,
         n: req.n.max(1),
         skip_special_tokens: req.skip_special_tokens,
+        min_tokens: req.min_tokens,
     })
 }
 
@@ -380,6 +393,15 @@ pub fn finish(
         Some(n) => n,
         None => (max_len - len) as u32,
     };
+    if req.min_tokens > max_tokens {
+        return Err(InvalidArgument::new(
+            "min_tokens",
+            format!(
+                "{} is more than the {max_tokens} tokens the context leaves",
+                req.min_tokens
+            ),
+        ));
+    }
     Ok(ValidRequest {
         request_id: req.request_id,
         prompt,
@@ -390,6 +412,7 @@ pub fn finish(
         logprobs: req.logprobs,
         ignore_eos: req.ignore_eos,
         skip_special_tokens: req.skip_special_tokens,
+        min_tokens: req.min_tokens,
     })
 }
 
@@ -457,6 +480,17 @@ mod tests {
             ..ids(&[1])
         };
         assert_eq!(field_of(many), "n");
+        let min_over_max = GenerateRequest {
+            max_tokens: Some(3),
+            min_tokens: 4,
+            ..ids(&[1])
+        };
+        assert_eq!(field_of(min_over_max), "min_tokens");
+        let min_over_context = GenerateRequest {
+            min_tokens: 31,
+            ..ids(&[1, 2])
+        };
+        assert_eq!(field_of(min_over_context), "min_tokens");
         let t = SamplingParams {
             temperature: Some(-0.1),
             ..Default::default()

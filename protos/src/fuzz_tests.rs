@@ -43,6 +43,7 @@ fn submit_bytes(prompt: Vec<u32>, stops: Vec<u32>, prior: u32) -> Vec<u8> {
         request_id: 7,
         sampling: SamplingWire::default(),
         max_tokens: 9,
+        min_tokens: 0,
         logprobs: 1,
         ignore_eos: false,
         stop_token_ids: stops,

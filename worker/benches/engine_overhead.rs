@@ -112,6 +112,7 @@ fn host_sampler(c: &mut Criterion) {
                         output: &output,
                     },
                     logprobs,
+                    banned: &[],
                 };
                 black_box(sample_row(black_box(&logits), &req))
             })

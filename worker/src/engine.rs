@@ -228,6 +228,13 @@ impl Engine {
         if req.max_tokens == 0 {
             return Err(RequestError::ZeroMaxTokens);
         }
+        let allowed = req.max_tokens.saturating_add(req.prior_output_len);
+        if req.min_tokens > allowed {
+            return Err(RequestError::MinTokensOverMax {
+                min_tokens: req.min_tokens,
+                allowed,
+            });
+        }
         if req.prior_output_len > req.prompt.len() {
             return Err(RequestError::BadPriorOutput {
                 prior: req.prior_output_len,
@@ -387,7 +394,7 @@ impl Engine {
         };
         let device_ok = rows
             .iter()
-            .all(|s| s.logprobs.is_none() && !s.params.has_penalties());
+            .all(|s| s.logprobs.is_none() && !s.params.has_penalties() && s.banned().is_empty());
         if device_ok {
             let sampling: Vec<DeviceSampling> = rows
                 .iter()
@@ -441,6 +448,7 @@ impl Engine {
                         output: s.output(),
                     },
                     logprobs: s.logprobs,
+                    banned: s.banned(),
                 },
             )
         };

@@ -531,3 +531,44 @@ fn malformed_backend_output_is_an_engine_error() {
         assert!(matches!(engine.step(), Err(EngineError::BadOutput { .. })));
     }
 }
+
+#[test]
+fn min_tokens_keeps_eos_and_stop_ids_out_of_the_first_tokens() {
+    let p = prompt(5, 1);
+    let free_run = reference(&p, 30);
+    // The greedy run's first token as a stop id ends a plain request at once...
+    let stop = free_run[0];
+    let run = |min_tokens: usize| {
+        let mut req = greedy(1, p.clone(), 30);
+        req.stop_token_ids = vec![stop];
+        req.min_tokens = min_tokens;
+        let mut engine = engine_with(4, 64, EngineConfig::default());
+        engine.add_request(req).expect("valid");
+        let mut events = Vec::new();
+        while engine.has_unfinished() {
+            events.extend(engine.step().expect("step"));
+        }
+        events
+    };
+    assert_eq!(run(0).len(), 1);
+    // ...but not before min_tokens tokens: none of the first 5 is the stop id, and the request
+    // goes on to its budget or to a later stop.
+    let events = run(5);
+    assert!(events.len() > 5, "{} events", events.len());
+    assert!(
+        events[..5]
+            .iter()
+            .all(|e| e.token != stop && e.finish.is_none())
+    );
+    // min_tokens beyond max_tokens is refused.
+    let mut bad = greedy(2, p.clone(), 4);
+    bad.min_tokens = 5;
+    let mut engine = engine_with(4, 64, EngineConfig::default());
+    assert!(matches!(
+        engine.add_request(bad),
+        Err(RequestError::MinTokensOverMax {
+            min_tokens: 5,
+            allowed: 4
+        })
+    ));
+}

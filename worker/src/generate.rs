@@ -4,7 +4,8 @@
 //! `{"prompt_token_ids": [..]}`, plus optional `max_tokens` (default 16), `temperature` (default 1;
 //! 0 is greedy), `top_p`, `top_k`, `min_p`, `seed`, `logprobs` (top-n per generated token),
 //! `stop` (strings, matched on the decoded text, which is cut before them), `stop_token_ids`,
-//! `ignore_eos`, and the penalties `repetition_penalty`, `frequency_penalty`, `presence_penalty`. An
+//! `min_tokens` (no EOS or stop id before that many output tokens), `ignore_eos`, and the penalties
+//! `repetition_penalty`, `frequency_penalty`, `presence_penalty`. An
 //! unknown field is an error naming it. Blank lines are ignored.
 //!
 //! Each output line, in input order: `{"token_ids": [..], "text": ".." (with a tokenizer),
@@ -46,6 +47,7 @@ struct InputLine {
     logprobs: Option<usize>,
     stop: Option<Vec<String>>,
     stop_token_ids: Option<Vec<u32>>,
+    min_tokens: Option<usize>,
     ignore_eos: Option<bool>,
     repetition_penalty: Option<f32>,
     frequency_penalty: Option<f32>,
@@ -259,6 +261,7 @@ fn parse_line(
         params,
         max_tokens: input.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
         stop_token_ids: input.stop_token_ids.unwrap_or_default(),
+        min_tokens: input.min_tokens.unwrap_or(0),
         ignore_eos: input.ignore_eos.unwrap_or(false),
         logprobs: input.logprobs,
         prior_output_len: 0,

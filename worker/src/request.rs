@@ -17,6 +17,9 @@ pub struct Request {
     pub max_tokens: usize,
     /// Generating any of these ends the request with [`FinishReason::Stop`].
     pub stop_token_ids: Vec<u32>,
+    /// Output tokens (a resumed request's earlier output included) before which neither the
+    /// end-of-sequence tokens nor `stop_token_ids` may be sampled (vLLM's `min_tokens`).
+    pub min_tokens: usize,
     /// Keep going past the model's end-of-sequence tokens.
     pub ignore_eos: bool,
     /// Return the top-n logprobs of the raw distribution for each generated token.
@@ -36,6 +39,7 @@ impl Request {
             params: SamplingParams::default(),
             max_tokens,
             stop_token_ids: Vec::new(),
+            min_tokens: 0,
             ignore_eos: false,
             logprobs: None,
             prior_output_len: 0,
@@ -71,6 +75,8 @@ pub enum RequestError {
     EmptyPrompt,
     #[error("max_tokens must be at least 1")]
     ZeroMaxTokens,
+    #[error("min_tokens {min_tokens} is more than the {allowed} output tokens max_tokens allows")]
+    MinTokensOverMax { min_tokens: usize, allowed: usize },
     #[error("prompt token {token} at position {position} is outside the vocabulary (size {vocab})")]
     TokenOutOfVocab {
         token: u32,

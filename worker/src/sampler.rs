@@ -422,13 +422,21 @@ pub struct SampleRequest<'a> {
     pub history: History<'a>,
     /// Top-n logprobs wanted (`None`: no logprobs).
     pub logprobs: Option<usize>,
+    /// Tokens this draw may not pick (`min_tokens`: EOS and stop ids); the logprobs stay those of
+    /// the raw distribution.
+    pub banned: &'a [u32],
 }
 
 /// Samples one row of raw logits: penalties, filters, the request's draw, and raw logprobs if asked.
 pub fn sample_row(raw: &[f32], req: &SampleRequest<'_>) -> (u32, Option<Logprobs>) {
-    let token = if req.params.has_penalties() {
+    let token = if req.params.has_penalties() || !req.banned.is_empty() {
         let mut logits = raw.to_vec();
         apply_penalties(&mut logits, req.params, req.history);
+        for &t in req.banned {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
         pick(&logits, req)
     } else {
         pick(raw, req)

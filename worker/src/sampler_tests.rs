@@ -180,6 +180,7 @@ fn penalties_change_the_greedy_pick_and_logprobs_stay_raw() {
             output: &[1],
         },
         logprobs: Some(2),
+        banned: &[],
     };
     let (tok, lp) = sample_row(&raw, &req);
     assert_eq!(tok, 2);
@@ -191,6 +192,43 @@ fn penalties_change_the_greedy_pick_and_logprobs_stay_raw() {
     );
     assert!((lp.top[0].logprob - (3.0 - z)).abs() < 1e-5);
     assert!((lp.sampled.logprob - (2.9 - z)).abs() < 1e-5);
+}
+
+#[test]
+fn banned_tokens_are_never_drawn_and_logprobs_stay_raw() {
+    let raw = vec![0.0, 5.0, 1.0, 4.0];
+    for params in [SamplingParams::greedy(), SamplingParams::default()] {
+        for i in 0..64 {
+            let req = SampleRequest {
+                params: &params,
+                seed: 3,
+                output_index: i,
+                history: History {
+                    prompt: &[],
+                    output: &[],
+                },
+                logprobs: Some(1),
+                banned: &[1, 3],
+            };
+            let (tok, lp) = sample_row(&raw, &req);
+            assert!(tok == 0 || tok == 2, "drew banned token {tok}");
+            // The raw distribution's most likely token is still reported first.
+            assert_eq!(lp.unwrap().top[0].token, 1);
+        }
+    }
+    let greedy = SamplingParams::greedy();
+    let open = SampleRequest {
+        params: &greedy,
+        seed: 3,
+        output_index: 0,
+        history: History {
+            prompt: &[],
+            output: &[],
+        },
+        logprobs: None,
+        banned: &[],
+    };
+    assert_eq!(sample_row(&raw, &open).0, 1);
 }
 
 #[test]

@@ -88,6 +88,10 @@ pub struct Sequence {
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
     pub logprobs: Option<usize>,
+    /// The tokens this sequence may not sample until its output has `min_tokens` tokens: its stop
+    /// token ids, and the end-of-sequence ids unless it ignores them.
+    banned_early: Vec<u32>,
+    min_tokens: usize,
 }
 
 impl Sequence {
@@ -109,6 +113,15 @@ impl Sequence {
     /// Tokens whose KV is in the cache.
     pub fn num_computed(&self) -> usize {
         self.num_computed
+    }
+
+    /// Tokens the next draw may not pick (`min_tokens` not reached yet); usually none.
+    pub fn banned(&self) -> &[u32] {
+        if self.output().len() < self.min_tokens {
+            &self.banned_early
+        } else {
+            &[]
+        }
     }
 }
 
@@ -198,6 +211,21 @@ impl Scheduler {
             params: req.params,
             seed,
             max_tokens: req.max_tokens,
+            banned_early: if req.min_tokens == 0 {
+                Vec::new()
+            } else {
+                let eos = (!req.ignore_eos).then_some(&self.config.eos_token_ids);
+                let mut banned: Vec<u32> = req
+                    .stop_token_ids
+                    .iter()
+                    .chain(eos.into_iter().flatten())
+                    .copied()
+                    .collect();
+                banned.sort_unstable();
+                banned.dedup();
+                banned
+            },
+            min_tokens: req.min_tokens,
             stop_token_ids: req.stop_token_ids,
             ignore_eos: req.ignore_eos,
             logprobs: req.logprobs,

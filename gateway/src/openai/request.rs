@@ -271,12 +271,6 @@ pub fn generate_request(
     if c.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
         return Err(ApiError::invalid("logit_bias", "not supported"));
     }
-    if c.min_tokens.is_some_and(|n| n > 0) {
-        return Err(ApiError::invalid(
-            "min_tokens",
-            "not supported yet (only 0)",
-        ));
-    }
     if let Some(format) = &c.response_format {
         match format.get("type").and_then(Value::as_str) {
             Some("text") => {}
@@ -343,6 +337,7 @@ pub fn generate_request(
         ignore_eos: c.ignore_eos.unwrap_or(false),
         n,
         skip_special_tokens: c.skip_special_tokens.unwrap_or(true),
+        min_tokens: c.min_tokens.unwrap_or(0),
     };
     let shape = Shape {
         stream,

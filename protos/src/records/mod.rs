@@ -37,7 +37,7 @@ pub use tokens::{
 };
 
 /// The layout version written into every record; a record with another version is rejected.
-pub const WIRE_VERSION: u16 = 3;
+pub const WIRE_VERSION: u16 = 4;
 
 /// Largest number of top logprobs a request may ask for per token.
 pub const MAX_TOP_LOGPROBS: u32 = 20;

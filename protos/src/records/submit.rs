@@ -59,8 +59,10 @@ struct SubmitHeader {
     num_stop_token_ids: u32,
     num_prompt_tokens: u32,
     prior_output_len: u32,
+    min_tokens: u32,
+    reserved: u32,
 }
-const _: () = assert!(size_of::<SubmitHeader>() == 72);
+const _: () = assert!(size_of::<SubmitHeader>() == 80);
 
 const SUBMIT_IGNORE_EOS: u32 = 1;
 
@@ -72,6 +74,9 @@ pub struct Submit {
     pub sampling: SamplingWire,
     /// Tokens to generate at most (at least 1).
     pub max_tokens: u32,
+    /// Output tokens before which EOS and the stop token ids may not be sampled (a resumed
+    /// request's earlier output counts). At most `max_tokens + prior_output_len`.
+    pub min_tokens: u32,
     /// Top logprobs per generated token (0: none; at most [`MAX_TOP_LOGPROBS`]).
     pub logprobs: u32,
     /// Keep going after EOS.
@@ -125,6 +130,8 @@ impl Submit {
             num_stop_token_ids: count_u32(self.stop_token_ids.len(), "stop_token_ids")?,
             num_prompt_tokens: count_u32(self.prompt.len(), "prompt")?,
             prior_output_len: self.prior_output_len,
+            min_tokens: self.min_tokens,
+            reserved: 0,
         };
         let (head, rest) = out.split_at_mut(size_of::<SubmitHeader>());
         head.copy_from_slice(header.as_bytes());
@@ -170,6 +177,18 @@ impl Submit {
                 value: 0,
             });
         }
+        if h.reserved != 0 {
+            return Err(WireError::Invalid {
+                what: "submit reserved",
+                value: u64::from(h.reserved),
+            });
+        }
+        if u64::from(h.min_tokens) > u64::from(h.max_tokens) + u64::from(h.prior_output_len) {
+            return Err(WireError::Invalid {
+                what: "submit min_tokens",
+                value: u64::from(h.min_tokens),
+            });
+        }
         if h.logprobs > MAX_TOP_LOGPROBS {
             return Err(WireError::Invalid {
                 what: "submit logprobs",
@@ -198,6 +217,7 @@ impl Submit {
                 seed: h.seed,
             },
             max_tokens: h.max_tokens,
+            min_tokens: h.min_tokens,
             logprobs: h.logprobs,
             ignore_eos: h.preamble.extra & SUBMIT_IGNORE_EOS != 0,
             stop_token_ids: stops.to_vec(),

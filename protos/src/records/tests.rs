@@ -10,12 +10,41 @@ fn submit() -> Submit {
             ..SamplingWire::default()
         },
         max_tokens: 16,
+        min_tokens: 3,
         logprobs: 2,
         ignore_eos: true,
         stop_token_ids: vec![2, 3],
         prompt: vec![1, 100, 200, 300],
         prior_output_len: 1,
     }
+}
+
+#[test]
+fn submit_min_tokens_beyond_the_budget_and_reserved_bits_are_rejected() {
+    let s = submit();
+    let mut buf = vec![0u8; s.encoded_len()];
+    s.encode(&mut buf).unwrap();
+    assert_eq!(Submit::decode(&buf).unwrap().min_tokens, 3);
+    // min_tokens lives at byte 72: max_tokens 16 + prior output 1 allow 17, not 18.
+    buf[72..76].copy_from_slice(&17u32.to_ne_bytes());
+    assert_eq!(Submit::decode(&buf).unwrap().min_tokens, 17);
+    buf[72..76].copy_from_slice(&18u32.to_ne_bytes());
+    assert!(matches!(
+        Submit::decode(&buf),
+        Err(WireError::Invalid {
+            what: "submit min_tokens",
+            value: 18
+        })
+    ));
+    buf[72..76].copy_from_slice(&3u32.to_ne_bytes());
+    buf[76..80].copy_from_slice(&1u32.to_ne_bytes());
+    assert!(matches!(
+        Submit::decode(&buf),
+        Err(WireError::Invalid {
+            what: "submit reserved",
+            value: 1
+        })
+    ));
 }
 
 #[test]

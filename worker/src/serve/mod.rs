@@ -351,6 +351,7 @@ impl Loop {
             params: SamplingParams::from(s.sampling),
             max_tokens: s.max_tokens as usize,
             stop_token_ids: s.stop_token_ids,
+            min_tokens: s.min_tokens as usize,
             ignore_eos: s.ignore_eos,
             logprobs: (s.logprobs > 0).then_some(s.logprobs as usize),
             prior_output_len: s.prior_output_len as usize,

@@ -90,6 +90,7 @@ impl Harness {
                 ..SamplingWire::default()
             },
             max_tokens,
+            min_tokens: 0,
             logprobs: 0,
             ignore_eos: true,
             stop_token_ids: vec![],
@@ -170,6 +171,7 @@ fn a_corrupt_submit_fails_that_request_only() {
         request_id: 9,
         sampling: SamplingWire::default(),
         max_tokens: 3,
+        min_tokens: 0,
         logprobs: 0,
         ignore_eos: true,
         stop_token_ids: vec![],
