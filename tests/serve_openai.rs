@@ -430,3 +430,51 @@ fn a_model_without_a_tokenizer_streams_its_tokens_as_they_come() {
     assert_eq!(text.status, 400, "{}", text.body);
     assert_eq!(text.json()["error"]["param"], "prompt");
 }
+
+#[test]
+fn oversized_bodies_are_413_and_a_draining_server_answers_503() {
+    let dir = tempfile::tempdir().unwrap();
+    write_demo(dir.path());
+    let model = dir.path().to_str().unwrap().to_owned();
+    let mut server = Server::start(&["--model", &model, "--drain-timeout", "30"], 1);
+    let addr = server.http_addr.clone();
+    // Over the 4 MiB body limit: 413 in OpenAI's error shape.
+    let huge = json!({"prompt": "x".repeat(5 << 20)}).to_string();
+    let r = http(&addr, "POST", "/v1/completions", Some(&huge), &[]);
+    assert_eq!(r.status, 413, "{}", r.body);
+    assert!(r.json()["error"]["message"].is_string());
+
+    // While a stream runs, SIGTERM starts the drain: /health and new requests answer 503, the
+    // running stream goes on; once it is gone the server exits.
+    let held = open_stream(&addr, "none");
+    server.sigterm();
+    let start = Instant::now();
+    loop {
+        let r = http_post(
+            &addr,
+            "/v1/completions",
+            &json!({"prompt": "hi", "max_tokens": 1}),
+        );
+        if r.status == 503 {
+            assert!(
+                r.json()["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("shutting down")
+            );
+            break;
+        }
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no 503 while draining"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(http(&addr, "GET", "/health", None, &[]).status, 503);
+    drop(held);
+    let status = server
+        .wait_exit(Duration::from_secs(30))
+        .expect("the server exits");
+    assert!(status.success(), "{status:?}");
+}
