@@ -241,6 +241,20 @@ fn completions_and_chat_are_the_grpc_pipeline_in_openai_shapes() {
     assert_eq!(text, whole);
     assert_eq!(c.last().unwrap()["choices"][0]["finish_reason"], "length");
 
+    // echo puts the prompt before the completion, streamed or not; max_completion_tokens bounds
+    // a chat completion as max_tokens does.
+    let mut echo = greedy.clone();
+    echo["echo"] = json!(true);
+    let v = http_post(&addr, "/v1/completions", &echo).json();
+    assert_eq!(texts(&v, "text"), [format!("{PROMPT}{grpc_text}")]);
+    echo["stream"] = json!(true);
+    let c = chunks(&http_post(&addr, "/v1/completions", &echo));
+    assert_eq!(c[0]["choices"][0]["text"], PROMPT);
+    let mut short = chat.clone();
+    short["max_completion_tokens"] = json!(2);
+    let v = http_post(&addr, "/v1/chat/completions", &short).json();
+    assert_eq!(v["usage"]["completion_tokens"], 2, "{v}");
+
     // The other routes.
     let models = http(&addr, "GET", "/v1/models", None, &[]).json();
     assert_eq!(models["data"][0]["id"], model.as_str());
