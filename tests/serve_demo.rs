@@ -6,22 +6,11 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{Server, collect, ids_of, runtime};
+use common::{Server, collect, ids_of, runtime, write_demo};
 use protos::v1::{
     ChatMessage, ChatMessages, FinishReason, GenerateRequest, SamplingParams, TokenIds,
     TokenizeRequest, generate_request, tokenize_request,
 };
-
-/// Writes the demo model into `dir` with `ringserve demo-model`.
-fn write_demo(dir: &Path) {
-    let ok = Command::new(env!("CARGO_BIN_EXE_ringserve"))
-        .args(["demo-model", "--out"])
-        .arg(dir)
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "ringserve demo-model");
-}
 
 fn greedy(prompt: generate_request::Prompt, max_tokens: u32) -> GenerateRequest {
     GenerateRequest {

@@ -7,23 +7,11 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Server, collect, http, http_post, ids_of, runtime};
+use common::{Server, collect, http, http_post, ids_of, runtime, write_demo};
 use protos::v1::{GenerateRequest, SamplingParams, generate_request};
 use serde_json::{Value, json};
-
-fn write_demo(dir: &Path) {
-    let ok = Command::new(env!("CARGO_BIN_EXE_ringserve"))
-        .args(["demo-model", "--out"])
-        .arg(dir)
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "ringserve demo-model");
-}
 
 const PROMPT: &str = "Once upon a time";
 
@@ -86,6 +74,26 @@ fn completions_and_chat_are_the_grpc_pipeline_in_openai_shapes() {
         collect(&mut client, req).await.unwrap()
     });
     let grpc_text: String = grpc.iter().map(|m| m.text.as_str()).collect();
+    // gRPC's `n`: every message names its completion; each completion ends with its own usage.
+    let two = rt.block_on(async {
+        let mut client = server.client().await;
+        let req = GenerateRequest {
+            prompt: Some(generate_request::Prompt::Text(PROMPT.into())),
+            max_tokens: Some(5),
+            ignore_eos: true,
+            n: 2,
+            ..Default::default()
+        };
+        collect(&mut client, req).await.unwrap()
+    });
+    for index in 0..2 {
+        let mine: Vec<_> = two.iter().filter(|m| m.index == index).collect();
+        let tokens: usize = mine.iter().map(|m| m.token_ids.len()).sum();
+        assert_eq!(tokens, 5, "completion {index}");
+        assert!(mine.last().unwrap().usage.is_some());
+        assert_eq!(mine.iter().filter(|m| m.usage.is_some()).count(), 1);
+    }
+    assert!(two.iter().all(|m| m.index < 2));
     let greedy = json!({
         "model": model, "prompt": PROMPT, "max_tokens": 12, "temperature": 0,
         "ignore_eos": true, "skip_special_tokens": false,
@@ -388,6 +396,16 @@ fn errors_are_openai_json_with_the_right_status_and_a_gone_client_frees_its_requ
         &http(&addr, "POST", "/v1/completions", Some("{not json"), &auth),
         400,
     );
+    let e = error(
+        &post(
+            "/tokenize",
+            json!({"messages": [{"role": "wizard", "content": "x"}]}),
+        ),
+        400,
+    );
+    assert_eq!(e["param"], "messages[0].role", "{e}");
+    let e = error(&post("/tokenize", json!({"prompt": ""})), 400);
+    assert_eq!(e["param"], "prompt", "{e}");
 
     // 429 at the admission limit (one request in flight), and a client that goes away frees its
     // request at once: the next request is admitted.

@@ -43,13 +43,7 @@ fn the_openai_python_sdk_talks_to_the_server() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let ok = Command::new(env!("CARGO_BIN_EXE_ringserve"))
-        .args(["demo-model", "--out"])
-        .arg(dir.path())
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "ringserve demo-model");
+    common::write_demo(dir.path());
     let model = dir.path().to_str().unwrap().to_owned();
     let server = Server::start(
         &[

@@ -165,6 +165,23 @@ pub(crate) struct Sample {
     pub(crate) error: Option<String>,
 }
 
+impl Sample {
+    /// `n` tokens arrived at `now` (the request started at `start`, the previous tokens came at
+    /// `last`): the first arrival is the TTFT, later ones spread their gap over their tokens.
+    pub(crate) fn record(&mut self, n: u64, start: Instant, last: &mut Instant) {
+        let now = Instant::now();
+        match self.ttft {
+            None => self.ttft = Some(now.duration_since(start).as_secs_f64()),
+            Some(_) => {
+                let gap = now.duration_since(*last).as_secs_f64() / n as f64;
+                self.itl.extend(std::iter::repeat_n(gap, n as usize));
+            }
+        }
+        *last = now;
+        self.output += n;
+    }
+}
+
 fn draw_len(rng: &mut StdRng, mean: usize, ratio: f64) -> usize {
     let lo = ((mean as f64) * (1.0 - ratio)).round().max(1.0) as usize;
     let hi = ((mean as f64) * (1.0 + ratio)).round().max(lo as f64) as usize;
@@ -209,20 +226,10 @@ async fn one(mut client: Client, req: GenerateRequest) -> Sample {
         let mut stream = client.generate(req).await?.into_inner();
         let mut last = start;
         while let Some(msg) = stream.message().await? {
-            let now = Instant::now();
             let n = msg.token_ids.len() as u64;
-            if n == 0 {
-                continue;
+            if n > 0 {
+                s.record(n, start, &mut last);
             }
-            match s.ttft {
-                None => s.ttft = Some(now.duration_since(start).as_secs_f64()),
-                Some(_) => {
-                    let gap = now.duration_since(last).as_secs_f64() / n as f64;
-                    s.itl.extend(std::iter::repeat_n(gap, n as usize));
-                }
-            }
-            last = now;
-            s.output += n;
         }
         Ok::<(), tonic::Status>(())
     }

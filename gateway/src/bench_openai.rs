@@ -125,19 +125,9 @@ impl HttpConn {
                 }
                 let total = v["usage"]["completion_tokens"].as_u64().unwrap_or(s.output);
                 let n = total.saturating_sub(s.output);
-                if n == 0 {
-                    continue;
+                if n > 0 {
+                    s.record(n, start, &mut last);
                 }
-                let now = Instant::now();
-                match s.ttft {
-                    None => s.ttft = Some(now.duration_since(start).as_secs_f64()),
-                    Some(_) => {
-                        let gap = now.duration_since(last).as_secs_f64() / n as f64;
-                        s.itl.extend(std::iter::repeat_n(gap, n as usize));
-                    }
-                }
-                last = now;
-                s.output = total;
             }
         }
         if done {

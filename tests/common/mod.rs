@@ -37,6 +37,17 @@ pub fn tiny_llama_cases() -> Vec<(Vec<u32>, Vec<u32>)> {
         .collect()
 }
 
+/// Writes the demo model into `dir` with `ringserve demo-model`.
+pub fn write_demo(dir: &std::path::Path) {
+    let ok = Command::new(env!("CARGO_BIN_EXE_ringserve"))
+        .args(["demo-model", "--out"])
+        .arg(dir)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "ringserve demo-model");
+}
+
 /// A running `ringserve serve`.
 pub struct Server {
     pub child: Child,

@@ -297,11 +297,8 @@ async fn tokenize(
             "only true is supported (prompts are tokenized as /v1/completions does)",
         ));
     }
-    let to_openai = |f: &str| match f.strip_prefix("input.chat") {
-        Some(rest) => format!("messages{}", rest.strip_prefix(".messages").unwrap_or(rest)),
-        None if f.starts_with("input") => "prompt".into(),
-        None => f.to_owned(),
-    };
+    // Tokenize names its input `input.*` where Generate says `prompt.*`.
+    let to_openai = |f: &str| openai_param(&f.replacen("input", "prompt", 1), None, false);
     let prompt = validate::check_tokenize(protos::v1::TokenizeRequest { input: Some(input) })
         .map_err(|e| ApiError::invalid(to_openai(&e.field), e.message))?;
     let ids = state
