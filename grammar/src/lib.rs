@@ -107,6 +107,67 @@ impl GrammarSpec {
         })
     }
 
+    /// The spec vLLM's `structured_outputs` object asks for: exactly one of `json` (a schema, as
+    /// an object or its text), `regex`, `choice` (a list of strings) or `json_object: true`. The
+    /// error names the offending member.
+    pub fn from_structured_outputs(value: &serde_json::Value) -> Result<Self, String> {
+        let obj = value
+            .as_object()
+            .ok_or("structured_outputs must be an object")?;
+        let mut specs = Vec::new();
+        for (key, v) in obj {
+            let spec = match key.as_str() {
+                "json" => match v {
+                    serde_json::Value::String(text) => Self::JsonSchema(text.clone()),
+                    serde_json::Value::Object(_) | serde_json::Value::Bool(_) => {
+                        Self::JsonSchema(v.to_string())
+                    }
+                    serde_json::Value::Null => continue,
+                    _ => return Err("structured_outputs.json must be a JSON schema".into()),
+                },
+                "regex" => match v {
+                    serde_json::Value::String(rx) => Self::Regex(rx.clone()),
+                    serde_json::Value::Null => continue,
+                    _ => return Err("structured_outputs.regex must be a string".into()),
+                },
+                "choice" => match v {
+                    serde_json::Value::Array(items) => Self::Choice(
+                        items
+                            .iter()
+                            .map(|c| c.as_str().map(str::to_owned))
+                            .collect::<Option<_>>()
+                            .ok_or("structured_outputs.choice must be a list of strings")?,
+                    ),
+                    serde_json::Value::Null => continue,
+                    _ => return Err("structured_outputs.choice must be a list of strings".into()),
+                },
+                "json_object" => match v {
+                    serde_json::Value::Bool(true) => Self::JsonObject,
+                    serde_json::Value::Bool(false) | serde_json::Value::Null => continue,
+                    _ => return Err("structured_outputs.json_object must be a boolean".into()),
+                },
+                other => {
+                    return Err(format!(
+                        "structured_outputs.{other} is not supported (json, regex, choice and \
+                         json_object are)"
+                    ));
+                }
+            };
+            specs.push(spec);
+        }
+        match specs.len() {
+            1 => Ok(specs.remove(0)),
+            0 => Err(
+                "structured_outputs names no constraint (json, regex, choice or json_object)"
+                    .into(),
+            ),
+            _ => Err(
+                "structured_outputs must name exactly one of json, regex, choice and json_object"
+                    .into(),
+            ),
+        }
+    }
+
     fn source_len(&self) -> usize {
         match self {
             Self::JsonObject => 0,
@@ -327,6 +388,11 @@ impl Constraint {
             .map_err(|e| GrammarError::Matcher(e.to_string()))
     }
 
+    /// Logits per row the masks cover.
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
     /// The grammar allows nothing more: the output is complete (or the grammar failed). A
     /// grammar with nothing left to extend finishes on its last token, before any EOS.
     pub fn is_finished(&self) -> bool {
@@ -342,6 +408,18 @@ pub struct TokenMask {
 }
 
 impl TokenMask {
+    /// A mask over `len` ids allowing just `tokens` (those below `len`).
+    pub fn only(len: usize, tokens: &[u32]) -> Self {
+        let mut mask = Self {
+            words: vec![0; len.div_ceil(32)],
+            len,
+        };
+        for &t in tokens {
+            mask.allow(t);
+        }
+        mask
+    }
+
     /// Whether `token` may be drawn.
     pub fn allows(&self, token: u32) -> bool {
         (token as usize) < self.len && self.words[token as usize / 32] & (1 << (token % 32)) != 0

@@ -177,3 +177,50 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn structured_outputs_object() {
+    use serde_json::json;
+    let spec = |v| GrammarSpec::from_structured_outputs(&v);
+    assert_eq!(
+        spec(json!({"json": {"type": "string"}})),
+        Ok(GrammarSpec::JsonSchema(r#"{"type":"string"}"#.into()))
+    );
+    assert_eq!(
+        spec(json!({"json": "{\"type\": \"string\"}"})),
+        Ok(GrammarSpec::JsonSchema(r#"{"type": "string"}"#.into()))
+    );
+    assert_eq!(
+        spec(json!({"regex": "a+"})),
+        Ok(GrammarSpec::Regex("a+".into()))
+    );
+    assert_eq!(
+        spec(json!({"choice": ["x", "y"], "regex": null})),
+        Ok(GrammarSpec::Choice(vec!["x".into(), "y".into()]))
+    );
+    assert_eq!(
+        spec(json!({"json_object": true})),
+        Ok(GrammarSpec::JsonObject)
+    );
+    assert!(
+        spec(json!({"grammar": "root ::= x"}))
+            .unwrap_err()
+            .contains("structured_outputs.grammar")
+    );
+    assert!(
+        spec(json!({"regex": "a", "choice": ["b"]}))
+            .unwrap_err()
+            .contains("exactly one")
+    );
+    assert!(spec(json!({})).unwrap_err().contains("names no constraint"));
+    assert!(
+        spec(json!({"choice": [1]}))
+            .unwrap_err()
+            .contains("list of strings")
+    );
+    assert!(
+        spec(json!("json"))
+            .unwrap_err()
+            .contains("must be an object")
+    );
+}

@@ -8,8 +8,8 @@ use proptest::prelude::*;
 use crate::join::{JoinReply, JoinRequest};
 use crate::plan;
 use crate::records::{
-    Cancel, Draining, EngineGauges, EntryLogprobs, ErrorCode, Finish, Hello, Release, SamplingWire,
-    Submit, TokenEntry, Tokens, TokensWriter, peek_kind,
+    Cancel, Draining, EngineGauges, EntryLogprobs, ErrorCode, Finish, GrammarWire, Hello, Release,
+    SamplingWire, Submit, TokenEntry, Tokens, TokensWriter, peek_kind,
 };
 
 /// Runs every record decoder over `bytes`.
@@ -49,6 +49,10 @@ fn submit_bytes(prompt: Vec<u32>, stops: Vec<u32>, prior: u32) -> Vec<u8> {
         stop_token_ids: stops,
         prior_output_len: prior.min(prompt.len() as u32),
         prompt,
+        grammar: (prior % 2 == 1).then(|| GrammarWire {
+            kind: 3,
+            text: "[a-z]+".into(),
+        }),
     };
     let mut buf = vec![0u8; s.encoded_len()];
     s.encode(&mut buf).unwrap();

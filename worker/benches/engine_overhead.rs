@@ -113,6 +113,7 @@ fn host_sampler(c: &mut Criterion) {
                     },
                     logprobs,
                     banned: &[],
+                    allowed: None,
                 };
                 black_box(sample_row(black_box(&logits), &req))
             })

@@ -29,6 +29,7 @@ use thiserror::Error;
 
 use crate::backend::{Backend, BackendError, DeviceSampling, ForwardBatch, SeqInput};
 use crate::config::ModelConfig;
+use crate::constrain::Constraints;
 use crate::kv::{KvError, SeqId, block_hash_mix as mix64};
 use crate::request::{FinishReason, Request, RequestError};
 use crate::sampler::{History, Logprobs, SampleRequest, sample_row};
@@ -134,6 +135,7 @@ pub struct Engine {
     last_step: StepStats,
     last_plan: StepPlan,
     plan_sink: Option<Box<dyn PlanSink>>,
+    constraints: Constraints,
 }
 
 impl Engine {
@@ -199,7 +201,14 @@ impl Engine {
             last_step: StepStats::default(),
             last_plan: StepPlan::default(),
             plan_sink: None,
+            constraints: Constraints::default(),
         })
+    }
+
+    /// Lets requests carry a structured-output grammar, compiled by `compiler` (built over the
+    /// model's tokenizer). Without one, such requests are refused.
+    pub fn set_grammar_compiler(&mut self, compiler: grammar::Compiler) {
+        self.constraints.set_compiler(compiler);
     }
 
     /// The context length limit in force.
@@ -261,6 +270,10 @@ impl Engine {
             });
         }
         req.params.validate().map_err(RequestError::InvalidParams)?;
+        if let Some(spec) = &req.grammar {
+            let prior = &req.prompt[req.prompt.len() - req.prior_output_len..];
+            self.constraints.add(req.id, spec, prior)?;
+        }
         let seed = req.params.seed.unwrap_or_else(|| {
             self.seeds_issued += 1;
             mix64(self.seed_base ^ mix64(self.seeds_issued))
@@ -271,6 +284,7 @@ impl Engine {
 
     /// Drops a request and frees its KV blocks at once. Returns whether it was live.
     pub fn cancel(&mut self, id: SeqId) -> Result<bool, EngineError> {
+        self.constraints.remove(id);
         Ok(self.scheduler.abort(id)?)
     }
 
@@ -330,7 +344,21 @@ impl Engine {
     /// Runs `plan` and applies its sampled tokens.
     fn execute(&mut self, plan: &StepPlan) -> Result<Vec<TokenEvent>, EngineError> {
         let (tokens, logprobs) = self.run(plan)?;
-        let updates = self.scheduler.update(plan, &tokens)?;
+        let mut updates = self.scheduler.update(plan, &tokens)?;
+        if !self.constraints.is_empty() {
+            for u in &mut updates {
+                if !self.constraints.contains(u.seq) {
+                    continue;
+                }
+                if u.finish.is_none() && self.constraints.accept(u.seq, u.token) {
+                    u.finish = Some(FinishReason::Stop);
+                    self.scheduler.abort(u.seq)?;
+                }
+                if u.finish.is_some() {
+                    self.constraints.remove(u.seq);
+                }
+            }
+        }
         let mut logprobs = logprobs.into_iter();
         Ok(updates
             .into_iter()
@@ -392,9 +420,12 @@ impl Engine {
             positions: &positions,
             seqs: &seqs,
         };
-        let device_ok = rows
-            .iter()
-            .all(|s| s.logprobs.is_none() && !s.params.has_penalties() && s.banned().is_empty());
+        let device_ok = rows.iter().all(|s| {
+            s.logprobs.is_none()
+                && !s.params.has_penalties()
+                && s.banned().is_empty()
+                && !self.constraints.contains(s.id)
+        });
         if device_ok {
             let sampling: Vec<DeviceSampling> = rows
                 .iter()
@@ -424,7 +455,22 @@ impl Engine {
             }
         }
         let started = std::time::Instant::now();
-        let logits = self.backend.forward(&batch);
+        let (logits, masks) = if self.constraints.is_empty() {
+            (self.backend.forward(&batch), vec![None; rows.len()])
+        } else {
+            // The grammars' masks for this step's draws, computed while the forward pass runs.
+            let ids: Vec<SeqId> = rows.iter().map(|s| s.id).collect();
+            let (backend, constraints) = (&mut self.backend, &mut self.constraints);
+            let eos = &self.scheduler.config().eos_token_ids;
+            std::thread::scope(|scope| {
+                let masks = scope.spawn(|| constraints.masks(&ids, eos));
+                let logits = backend.forward(&batch);
+                let masks = masks
+                    .join()
+                    .unwrap_or_else(|p| std::panic::resume_unwind(p));
+                (logits, masks)
+            })
+        };
         self.last_step.backend_time += started.elapsed();
         let logits = logits?;
         if logits.vocab != self.vocab
@@ -449,6 +495,7 @@ impl Engine {
                     },
                     logprobs: s.logprobs,
                     banned: s.banned(),
+                    allowed: masks[i].as_ref(),
                 },
             )
         };

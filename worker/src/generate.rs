@@ -5,8 +5,9 @@
 //! 0 is greedy), `top_p`, `top_k`, `min_p`, `seed`, `logprobs` (top-n per generated token),
 //! `stop` (strings, matched on the decoded text, which is cut before them), `stop_token_ids`,
 //! `min_tokens` (no EOS or stop id before that many output tokens), `ignore_eos`, and the penalties
-//! `repetition_penalty`, `frequency_penalty`, `presence_penalty`. An
-//! unknown field is an error naming it. Blank lines are ignored.
+//! `repetition_penalty`, `frequency_penalty`, `presence_penalty`, and `structured_outputs` (vLLM's:
+//! exactly one of `json` (a JSON schema), `regex`, `choice` (a list of strings) or
+//! `json_object: true`; needs `tokenizer.json`). An unknown field is an error naming it. Blank lines are ignored.
 //!
 //! Each output line, in input order: `{"token_ids": [..], "text": ".." (with a tokenizer),
 //! "logprobs": [[{"token_id": n, "logprob": x}, ..], ..] (when asked; the raw distribution, highest
@@ -52,6 +53,7 @@ struct InputLine {
     repetition_penalty: Option<f32>,
     frequency_penalty: Option<f32>,
     presence_penalty: Option<f32>,
+    structured_outputs: Option<serde_json::Value>,
 }
 
 /// One candidate of an output line's `logprobs`.
@@ -265,6 +267,11 @@ fn parse_line(
         ignore_eos: input.ignore_eos.unwrap_or(false),
         logprobs: input.logprobs,
         prior_output_len: 0,
+        grammar: input
+            .structured_outputs
+            .as_ref()
+            .map(grammar::GrammarSpec::from_structured_outputs)
+            .transpose()?,
     };
     let pending = Pending {
         id,

@@ -8,6 +8,7 @@ pub mod backend;
 pub mod bench;
 pub mod checkpoint;
 pub mod config;
+pub mod constrain;
 pub mod demo;
 pub mod engine;
 pub mod generate;

@@ -38,8 +38,11 @@ pub fn open_model(
 ) -> Result<OpenedModel, OpenError> {
     let (model, checkpoint) = Checkpoint::load(dir)?;
     let backend = load_backend(&model, &checkpoint, backend)?;
-    let engine = Engine::new(backend, &model, config)?;
+    let mut engine = Engine::new(backend, &model, config)?;
     let tokenizer = load_tokenizer(dir)?;
+    if let Some(tokenizer) = &tokenizer {
+        enable_grammars(&mut engine, tokenizer, &model);
+    }
     Ok(OpenedModel {
         engine,
         config: model,
@@ -59,4 +62,20 @@ pub fn load_tokenizer(dir: &Path) -> Result<Option<Tokenizer>, OpenError> {
             path,
             message: e.to_string(),
         })
+}
+
+/// Lets `engine` run structured-output requests over `tokenizer`'s vocabulary. A tokenizer the
+/// grammar engine cannot use leaves them refused, with a warning; the model still serves.
+pub fn enable_grammars(engine: &mut Engine, tokenizer: &Tokenizer, model: &ModelConfig) {
+    let started = std::time::Instant::now();
+    match grammar::Compiler::new(tokenizer, model.vocab_size, &model.eos_token_ids) {
+        Ok(compiler) => {
+            tracing::debug!(
+                ms = started.elapsed().as_millis() as u64,
+                "structured output ready"
+            );
+            engine.set_grammar_compiler(compiler);
+        }
+        Err(e) => tracing::warn!(error = %e, "structured output is off for this model"),
+    }
 }

@@ -1,5 +1,6 @@
 //! What a client asks the engine for, and how a sequence ends.
 
+use grammar::{GrammarError, GrammarSpec};
 use thiserror::Error;
 
 use crate::kv::SeqId;
@@ -28,6 +29,8 @@ pub struct Request {
     /// They count as output for the frequency / presence penalties, and the random stream continues at
     /// output index `prior_output_len`, so the request continues exactly as it would have.
     pub prior_output_len: usize,
+    /// Structured output: the output must match this grammar (it ends when the grammar is complete).
+    pub grammar: Option<GrammarSpec>,
 }
 
 impl Request {
@@ -43,6 +46,7 @@ impl Request {
             ignore_eos: false,
             logprobs: None,
             prior_output_len: 0,
+            grammar: None,
         }
     }
 }
@@ -94,4 +98,8 @@ pub enum RequestError {
     BadPriorOutput { prior: usize, prompt_len: usize },
     #[error("invalid sampling parameters: {0}")]
     InvalidParams(String),
+    #[error("structured output needs the model's tokenizer.json, and this model has none")]
+    NoGrammarSupport,
+    #[error("grammar: {0}")]
+    Grammar(#[from] GrammarError),
 }

@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 
+use grammar::TokenMask;
 use protos::records::SamplingWire;
 
 use crate::kv::block_hash_mix as mix64;
@@ -425,17 +426,33 @@ pub struct SampleRequest<'a> {
     /// Tokens this draw may not pick (`min_tokens`: EOS and stop ids); the logprobs stay those of
     /// the raw distribution.
     pub banned: &'a [u32],
+    /// Structured output: only these tokens may be drawn (the logprobs stay raw). Where the mask
+    /// and `banned` together leave nothing, the mask wins.
+    pub allowed: Option<&'a TokenMask>,
 }
 
 /// Samples one row of raw logits: penalties, filters, the request's draw, and raw logprobs if asked.
 pub fn sample_row(raw: &[f32], req: &SampleRequest<'_>) -> (u32, Option<Logprobs>) {
-    let token = if req.params.has_penalties() || !req.banned.is_empty() {
+    let token = if req.params.has_penalties() || !req.banned.is_empty() || req.allowed.is_some() {
         let mut logits = raw.to_vec();
         apply_penalties(&mut logits, req.params, req.history);
+        if let Some(mask) = req.allowed {
+            for (t, l) in logits.iter_mut().enumerate() {
+                if !mask.allows(t as u32) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+        let before_ban = (req.allowed.is_some() && !req.banned.is_empty()).then(|| logits.clone());
         for &t in req.banned {
             if let Some(l) = logits.get_mut(t as usize) {
                 *l = f32::NEG_INFINITY;
             }
+        }
+        if let Some(masked) = before_ban
+            && logits.iter().all(|l| *l == f32::NEG_INFINITY)
+        {
+            logits = masked;
         }
         pick(&logits, req)
     } else {

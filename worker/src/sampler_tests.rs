@@ -181,6 +181,7 @@ fn penalties_change_the_greedy_pick_and_logprobs_stay_raw() {
         },
         logprobs: Some(2),
         banned: &[],
+        allowed: None,
     };
     let (tok, lp) = sample_row(&raw, &req);
     assert_eq!(tok, 2);
@@ -209,6 +210,7 @@ fn banned_tokens_are_never_drawn_and_logprobs_stay_raw() {
                 },
                 logprobs: Some(1),
                 banned: &[1, 3],
+                allowed: None,
             };
             let (tok, lp) = sample_row(&raw, &req);
             assert!(tok == 0 || tok == 2, "drew banned token {tok}");
@@ -227,8 +229,41 @@ fn banned_tokens_are_never_drawn_and_logprobs_stay_raw() {
         },
         logprobs: None,
         banned: &[],
+        allowed: None,
     };
     assert_eq!(sample_row(&raw, &open).0, 1);
+}
+
+#[test]
+fn a_grammar_mask_limits_the_draw_and_wins_over_banned_tokens() {
+    let raw = vec![0.0, 5.0, 1.0, 4.0, 2.0];
+    let mask = grammar::TokenMask::only(5, &[2, 4]);
+    for params in [SamplingParams::greedy(), SamplingParams::default()] {
+        for i in 0..64 {
+            let req = SampleRequest {
+                params: &params,
+                seed: 5,
+                output_index: i,
+                history: History {
+                    prompt: &[],
+                    output: &[],
+                },
+                logprobs: Some(1),
+                banned: &[4],
+                allowed: Some(&mask),
+            };
+            let (tok, lp) = sample_row(&raw, &req);
+            assert_eq!(tok, 2, "only 2 is both allowed and not banned");
+            assert_eq!(lp.unwrap().top[0].token, 1, "logprobs stay raw");
+            // Banning every allowed token leaves the grammar's choice.
+            let all_banned = SampleRequest {
+                banned: &[2, 4],
+                ..req
+            };
+            let tok = sample_row(&raw, &all_banned).0;
+            assert!(tok == 2 || tok == 4, "drew {tok}");
+        }
+    }
 }
 
 #[test]

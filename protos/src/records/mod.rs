@@ -14,7 +14,8 @@
 //! One file a record: `hello.rs`, `submit.rs`, `control.rs` (cancel, draining, release),
 //! `tokens.rs`; this file holds the preamble, the errors and the checks they share.
 //!
-//! Version history: 2 → 3 added [`Draining`] and [`Release`]. A peer of another version is refused
+//! Version history: 2 → 3 added [`Draining`] and [`Release`]; 3 → 4 `min_tokens`; 4 → 5 a
+//! [`Submit`]'s grammar ([`GrammarWire`]). A peer of another version is refused
 //! at its first record ([`WireError::Version`] names both), never misread.
 
 use thiserror::Error;
@@ -30,14 +31,14 @@ mod tokens;
 
 pub use control::{Cancel, Draining, Release};
 pub use hello::{Hello, HelloInfo};
-pub use submit::{SamplingWire, Submit};
+pub use submit::{GrammarWire, SamplingWire, Submit};
 pub use tokens::{
     EngineGauges, EntryLogprobs, ErrorCode, Finish, LogprobsRef, TokenEntry, TokenEntryRef, Tokens,
     TokensWriter,
 };
 
 /// The layout version written into every record; a record with another version is rejected.
-pub const WIRE_VERSION: u16 = 4;
+pub const WIRE_VERSION: u16 = 5;
 
 /// Largest number of top logprobs a request may ask for per token.
 pub const MAX_TOP_LOGPROBS: u32 = 20;

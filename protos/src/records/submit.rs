@@ -60,13 +60,26 @@ struct SubmitHeader {
     num_prompt_tokens: u32,
     prior_output_len: u32,
     min_tokens: u32,
+    /// 0: no grammar; else [`GrammarWire::kind`].
+    grammar_kind: u32,
+    grammar_len: u32,
     reserved: u32,
 }
-const _: () = assert!(size_of::<SubmitHeader>() == 80);
+const _: () = assert!(size_of::<SubmitHeader>() == 88);
 
 const SUBMIT_IGNORE_EOS: u32 = 1;
 
-/// Gateway → worker: a new request. Encoded as a fixed header, the stop token ids, then the prompt.
+/// A structured-output grammar as the wire carries it: a kind and its UTF-8 source, both opaque
+/// here (the `grammar` crate gives them meaning and checks them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrammarWire {
+    /// Not 0.
+    pub kind: u32,
+    pub text: String,
+}
+
+/// Gateway → worker: a new request. Encoded as a fixed header, the stop token ids, the prompt, then
+/// the grammar's source bytes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Submit {
     /// The gateway's id for the request (unique per worker while in flight).
@@ -89,17 +102,23 @@ pub struct Submit {
     /// output, so penalties count them and seeded sampling continues at that index. At most the
     /// prompt's length.
     pub prior_output_len: u32,
+    /// Structured output: the grammar the output must match.
+    pub grammar: Option<GrammarWire>,
 }
 
 impl Submit {
-    /// The encoded size of a submit with these counts.
-    pub fn encoded_len_for(num_stop: usize, num_prompt: usize) -> usize {
-        size_of::<SubmitHeader>() + 4 * (num_stop + num_prompt)
+    /// The encoded size of a submit with these counts (the grammar's source in bytes).
+    pub fn encoded_len_for(num_stop: usize, num_prompt: usize, grammar_len: usize) -> usize {
+        size_of::<SubmitHeader>() + 4 * (num_stop + num_prompt) + grammar_len
     }
 
     /// The encoded size of this record.
     pub fn encoded_len(&self) -> usize {
-        Self::encoded_len_for(self.stop_token_ids.len(), self.prompt.len())
+        Self::encoded_len_for(
+            self.stop_token_ids.len(),
+            self.prompt.len(),
+            self.grammar.as_ref().map_or(0, |g| g.text.len()),
+        )
     }
 
     /// Writes the record into `out`, returning its length.
@@ -107,6 +126,16 @@ impl Submit {
         let need = self.encoded_len();
         let out = out_of(out, need)?;
         let s = &self.sampling;
+        let (grammar_kind, grammar_text) = match &self.grammar {
+            Some(g) if g.kind == 0 => {
+                return Err(WireError::Invalid {
+                    what: "submit grammar kind",
+                    value: 0,
+                });
+            }
+            Some(g) => (g.kind, g.text.as_bytes()),
+            None => (0, &[][..]),
+        };
         let header = SubmitHeader {
             preamble: preamble(
                 RecordKind::Submit,
@@ -131,13 +160,17 @@ impl Submit {
             num_prompt_tokens: count_u32(self.prompt.len(), "prompt")?,
             prior_output_len: self.prior_output_len,
             min_tokens: self.min_tokens,
+            grammar_kind,
+            grammar_len: count_u32(grammar_text.len(), "grammar")?,
             reserved: 0,
         };
         let (head, rest) = out.split_at_mut(size_of::<SubmitHeader>());
         head.copy_from_slice(header.as_bytes());
-        let (stops, prompt) = rest.split_at_mut(4 * self.stop_token_ids.len());
+        let (stops, rest) = rest.split_at_mut(4 * self.stop_token_ids.len());
         write_u32s(stops, &self.stop_token_ids);
+        let (prompt, grammar) = rest.split_at_mut(4 * self.prompt.len());
         write_u32s(prompt, &self.prompt);
+        grammar.copy_from_slice(grammar_text);
         Ok(need)
     }
 
@@ -158,7 +191,18 @@ impl Submit {
         let h: SubmitHeader = read_header(bytes, "submit")?;
         check_preamble(&h.preamble, RecordKind::Submit)?;
         let (n_stop, n_prompt) = (h.num_stop_token_ids as usize, h.num_prompt_tokens as usize);
-        check_exact(bytes, Self::encoded_len_for(n_stop, n_prompt), "submit")?;
+        let n_grammar = h.grammar_len as usize;
+        check_exact(
+            bytes,
+            Self::encoded_len_for(n_stop, n_prompt, n_grammar),
+            "submit",
+        )?;
+        if h.grammar_kind == 0 && n_grammar != 0 {
+            return Err(WireError::Invalid {
+                what: "submit grammar_len without a grammar kind",
+                value: u64::from(h.grammar_len),
+            });
+        }
         if n_prompt == 0 {
             return Err(WireError::Invalid {
                 what: "submit num_prompt_tokens",
@@ -203,7 +247,25 @@ impl Submit {
         }
         let rest = &bytes[size_of::<SubmitHeader>()..];
         let (stops, rest) = U32s::split(rest, n_stop, "submit stop_token_ids")?;
-        let (prompt, _) = U32s::split(rest, n_prompt, "submit prompt")?;
+        let (prompt, rest) = U32s::split(rest, n_prompt, "submit prompt")?;
+        let grammar = match h.grammar_kind {
+            0 => None,
+            kind => {
+                let text = rest.get(..n_grammar).ok_or(WireError::Truncated {
+                    what: "submit grammar",
+                    got: rest.len(),
+                    need: n_grammar,
+                })?;
+                let text = std::str::from_utf8(text).map_err(|e| WireError::Invalid {
+                    what: "submit grammar (not UTF-8) at byte",
+                    value: e.valid_up_to() as u64,
+                })?;
+                Some(GrammarWire {
+                    kind,
+                    text: text.to_owned(),
+                })
+            }
+        };
         Ok(Submit {
             request_id: h.request_id,
             sampling: SamplingWire {
@@ -223,6 +285,7 @@ impl Submit {
             stop_token_ids: stops.to_vec(),
             prompt: prompt.to_vec(),
             prior_output_len: h.prior_output_len,
+            grammar,
         })
     }
 }

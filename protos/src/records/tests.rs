@@ -16,6 +16,10 @@ fn submit() -> Submit {
         stop_token_ids: vec![2, 3],
         prompt: vec![1, 100, 200, 300],
         prior_output_len: 1,
+        grammar: Some(GrammarWire {
+            kind: 2,
+            text: r#"{"type":"object","title":"é"}"#.into(),
+        }),
     }
 }
 
@@ -37,7 +41,7 @@ fn submit_min_tokens_beyond_the_budget_and_reserved_bits_are_rejected() {
         })
     ));
     buf[72..76].copy_from_slice(&3u32.to_ne_bytes());
-    buf[76..80].copy_from_slice(&1u32.to_ne_bytes());
+    buf[84..88].copy_from_slice(&1u32.to_ne_bytes());
     assert!(matches!(
         Submit::decode(&buf),
         Err(WireError::Invalid {
@@ -45,6 +49,54 @@ fn submit_min_tokens_beyond_the_budget_and_reserved_bits_are_rejected() {
             value: 1
         })
     ));
+}
+
+#[test]
+fn submit_grammar_round_trips_and_bad_grammar_bytes_are_rejected() {
+    let s = submit();
+    let mut buf = vec![0u8; s.encoded_len()];
+    s.encode(&mut buf).unwrap();
+    assert_eq!(Submit::decode(&buf).unwrap(), s);
+    let text_at = buf.len() - s.grammar.as_ref().unwrap().text.len();
+    // grammar_kind at byte 76: 0 with source bytes present is a contradiction.
+    let mut bad = buf.clone();
+    bad[76..80].copy_from_slice(&0u32.to_ne_bytes());
+    assert!(matches!(
+        Submit::decode(&bad),
+        Err(WireError::Invalid {
+            what: "submit grammar_len without a grammar kind",
+            ..
+        })
+    ));
+    let mut bad = buf.clone();
+    bad[text_at] = 0xFF;
+    assert!(matches!(
+        Submit::decode(&bad),
+        Err(WireError::Invalid {
+            what: "submit grammar (not UTF-8) at byte",
+            value: 0
+        })
+    ));
+    // grammar_len at byte 80, claiming more bytes than the record has.
+    let mut bad = buf.clone();
+    bad[80..84].copy_from_slice(&1000u32.to_ne_bytes());
+    assert!(matches!(
+        Submit::decode(&bad),
+        Err(WireError::Truncated { .. })
+    ));
+    let mut none = submit();
+    none.grammar = None;
+    let mut buf = vec![0u8; none.encoded_len()];
+    none.encode(&mut buf).unwrap();
+    assert_eq!(Submit::decode(&buf).unwrap().grammar, None);
+    none.grammar = Some(GrammarWire {
+        kind: 0,
+        text: String::new(),
+    });
+    assert!(
+        none.encode(&mut buf).is_err(),
+        "kind 0 is reserved for none"
+    );
 }
 
 #[test]

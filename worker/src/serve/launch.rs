@@ -13,7 +13,7 @@ use crate::backend::null::NullBackend;
 use crate::backend::{BackendOptions, Device};
 use crate::config::ModelConfig;
 use crate::engine::{Engine, EngineConfig, EngineError};
-use crate::open::{OpenError, open_model};
+use crate::open::{OpenError, enable_grammars, load_tokenizer, open_model};
 
 /// KV blocks of the null device when not given (it holds no memory per block).
 pub const NULL_DEFAULT_KV_BLOCKS: usize = 1 << 16;
@@ -154,7 +154,10 @@ fn build_engine(opts: &WorkerOptions) -> Result<(Engine, usize), LaunchError> {
                 opts.backend.block_size,
                 opts.backend.num_kv_blocks.unwrap_or(NULL_DEFAULT_KV_BLOCKS),
             );
-            let engine = Engine::new(Box::new(backend), &config, opts.engine.clone())?;
+            let mut engine = Engine::new(Box::new(backend), &config, opts.engine.clone())?;
+            if let Some(tokenizer) = load_tokenizer(&opts.model)? {
+                enable_grammars(&mut engine, &tokenizer, &config);
+            }
             (engine, config.vocab_size)
         }
     };

@@ -355,6 +355,22 @@ impl Loop {
             ignore_eos: s.ignore_eos,
             logprobs: (s.logprobs > 0).then_some(s.logprobs as usize),
             prior_output_len: s.prior_output_len as usize,
+            grammar: None,
+        };
+        let req = match s
+            .grammar
+            .map(|g| grammar::GrammarSpec::from_wire(g.kind, &g.text))
+        {
+            None => req,
+            Some(Ok(spec)) => Request {
+                grammar: Some(spec),
+                ..req
+            },
+            Some(Err(e)) => {
+                tracing::warn!(request_id = id, error = %e, "failing a request with a corrupt grammar");
+                self.failed.push((id, ErrorCode::CorruptRecord));
+                return Ok(());
+            }
         };
         match self.engine.add_request(req) {
             Ok(()) => {

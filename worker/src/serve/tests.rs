@@ -96,6 +96,7 @@ impl Harness {
             stop_token_ids: vec![],
             prompt,
             prior_output_len: 0,
+            grammar: None,
         };
         let mut buf = vec![0u8; s.encoded_len()];
         s.encode(&mut buf).unwrap();
@@ -177,6 +178,7 @@ fn a_corrupt_submit_fails_that_request_only() {
         stop_token_ids: vec![],
         prompt: vec![1, 2],
         prior_output_len: 0,
+        grammar: None,
     };
     let mut buf = vec![0u8; s.encoded_len()];
     s.encode(&mut buf).unwrap();

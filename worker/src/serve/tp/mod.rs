@@ -111,6 +111,8 @@ pub enum TpError {
     Engine(#[from] EngineError),
     #[error(transparent)]
     Serve(#[from] ServeError),
+    #[error(transparent)]
+    Open(#[from] crate::open::OpenError),
     #[error("rank {rank}: {source}")]
     Follower { rank: usize, source: FollowerError },
 }
@@ -244,6 +246,9 @@ pub fn run_rank(opts: &WorkerOptions, stop: Arc<AtomicBool>) -> Result<ServeExit
         let backend = shard_backend(&config, &checkpoint, &backend_opts, tp, comm)?;
         let kv_blocks = backend.num_kv_blocks();
         let mut engine = Engine::new(backend, &config, opts.engine.clone())?;
+        if let Some(tokenizer) = crate::open::load_tokenizer(&opts.model)? {
+            crate::open::enable_grammars(&mut engine, &tokenizer, &config);
+        }
         engine.set_plan_sink(Box::new(RingPlanSink::new(producers, PLAN_PUSH_TIMEOUT)));
         // The producers keep the plan rings mapped (and their names linked) while rank 0 lives.
         drop(creators);
