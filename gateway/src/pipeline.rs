@@ -22,6 +22,7 @@ use crate::metrics as m;
 use crate::router::{PlaceError, Router};
 use crate::stream::{Failover, RequestTask, run_request};
 use crate::tokenizer::TextModel;
+use grammar::GrammarSpec;
 use crate::validate::{self, InvalidArgument, ModelLimits, Prompt};
 
 /// How often a request waiting for a ready worker looks for one.
@@ -164,6 +165,23 @@ impl Shared {
         Ok(encoded.map_err(|e| InvalidArgument::new(field, e))?)
     }
 
+    /// Compiles a request's grammar on the blocking pool, to refuse one that cannot run.
+    async fn check_grammar(&self, spec: &GrammarSpec) -> Result<(), StartError> {
+        let text = self.text.clone().ok_or_else(|| {
+            InvalidArgument::new(
+                "structured_output",
+                "this model has no tokenizer.json, which structured output needs",
+            )
+        })?;
+        let spec = spec.clone();
+        let compiled = tokio::task::spawn_blocking(move || {
+            text.grammar.get().and_then(|c| c.compile(&spec)).map(drop)
+        })
+        .await
+        .map_err(|e| StartError::Internal(format!("grammar task: {e}")))?;
+        Ok(compiled.map_err(|e| InvalidArgument::new("structured_output", e.to_string()))?)
+    }
+
     /// Starts a request: validates it, tokenizes its prompt once, admits it (once, whatever its
     /// `n`), places each of its `n` completions, and returns their merged stream. `deadline` (the call's, if any) ends the
     /// streams with `DEADLINE_EXCEEDED` and cancels the work.
@@ -187,6 +205,11 @@ impl Shared {
         self.wait_for_worker(give_up)
             .await
             .inspect_err(|_| outcome("no_worker"))?;
+        if let Some(spec) = &checked.grammar {
+            self.check_grammar(spec)
+                .await
+                .inspect_err(|_| outcome("invalid"))?;
+        }
         let limits = self.limits()?;
         let n = checked.n;
         let prompt = self

@@ -462,6 +462,7 @@ mod tests {
             stop_token_ids: vec![],
             prompt: vec![1, 2, 3],
             prior_output_len: 0,
+            grammar: None,
         };
         assert!(matches!(r.place(&submit).await, Err(PlaceError::NoWorker)));
         let live = WorkerLink::new(1, info(), ring.producer().unwrap());

@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use grammar::BackgroundCompiler;
 use tokenizers::Tokenizer;
 
 use crate::chat::{ChatError, ChatTemplate, Message};
@@ -22,6 +23,9 @@ pub struct TextModel {
     pub tokenizer: Tokenizer,
     /// The chat template of `tokenizer_config.json`.
     pub chat: Option<ChatTemplate>,
+    /// Compiles structured-output grammars over this vocabulary, to refuse bad ones before they
+    /// run (the worker compiles its own to sample with; this one's end-of-sequence id is nominal).
+    pub grammar: BackgroundCompiler,
 }
 
 impl TextModel {
@@ -48,7 +52,17 @@ impl TextModel {
             }
             Err(_) => None,
         };
-        Ok(Some(Self { tokenizer, chat }))
+        let vocab = tokenizer.get_vocab_size(true);
+        let grammar = BackgroundCompiler::start(
+            tokenizer.clone(),
+            vocab,
+            vec![vocab.saturating_sub(1) as u32],
+        );
+        Ok(Some(Self {
+            tokenizer,
+            chat,
+            grammar,
+        }))
     }
 
     /// Token ids of a text prompt (with the tokenizer's special tokens, e.g. BOS).

@@ -6,8 +6,11 @@
 //! the vocabulary and the context length.
 
 use protos::records::{MAX_TOP_LOGPROBS, SamplingWire, Submit};
+use grammar::GrammarSpec;
+use protos::records::GrammarWire;
 use protos::v1::{
-    ChatMessages, GenerateRequest, TokenizeRequest, generate_request, tokenize_request,
+    ChatMessages, GenerateRequest, StructuredOutput, TokenizeRequest, generate_request,
+    structured_output, tokenize_request,
 };
 
 use crate::chat::{Message, ROLES};
@@ -66,6 +69,8 @@ pub struct CheckedRequest {
     pub n: u32,
     pub skip_special_tokens: bool,
     pub min_tokens: u32,
+    /// Structured output (not compiled yet).
+    pub grammar: Option<GrammarSpec>,
 }
 
 /// A request ready for a worker.
@@ -82,6 +87,8 @@ pub struct ValidRequest {
     pub skip_special_tokens: bool,
     /// Output tokens before EOS, stop ids and stop strings count (at most `max_tokens`).
     pub min_tokens: u32,
+    /// Structured output: the grammar the output must match.
+    pub grammar: Option<GrammarSpec>,
 }
 
 impl ValidRequest {
@@ -103,7 +110,29 @@ impl ValidRequest {
             stop_token_ids: self.stop_token_ids.clone(),
             prompt,
             prior_output_len: emitted.len() as u32,
+            grammar: self.grammar.as_ref().map(|g| GrammarWire {
+                kind: g.wire_kind(),
+                text: g.wire_text(),
+            }),
         }
+    }
+}
+
+/// The grammar a `structured_output` asks for (its source is checked when it is compiled).
+fn check_structured_output(so: StructuredOutput) -> Result<GrammarSpec, InvalidArgument> {
+    match so.kind {
+        None => Err(InvalidArgument::new(
+            "structured_output",
+            "names no kind (json_object, json_schema, regex or choice)",
+        )),
+        Some(structured_output::Kind::JsonObject(true)) => Ok(GrammarSpec::JsonObject),
+        Some(structured_output::Kind::JsonObject(false)) => Err(InvalidArgument::new(
+            "structured_output.json_object",
+            "must be true when set",
+        )),
+        Some(structured_output::Kind::JsonSchema(s)) => Ok(GrammarSpec::JsonSchema(s)),
+        Some(structured_output::Kind::Regex(r)) => Ok(GrammarSpec::Regex(r)),
+        Some(structured_output::Kind::Choice(c)) => Ok(GrammarSpec::Choice(c.choices)),
     }
 }
 
@@ -306,6 +335,10 @@ pub fn check(req: GenerateRequest, seed: u64) -> Result<CheckedRequest, InvalidA
             format!("{} is over the limit of {MAX_N}", req.n),
         ));
     }
+    let grammar = req
+        .structured_output
+        .map(check_structured_output)
+        .transpose()?;
     Ok(CheckedRequest {
         request_id: req.request_id,
         prompt,
@@ -327,6 +360,7 @@ pub fn check(req: GenerateRequest, seed: u64) -> Result<CheckedRequest, InvalidA
         n: req.n.max(1),
         skip_special_tokens: req.skip_special_tokens,
         min_tokens: req.min_tokens,
+        grammar,
     })
 }
 
@@ -413,6 +447,7 @@ pub fn finish(
         ignore_eos: req.ignore_eos,
         skip_special_tokens: req.skip_special_tokens,
         min_tokens: req.min_tokens,
+        grammar: req.grammar,
     })
 }
 

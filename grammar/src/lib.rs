@@ -334,6 +334,52 @@ impl Compiler {
     }
 }
 
+/// A [`Compiler`] being built on a thread of its own (over a 128k vocabulary that takes about a
+/// second, which start-up should not wait for); the first grammar that needs it waits for it.
+#[derive(Clone)]
+pub struct BackgroundCompiler {
+    cell: Arc<std::sync::OnceLock<Result<Compiler, GrammarError>>>,
+}
+
+impl std::fmt::Debug for BackgroundCompiler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BackgroundCompiler")
+            .field("ready", &self.cell.get().is_some())
+            .finish()
+    }
+}
+
+impl BackgroundCompiler {
+    /// Starts building `Compiler::new(&tokenizer, vocab_size, &eos_token_ids)`.
+    pub fn start(tokenizer: Tokenizer, vocab_size: usize, eos_token_ids: Vec<u32>) -> Self {
+        let cell = Arc::new(std::sync::OnceLock::new());
+        let fill = Arc::clone(&cell);
+        let spawned = std::thread::Builder::new()
+            .name("grammar-vocab".into())
+            .spawn(move || {
+                let _ = fill.set(Compiler::new(&tokenizer, vocab_size, &eos_token_ids));
+            });
+        if let Err(e) = spawned {
+            let _ = cell.set(Err(GrammarError::Tokenizer(format!(
+                "could not start the vocabulary thread: {e}"
+            ))));
+        }
+        Self { cell }
+    }
+
+    /// A compiler that is ready already.
+    pub fn ready(compiler: Compiler) -> Self {
+        Self {
+            cell: Arc::new(std::sync::OnceLock::from(Ok(compiler))),
+        }
+    }
+
+    /// The compiler, waiting for it to be built.
+    pub fn get(&self) -> Result<&Compiler, GrammarError> {
+        self.cell.wait().as_ref().map_err(Clone::clone)
+    }
+}
+
 /// One output's grammar state.
 pub struct Constraint {
     matcher: Matcher,

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use grammar::{Compiler, Constraint, GrammarSpec, TokenMask};
+use grammar::{BackgroundCompiler, Constraint, GrammarSpec, TokenMask};
 use rayon::prelude::*;
 
 use crate::kv::SeqId;
@@ -13,13 +13,13 @@ use crate::request::RequestError;
 /// The grammars of the live constrained sequences.
 #[derive(Debug, Default)]
 pub struct Constraints {
-    compiler: Option<Compiler>,
+    compiler: Option<BackgroundCompiler>,
     live: HashMap<SeqId, Constraint>,
 }
 
 impl Constraints {
     /// Lets requests carry grammars, compiled by `compiler`.
-    pub fn set_compiler(&mut self, compiler: Compiler) {
+    pub fn set_compiler(&mut self, compiler: BackgroundCompiler) {
         self.compiler = Some(compiler);
     }
 
@@ -35,7 +35,7 @@ impl Constraints {
             .compiler
             .as_ref()
             .ok_or(RequestError::NoGrammarSupport)?;
-        let mut constraint = compiler.compile(spec)?;
+        let mut constraint = compiler.get()?.compile(spec)?;
         for &t in prior_output {
             constraint.accept(t)?;
         }

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use grammar::testing::byte_tokenizer;
-use grammar::{Compiler, GrammarSpec};
+use grammar::{BackgroundCompiler, Compiler, GrammarSpec};
 
 use crate::backend::testing::ToyBackend;
 use crate::engine::{Engine, EngineConfig};
@@ -42,7 +42,7 @@ fn engine(num_blocks: usize, grammars: bool) -> Engine {
     if grammars {
         let compiler =
             Compiler::new(&byte_tokenizer(), VOCAB, &model.eos_token_ids).expect("compiler");
-        engine.set_grammar_compiler(compiler);
+        engine.set_grammar_compiler(BackgroundCompiler::ready(compiler));
     }
     engine
 }

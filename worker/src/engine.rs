@@ -207,7 +207,7 @@ impl Engine {
 
     /// Lets requests carry a structured-output grammar, compiled by `compiler` (built over the
     /// model's tokenizer). Without one, such requests are refused.
-    pub fn set_grammar_compiler(&mut self, compiler: grammar::Compiler) {
+    pub fn set_grammar_compiler(&mut self, compiler: grammar::BackgroundCompiler) {
         self.constraints.set_compiler(compiler);
     }
 

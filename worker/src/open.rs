@@ -64,18 +64,13 @@ pub fn load_tokenizer(dir: &Path) -> Result<Option<Tokenizer>, OpenError> {
         })
 }
 
-/// Lets `engine` run structured-output requests over `tokenizer`'s vocabulary. A tokenizer the
-/// grammar engine cannot use leaves them refused, with a warning; the model still serves.
+/// Lets `engine` run structured-output requests over `tokenizer`'s vocabulary, which is read on a
+/// thread of its own meanwhile (the first such request waits for it). A tokenizer the grammar
+/// engine cannot use makes those requests fail with its error; the model still serves.
 pub fn enable_grammars(engine: &mut Engine, tokenizer: &Tokenizer, model: &ModelConfig) {
-    let started = std::time::Instant::now();
-    match grammar::Compiler::new(tokenizer, model.vocab_size, &model.eos_token_ids) {
-        Ok(compiler) => {
-            tracing::debug!(
-                ms = started.elapsed().as_millis() as u64,
-                "structured output ready"
-            );
-            engine.set_grammar_compiler(compiler);
-        }
-        Err(e) => tracing::warn!(error = %e, "structured output is off for this model"),
-    }
+    engine.set_grammar_compiler(grammar::BackgroundCompiler::start(
+        tokenizer.clone(),
+        model.vocab_size,
+        model.eos_token_ids.clone(),
+    ));
 }

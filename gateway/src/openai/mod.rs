@@ -27,7 +27,7 @@ use serde_json::{Value, json};
 use self::error::ApiError;
 use self::request::{
     ChatRequest, CompletionRequest, DEFAULT_COMPLETION_MAX_TOKENS, Prompt, Shape, chat_messages,
-    completion_prompts, generate_request, openai_param, parse, parse_generation, with_chat,
+    completion_prompts, generate_request, grammar_param, openai_param, parse, parse_generation, with_chat,
     with_prompt,
 };
 use self::respond::{Api, Envelope, TokenText, streamed, whole};
@@ -113,6 +113,7 @@ async fn start(
     state: &ApiState,
     requests: Vec<protos::v1::GenerateRequest>,
     api: Api,
+    grammar_param: &'static str,
 ) -> Result<Vec<ResponseStream>, ApiError> {
     let several = requests.len() > 1;
     let mut streams = Vec::with_capacity(requests.len());
@@ -122,7 +123,15 @@ async fn start(
             .shared
             .generate(req, None)
             .await
-            .map_err(|e| ApiError::from_start(e, |f| openai_param(f, at, api == Api::Chat)))?;
+            .map_err(|e| {
+                ApiError::from_start(e, |f| {
+                    if f.starts_with("structured_output") {
+                        grammar_param.to_owned()
+                    } else {
+                        openai_param(f, at, api == Api::Chat)
+                    }
+                })
+            })?;
         streams.push(stream);
     }
     Ok(streams)
@@ -169,7 +178,13 @@ async fn completions(
         .map(|p| echo.then(|| echo_text(&state, p)))
         .collect();
     let requests = prompts.into_iter().map(|p| with_prompt(&base, p)).collect();
-    let streams = start(&state, requests, Api::Completions).await?;
+    let streams = start(
+        &state,
+        requests,
+        Api::Completions,
+        grammar_param(&req.common),
+    )
+    .await?;
     let env = envelope(&state, Api::Completions, id, shape, echo);
     Ok(respond(env, streams, &state).await)
 }
@@ -207,7 +222,13 @@ async fn chat_completions(
     let id = new_id("chatcmpl");
     let max_tokens = req.max_completion_tokens.or(req.max_tokens);
     let (base, shape) = generate_request(&req.common, max_tokens, logprobs, id.clone())?;
-    let streams = start(&state, vec![with_chat(base, messages)], Api::Chat).await?;
+    let streams = start(
+        &state,
+        vec![with_chat(base, messages)],
+        Api::Chat,
+        grammar_param(&req.common),
+    )
+    .await?;
     let env = envelope(&state, Api::Chat, id, shape, vec![None]);
     Ok(respond(env, streams, &state).await)
 }

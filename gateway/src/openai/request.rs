@@ -5,7 +5,10 @@
 //! logprobs, the context length — is checked by [`crate::validate`], the same code the gRPC API
 //! runs, and its field names are translated back by [`openai_param`].
 
-use protos::v1::{ChatMessage, ChatMessages, GenerateRequest, SamplingParams, TokenIds};
+use grammar::GrammarSpec;
+use protos::v1::{
+    ChatMessage, ChatMessages, Choices, GenerateRequest, SamplingParams, StructuredOutput, TokenIds,
+};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -55,6 +58,8 @@ pub struct CommonParams {
     pub skip_special_tokens: Option<bool>,
     pub min_tokens: Option<u32>,
     pub response_format: Option<Value>,
+    /// vLLM's: exactly one of `json`, `regex`, `choice`, `json_object`.
+    pub structured_outputs: Option<Value>,
 }
 
 /// `POST /v1/completions`.
@@ -271,24 +276,7 @@ pub fn generate_request(
     if c.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
         return Err(ApiError::invalid("logit_bias", "not supported"));
     }
-    if let Some(format) = &c.response_format {
-        match format.get("type").and_then(Value::as_str) {
-            Some("text") => {}
-            Some(kind @ ("json_object" | "json_schema")) => {
-                return Err(ApiError::invalid(
-                    "response_format.type",
-                    format!("{kind:?}: structured output is not supported yet (only \"text\")"),
-                ));
-            }
-            Some(other) => {
-                return Err(ApiError::invalid(
-                    "response_format.type",
-                    format!("unknown type {other:?} (expected \"text\")"),
-                ));
-            }
-            None => return Err(ApiError::invalid("response_format.type", "missing")),
-        }
-    }
+    let structured_output = structured_output(c)?;
     let stream = c.stream.unwrap_or(false);
     if c.stream_options.is_some() && !stream {
         return Err(ApiError::invalid(
@@ -338,6 +326,7 @@ pub fn generate_request(
         n,
         skip_special_tokens: c.skip_special_tokens.unwrap_or(true),
         min_tokens: c.min_tokens.unwrap_or(0),
+        structured_output,
     };
     let shape = Shape {
         stream,
@@ -351,6 +340,78 @@ pub fn generate_request(
         n,
     };
     Ok((request, shape))
+}
+
+/// The request parameter a structured-output error names: the one the client used.
+pub fn grammar_param(c: &CommonParams) -> &'static str {
+    if c.structured_outputs.is_some() {
+        "structured_outputs"
+    } else {
+        "response_format"
+    }
+}
+
+/// `response_format` (OpenAI's `text`, `json_object`, `json_schema`) or vLLM's
+/// `structured_outputs`, as the pipeline's [`StructuredOutput`]; at most one of the two.
+fn structured_output(c: &CommonParams) -> Result<Option<StructuredOutput>, ApiError> {
+    use protos::v1::structured_output::Kind;
+    let from_format = match &c.response_format {
+        None => None,
+        Some(format) => match format.get("type").and_then(Value::as_str) {
+            Some("text") => None,
+            Some("json_object") => Some(GrammarSpec::JsonObject),
+            Some("json_schema") => {
+                let schema = format
+                    .get("json_schema")
+                    .ok_or_else(|| ApiError::invalid("response_format.json_schema", "missing"))?
+                    .get("schema")
+                    .ok_or_else(|| {
+                        ApiError::invalid("response_format.json_schema.schema", "missing")
+                    })?;
+                if !schema.is_object() && !schema.is_boolean() {
+                    return Err(ApiError::invalid(
+                        "response_format.json_schema.schema",
+                        "must be a JSON schema (an object)",
+                    ));
+                }
+                Some(GrammarSpec::JsonSchema(schema.to_string()))
+            }
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    "response_format.type",
+                    format!(
+                        "unknown type {other:?} (expected \"text\", \"json_object\" or \"json_schema\")"
+                    ),
+                ));
+            }
+            None => return Err(ApiError::invalid("response_format.type", "missing")),
+        },
+    };
+    let from_vllm = c
+        .structured_outputs
+        .as_ref()
+        .map(|v| {
+            GrammarSpec::from_structured_outputs(v)
+                .map_err(|e| ApiError::invalid("structured_outputs", e))
+        })
+        .transpose()?;
+    let spec = match (from_format, from_vllm) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "structured_outputs",
+                "give either response_format or structured_outputs, not both",
+            ));
+        }
+        (a, b) => a.or(b),
+    };
+    Ok(spec.map(|spec| StructuredOutput {
+        kind: Some(match spec {
+            GrammarSpec::JsonObject => Kind::JsonObject(true),
+            GrammarSpec::JsonSchema(s) => Kind::JsonSchema(s),
+            GrammarSpec::Regex(r) => Kind::Regex(r),
+            GrammarSpec::Choice(choices) => Kind::Choice(Choices { choices }),
+        }),
+    }))
 }
 
 /// `request` with `prompt`.
