@@ -371,8 +371,17 @@ fn errors_are_openai_json_with_the_right_status_and_a_gone_client_frees_its_requ
         (json!({"prompt": "hi", "logprobs": 21}), "logprobs"),
         (json!({"prompt": "hi", "temperature": "hot"}), "temperature"),
         (
-            json!({"prompt": "hi", "response_format": {"type": "json_object"}}),
+            json!({"prompt": "hi", "response_format": {"type": "xml"}}),
             "response_format.type",
+        ),
+        (
+            json!({"prompt": "hi", "response_format": {"type": "json_schema", "json_schema":
+                {"name": "x", "schema": {"type": "frobnicate"}}}}),
+            "response_format",
+        ),
+        (
+            json!({"prompt": "hi", "structured_outputs": {"regex": "(open"}}),
+            "structured_outputs",
         ),
     ] {
         let e = error(&post("/v1/completions", body.clone()), 400);

@@ -22,8 +22,8 @@ use crate::metrics as m;
 use crate::router::{PlaceError, Router};
 use crate::stream::{Failover, RequestTask, run_request};
 use crate::tokenizer::TextModel;
-use grammar::GrammarSpec;
 use crate::validate::{self, InvalidArgument, ModelLimits, Prompt};
+use grammar::GrammarSpec;
 
 /// How often a request waiting for a ready worker looks for one.
 const WORKER_POLL: Duration = Duration::from_millis(50);

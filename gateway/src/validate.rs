@@ -5,9 +5,9 @@
 //! tokenizer (so bad requests never reach the blocking pool), [`finish`] checks the token ids against
 //! the vocabulary and the context length.
 
-use protos::records::{MAX_TOP_LOGPROBS, SamplingWire, Submit};
 use grammar::GrammarSpec;
 use protos::records::GrammarWire;
+use protos::records::{MAX_TOP_LOGPROBS, SamplingWire, Submit};
 use protos::v1::{
     ChatMessages, GenerateRequest, StructuredOutput, TokenizeRequest, generate_request,
     structured_output, tokenize_request,

@@ -115,6 +115,55 @@ def _():
     assert all(t.logprob >= max(a.logprob for a in t.top_logprobs) - 1e-4 for t in content)
 
 
+@check("structured output: json_schema and the SDK's parse() with a pydantic model")
+def _():
+    from typing import List, Literal
+
+    from pydantic import BaseModel, Field
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "title": {"type": "string", "maxLength": 10},
+            "year": {"type": "integer", "minimum": 1900, "maximum": 2100},
+            "genre": {"enum": ["drama", "comedy", "horror"]},
+        },
+        "required": ["title", "year", "genre"],
+        "additionalProperties": False,
+    }
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "A film, as JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "film", "schema": schema}},
+        max_tokens=200,
+        seed=3,
+    )
+    film = json.loads(r.choices[0].message.content)
+    assert r.choices[0].finish_reason == "stop", r.choices[0]
+    assert set(film) == {"title", "year", "genre"}, film
+    assert len(film["title"]) <= 10 and 1900 <= film["year"] <= 2100, film
+    assert film["genre"] in ("drama", "comedy", "horror"), film
+
+    class Pet(BaseModel):
+        kind: Literal["cat", "dog"]
+        age: int = Field(ge=0, le=30)
+
+    class Person(BaseModel):
+        name: str = Field(max_length=6)
+        pets: List[Pet] = Field(max_length=2)
+
+    parsed = client.chat.completions.parse(
+        model=MODEL,
+        messages=[{"role": "user", "content": "A person with pets."}],
+        response_format=Person,
+        max_tokens=300,
+        seed=9,
+    )
+    person = parsed.choices[0].message.parsed
+    assert isinstance(person, Person), parsed.choices[0].message
+    assert len(person.name) <= 6 and len(person.pets) <= 2, person
+
+
 @check("errors: unknown model 404, bad field 400, no key 401")
 def _():
     try:

@@ -27,8 +27,8 @@ use serde_json::{Value, json};
 use self::error::ApiError;
 use self::request::{
     ChatRequest, CompletionRequest, DEFAULT_COMPLETION_MAX_TOKENS, Prompt, Shape, chat_messages,
-    completion_prompts, generate_request, grammar_param, openai_param, parse, parse_generation, with_chat,
-    with_prompt,
+    completion_prompts, generate_request, grammar_param, openai_param, parse, parse_generation,
+    with_chat, with_prompt,
 };
 use self::respond::{Api, Envelope, TokenText, streamed, whole};
 pub use self::serve::{HttpServeError, HttpTls, serve};
@@ -119,19 +119,15 @@ async fn start(
     let mut streams = Vec::with_capacity(requests.len());
     for (i, req) in requests.into_iter().enumerate() {
         let at = several.then_some(i);
-        let stream = state
-            .shared
-            .generate(req, None)
-            .await
-            .map_err(|e| {
-                ApiError::from_start(e, |f| {
-                    if f.starts_with("structured_output") {
-                        grammar_param.to_owned()
-                    } else {
-                        openai_param(f, at, api == Api::Chat)
-                    }
-                })
-            })?;
+        let stream = state.shared.generate(req, None).await.map_err(|e| {
+            ApiError::from_start(e, |f| {
+                if f.starts_with("structured_output") {
+                    grammar_param.to_owned()
+                } else {
+                    openai_param(f, at, api == Api::Chat)
+                }
+            })
+        })?;
         streams.push(stream);
     }
     Ok(streams)
