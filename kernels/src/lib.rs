@@ -99,6 +99,7 @@ pub const KERNELS: &[&str] = &[
     "gemv_fp8_r32",
     "scale_fp8_out_bf16",
     "sample_f32",
+    "mask_logits",
     "l2_prefetch_u8",
 ];
 

@@ -40,6 +40,22 @@ __device__ float bisect(const float* lg, int vocab, float lo, float hi, float go
     return lo;
 }
 
+// A masked logit (-inf) does not count towards a row's minimum, the lower bound of the top-k and
+// top-p bisections: the kept set is then found among the tokens the mask allows.
+__device__ __forceinline__ float finite_or_inf(float v) { return v == -INFINITY ? INFINITY : v; }
+
+// Structured output: logits[rows[r] * vocab + t] becomes -inf for every token t whose bit in row
+// r's mask (masks[r * words ...], bit t % 32 of word t / 32) is clear. Grid: (ceil(vocab /
+// blockDim), masked rows); one thread per token, so the row is written in order.
+extern "C" __global__ void mask_logits(float* logits, const u32* masks, const u32* rows, int vocab,
+                                       int words) {
+    const int r = blockIdx.y;
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= vocab) return;
+    const u32 word = masks[(size_t)r * words + (t >> 5)];
+    if (!((word >> (t & 31)) & 1u)) logits[(size_t)rows[r] * vocab + t] = -INFINITY;
+}
+
 // What a slice's block publishes: max, index of the max, min.
 struct __align__(16) SlicePart {
     float max;
@@ -100,13 +116,14 @@ sample_f32(const float* logits, const SampleRow* params, u32* out, int vocab, Sl
             if (v.y > bv) { bv = v.y; bi = i + 1; }
             if (v.z > bv) { bv = v.z; bi = i + 2; }
             if (v.w > bv) { bv = v.w; bi = i + 3; }
-            mn = fminf(mn, fminf(fminf(v.x, v.y), fminf(v.z, v.w)));
+            mn = fminf(mn, fminf(fminf(finite_or_inf(v.x), finite_or_inf(v.y)),
+                                 fminf(finite_or_inf(v.z), finite_or_inf(v.w))));
         }
     } else {
         for (int i = from + threadIdx.x; i < to; i += blockDim.x) {
             const float v = lg[i];
             if (v > bv) { bv = v; bi = i; }
-            mn = fminf(mn, v);
+            mn = fminf(mn, finite_or_inf(v));
         }
     }
     block_argmax(bv, bi, sv, si);
@@ -184,7 +201,7 @@ sample_f32(const float* logits, const SampleRow* params, u32* out, int vocab, Sl
         float run = before;
         int pick = -1;
         for (int i = lo; i < hi; i++) {
-            if (lg[i] < thr) continue;
+            if (lg[i] < thr || lg[i] == -INFINITY) continue; // masked tokens weigh nothing
             pick = i;
             run += expf((lg[i] - mx) * inv_t);
             if (target < run) break;

@@ -2,6 +2,8 @@
 //! the masks keep the output inside the grammar), with the byte tokenizer: token id `b` is byte `b`.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use grammar::testing::byte_tokenizer;
 use grammar::{BackgroundCompiler, Compiler, GrammarSpec};
@@ -35,8 +37,19 @@ const SCHEMA: &str = r#"{
 }"#;
 
 fn engine(num_blocks: usize, grammars: bool) -> Engine {
+    engine_sampling_on(num_blocks, grammars, false).0
+}
+
+/// An engine whose backend samples on its "device" when `device` (masks applied there), with the
+/// count of its masked steps.
+fn engine_sampling_on(
+    num_blocks: usize,
+    grammars: bool,
+    device: bool,
+) -> (Engine, Arc<AtomicUsize>) {
     let (mut backend, model) = ToyBackend::with_config(VOCAB, 4, num_blocks);
-    backend.device_sampling = true;
+    backend.device_sampling = device;
+    let masked_steps = backend.masked_steps.clone();
     let mut engine =
         Engine::new(Box::new(backend), &model, EngineConfig::default()).expect("engine");
     if grammars {
@@ -44,7 +57,7 @@ fn engine(num_blocks: usize, grammars: bool) -> Engine {
             Compiler::new(&byte_tokenizer(), VOCAB, &model.eos_token_ids).expect("compiler");
         engine.set_grammar_compiler(BackgroundCompiler::ready(compiler));
     }
-    engine
+    (engine, masked_steps)
 }
 
 fn request(id: u64, grammar: Option<GrammarSpec>, seed: u64) -> Request {
@@ -162,6 +175,30 @@ fn schema_outputs_parse_and_validate_beside_free_requests() {
     // The free request draws exactly what it draws alone: masks stay with their own rows.
     let alone = run(&mut engine(512, true), vec![request(50, None, 7)]);
     assert_eq!(out[&50], alone[&50]);
+}
+
+#[test]
+fn device_sampling_applies_the_masks_and_draws_what_the_host_draws() {
+    let spec = || Some(GrammarSpec::JsonSchema(SCHEMA.into()));
+    let reqs = || {
+        let mut reqs: Vec<Request> = (0..4).map(|i| request(i, spec(), 500 + i)).collect();
+        reqs.push(request(9, None, 3));
+        let mut greedy = request(10, spec(), 0);
+        greedy.params = SamplingParams::greedy();
+        reqs.push(greedy);
+        reqs
+    };
+    let host = run(&mut engine(512, true), reqs());
+    let (mut on_device, masked_steps) = engine_sampling_on(512, true, true);
+    let device = run(&mut on_device, reqs());
+    assert!(
+        masked_steps.load(Ordering::Relaxed) > 0,
+        "the device path ran"
+    );
+    assert_eq!(host, device);
+    for i in [0, 1, 2, 3, 10] {
+        check_schema(&serde_json::from_str(&text(&device[&i].0)).expect("JSON"));
+    }
 }
 
 #[test]

@@ -24,6 +24,7 @@
 //! assert!(!tokens.is_empty() && tokens.len() <= 4);
 //! ```
 
+use grammar::TokenMask;
 use rayon::prelude::*;
 use thiserror::Error;
 
@@ -420,94 +421,113 @@ impl Engine {
             positions: &positions,
             seqs: &seqs,
         };
-        let device_ok = rows.iter().all(|s| {
-            s.logprobs.is_none()
-                && !s.params.has_penalties()
-                && s.banned().is_empty()
-                && !self.constraints.contains(s.id)
-        });
-        if device_ok {
-            let sampling: Vec<DeviceSampling> = rows
-                .iter()
-                .map(|s| DeviceSampling {
-                    params: s.params,
-                    seed: s.seed,
-                    step: s.output().len() as u64,
-                })
-                .collect();
-            let started = std::time::Instant::now();
-            let sampled = self.backend.forward_sampled(&batch, &sampling);
-            self.last_step.backend_time += started.elapsed();
-            if let Some(tokens) = sampled? {
-                if tokens.len() != rows.len() {
-                    return Err(EngineError::BadOutput {
-                        got: format!("{} sampled tokens", tokens.len()),
-                        expected: format!("{}", rows.len()),
-                    });
-                }
-                if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.vocab) {
-                    return Err(EngineError::BadOutput {
-                        got: format!("sampled token {bad}"),
-                        expected: format!("ids below the vocabulary size {}", self.vocab),
-                    });
-                }
-                return Ok((tokens, vec![None; rows.len()]));
-            }
-        }
-        let started = std::time::Instant::now();
-        let (logits, masks) = if self.constraints.is_empty() {
-            (self.backend.forward(&batch), vec![None; rows.len()])
-        } else {
-            // The grammars' masks for this step's draws, computed while the forward pass runs.
-            let ids: Vec<SeqId> = rows.iter().map(|s| s.id).collect();
-            let (backend, constraints) = (&mut self.backend, &mut self.constraints);
-            let eos = &self.scheduler.config().eos_token_ids;
-            std::thread::scope(|scope| {
-                let masks = scope.spawn(|| constraints.masks(&ids, eos));
-                let logits = backend.forward(&batch);
-                let masks = masks
-                    .join()
-                    .unwrap_or_else(|p| std::panic::resume_unwind(p));
-                (logits, masks)
-            })
-        };
-        self.last_step.backend_time += started.elapsed();
-        let logits = logits?;
-        if logits.vocab != self.vocab
-            || logits.rows() != rows.len()
-            || logits.data.len() != rows.len() * self.vocab
-        {
-            return Err(EngineError::BadOutput {
-                got: format!("{} logits with vocab {}", logits.data.len(), logits.vocab),
-                expected: format!("{} rows of vocab {}", rows.len(), self.vocab),
-            });
-        }
-        let sample = |(i, s): (usize, &&Sequence)| {
-            sample_row(
-                logits.row(i),
-                &SampleRequest {
-                    params: &s.params,
-                    seed: s.seed,
-                    output_index: s.output().len() as u64,
-                    history: History {
-                        prompt: s.prompt(),
-                        output: s.output(),
-                    },
-                    logprobs: s.logprobs,
-                    banned: s.banned(),
-                    allowed: masks[i].as_ref(),
-                },
-            )
-        };
-        // Rows are independent; spread big ones over the cores (each draw depends only on its row).
-        let sampled: Vec<(u32, Option<Logprobs>)> =
-            if rows.len() > 1 && rows.len() * self.vocab >= 1 << 16 {
-                rows.par_iter().enumerate().map(sample).collect()
-            } else {
-                rows.iter().enumerate().map(sample).collect()
+        let device_ok = rows
+            .iter()
+            .all(|s| s.logprobs.is_none() && !s.params.has_penalties() && s.banned().is_empty());
+        let constrained =
+            !self.constraints.is_empty() && rows.iter().any(|s| self.constraints.contains(s.id));
+        let ids: Vec<SeqId> = rows.iter().map(|s| s.id).collect();
+        let eos = &self.scheduler.config().eos_token_ids;
+        let (backend, constraints, vocab) = (&mut self.backend, &mut self.constraints, self.vocab);
+        let mut backend_time = std::time::Duration::ZERO;
+        let result = std::thread::scope(|scope| {
+            // The grammars' masks for this step's draws, computed while the forward pass runs;
+            // whichever sampler draws waits for them.
+            let mut job = constrained.then(|| scope.spawn(|| constraints.masks(&ids, eos)));
+            let mut masks: Option<Vec<Option<TokenMask>>> = None;
+            let mut take_masks = || {
+                masks
+                    .get_or_insert_with(|| match job.take() {
+                        Some(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+                        None => vec![None; ids.len()],
+                    })
+                    .clone()
             };
-        Ok(sampled.into_iter().unzip())
+            if device_ok {
+                let sampling: Vec<DeviceSampling> = rows
+                    .iter()
+                    .map(|s| DeviceSampling {
+                        params: s.params,
+                        seed: s.seed,
+                        step: s.output().len() as u64,
+                    })
+                    .collect();
+                let started = std::time::Instant::now();
+                let sampled = if constrained {
+                    backend.forward_sampled_masked(&batch, &sampling, &mut take_masks)
+                } else {
+                    backend.forward_sampled(&batch, &sampling)
+                };
+                backend_time += started.elapsed();
+                if let Some(tokens) = sampled? {
+                    if tokens.len() != rows.len() {
+                        return Err(EngineError::BadOutput {
+                            got: format!("{} sampled tokens", tokens.len()),
+                            expected: format!("{}", rows.len()),
+                        });
+                    }
+                    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+                        return Err(EngineError::BadOutput {
+                            got: format!("sampled token {bad}"),
+                            expected: format!("ids below the vocabulary size {vocab}"),
+                        });
+                    }
+                    let none = vec![None; rows.len()];
+                    return Ok((tokens, none));
+                }
+            }
+            let started = std::time::Instant::now();
+            let logits = backend.forward(&batch);
+            backend_time += started.elapsed();
+            let logits = logits?;
+            let masks = take_masks();
+            host_sample(&rows, &logits, &masks, vocab)
+        });
+        self.last_step.backend_time += backend_time;
+        result
     }
+}
+
+/// Draws every row of `logits` on the host (penalties, bans, grammar masks, logprobs).
+fn host_sample(
+    rows: &[&Sequence],
+    logits: &crate::backend::Logits,
+    masks: &[Option<TokenMask>],
+    vocab: usize,
+) -> Result<(Vec<u32>, Vec<Option<Logprobs>>), EngineError> {
+    if logits.vocab != vocab
+        || logits.rows() != rows.len()
+        || logits.data.len() != rows.len() * vocab
+    {
+        return Err(EngineError::BadOutput {
+            got: format!("{} logits with vocab {}", logits.data.len(), logits.vocab),
+            expected: format!("{} rows of vocab {vocab}", rows.len()),
+        });
+    }
+    let sample = |(i, s): (usize, &&Sequence)| {
+        sample_row(
+            logits.row(i),
+            &SampleRequest {
+                params: &s.params,
+                seed: s.seed,
+                output_index: s.output().len() as u64,
+                history: History {
+                    prompt: s.prompt(),
+                    output: s.output(),
+                },
+                logprobs: s.logprobs,
+                banned: s.banned(),
+                allowed: masks[i].as_ref(),
+            },
+        )
+    };
+    // Rows are independent; spread big ones over the cores (each draw depends only on its row).
+    let sampled: Vec<(u32, Option<Logprobs>)> = if rows.len() > 1 && rows.len() * vocab >= 1 << 16 {
+        rows.par_iter().enumerate().map(sample).collect()
+    } else {
+        rows.iter().enumerate().map(sample).collect()
+    };
+    Ok(sampled.into_iter().unzip())
 }
 
 fn step_stats(plan: &StepPlan) -> StepStats {

@@ -1217,6 +1217,114 @@ fn device_sampling_matches_the_host_sampler() {
     );
 }
 
+#[test]
+#[ignore = "requires a CUDA device"]
+fn masked_device_sampling_draws_only_allowed_tokens_as_the_host_does() {
+    use worker::sampler::{SamplingParams, argmax, sample_with, uniform};
+    let g = gpu();
+    let mut r = Rng(23);
+    let mut total = 0;
+    let mut mismatched = 0;
+    for vocab in [37usize, 1000, 32_000, 128_256] {
+        let rows = 16;
+        let words = vocab.div_ceil(32);
+        let logits: Vec<f32> = r.vec(rows * vocab).iter().map(|v| v * 4.0).collect();
+        // Odd rows are masked: a random tenth of the vocabulary (at least one token), never the
+        // row's own argmax, so a draw that ignored the mask would show.
+        let mut masked_rows = Vec::new();
+        let mut packed = Vec::new();
+        let mut allowed = vec![vec![true; vocab]; rows];
+        for row in (1..rows).step_by(2) {
+            let own = argmax(&logits[row * vocab..(row + 1) * vocab]) as usize;
+            let mut bits = vec![0u32; words];
+            for (t, ok) in allowed[row].iter_mut().enumerate() {
+                *ok = t != own && (r.f().abs() < 0.1 || t == (own + 1) % vocab);
+                if *ok {
+                    bits[t / 32] |= 1 << (t % 32);
+                }
+            }
+            masked_rows.push(row as u32);
+            packed.extend(bits);
+        }
+        for (temperature, top_k, top_p, min_p) in [
+            (0.0, 0, 1.0, 0.0),
+            (1.0, 0, 1.0, 0.0),
+            (0.8, 40, 1.0, 0.0),
+            (1.0, 0, 0.9, 0.0),
+            (1.0, 20, 0.95, 0.05),
+        ] {
+            let lb = g.upload_f32(&logits, DType::F32).unwrap();
+            let mb = g
+                .upload_bytes(bytemuck::cast_slice(&packed), DType::U32)
+                .unwrap();
+            let mut rb = g.alloc(DType::U32, masked_rows.len()).unwrap();
+            ops::mask_logits(&g, &lb, &mb, &mut rb, &masked_rows, (rows, vocab)).unwrap();
+            let masked = g.download_f32(&lb).unwrap();
+            for (i, (&m, &l)) in masked.iter().zip(&logits).enumerate() {
+                let want = if allowed[i / vocab][i % vocab] {
+                    l
+                } else {
+                    f32::NEG_INFINITY
+                };
+                assert_eq!(m.to_bits(), want.to_bits(), "vocab {vocab} logit {i}");
+            }
+            let params = SamplingParams {
+                temperature,
+                top_k,
+                top_p,
+                min_p,
+                ..SamplingParams::default()
+            };
+            let device_rows: Vec<SampleRow> = (0..rows)
+                .map(|i| SampleRow {
+                    temperature,
+                    top_k,
+                    top_p,
+                    min_p,
+                    seed: 99 + i as u64,
+                    step: i as u64,
+                })
+                .collect();
+            let pb = g
+                .upload_bytes(bytemuck::cast_slice(&device_rows), DType::U32)
+                .unwrap();
+            let out = g.alloc(DType::U32, rows).unwrap();
+            let scratch = g
+                .alloc(DType::U32, rows * kernels::SAMPLE_SCRATCH_WORDS)
+                .unwrap();
+            ops::sample(&g, &lb, &pb, &out, &scratch, (rows, vocab)).unwrap();
+            let got = g.download_u32(&out, rows).unwrap();
+            for (i, row) in device_rows.iter().enumerate() {
+                assert!(
+                    allowed[i][got[i] as usize],
+                    "vocab {vocab} row {i} drew masked {}",
+                    got[i]
+                );
+                let host_logits = &masked[i * vocab..(i + 1) * vocab];
+                let host = if temperature == 0.0 {
+                    argmax(host_logits)
+                } else {
+                    sample_with(host_logits, &params, uniform(row.seed, row.step))
+                };
+                total += 1;
+                if host != got[i] {
+                    mismatched += 1;
+                    eprintln!(
+                        "vocab {vocab} mode {:?} row {i}: host {host} device {}",
+                        (temperature, top_k, top_p, min_p),
+                        got[i]
+                    );
+                }
+            }
+        }
+    }
+    // As in device_sampling_matches_the_host_sampler: f32 CDF rounding may move a rare draw.
+    assert!(
+        mismatched <= 2,
+        "{mismatched} of {total} masked draws differ between device and host"
+    );
+}
+
 /// E4M3 codes and scales of `rows × k` values, by the CPU reference quantizer.
 fn fp8_reference(v: &[f32], k: usize) -> (Vec<u8>, Vec<f32>) {
     let q = worker::quant::fp8::Fp8Rows::quantize(v, k);

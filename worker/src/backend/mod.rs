@@ -168,6 +168,8 @@ impl Logits {
     }
 }
 
+use grammar::TokenMask;
+
 /// One sampling row for a backend that samples on the device: the request's settings (the device
 /// applies temperature, top-k, top-p and min-p; rows with penalties or logprobs never get here) and
 /// where in the request's random stream this draw is.
@@ -243,6 +245,20 @@ pub trait Backend: Send {
         sampling: &[DeviceSampling],
     ) -> Result<Option<Vec<u32>>, BackendError> {
         let _ = (batch, sampling);
+        Ok(None)
+    }
+
+    /// As [`Backend::forward_sampled`], where some rows are constrained by a structured-output
+    /// grammar: once the forward pass is under way, `masks` gives one entry per sampling row (the
+    /// tokens it may draw; `None`: any) — the engine computes them meanwhile — and the draw keeps
+    /// to them. `Ok(None)` (the default) sends the step to the host sampler instead.
+    fn forward_sampled_masked(
+        &mut self,
+        batch: &ForwardBatch<'_>,
+        sampling: &[DeviceSampling],
+        masks: &mut dyn FnMut() -> Vec<Option<TokenMask>>,
+    ) -> Result<Option<Vec<u32>>, BackendError> {
+        let _ = (batch, sampling, masks);
         Ok(None)
     }
 }

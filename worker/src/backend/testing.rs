@@ -7,6 +7,8 @@
 //! still referenced, or a recompute that skips a token all change (or fail) the logits, so they show
 //! up as different tokens or as an error — which is what the engine's tests check.
 
+use grammar::TokenMask;
+
 use crate::backend::{Backend, BackendError, DeviceSampling, ForwardBatch, Logits};
 use crate::config::{Architecture, ModelConfig, RopeConfig, RopeScaling};
 use crate::kv::block_hash_mix as mix64;
@@ -39,6 +41,9 @@ pub struct ToyBackend {
     pub device_sampling: bool,
     /// Forward passes run so far.
     pub steps: usize,
+    /// Steps sampled on the "device" with grammar masks (shared, so a test can read it while the
+    /// engine owns the backend).
+    pub masked_steps: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl ToyBackend {
@@ -51,6 +56,7 @@ impl ToyBackend {
             slots: vec![None; num_blocks * block_size],
             device_sampling: false,
             steps: 0,
+            masked_steps: Default::default(),
         }
     }
 
@@ -158,15 +164,54 @@ impl Backend for ToyBackend {
         Ok(Some(
             rows.iter()
                 .zip(sampling)
-                .map(|(row, s)| {
-                    if s.params.is_greedy() {
-                        argmax(row)
-                    } else {
-                        sample_with(row, &s.params, uniform(s.seed, s.step))
-                    }
-                })
+                .map(|(row, s)| device_draw(row, s))
                 .collect(),
         ))
+    }
+
+    fn forward_sampled_masked(
+        &mut self,
+        batch: &ForwardBatch<'_>,
+        sampling: &[DeviceSampling],
+        masks: &mut dyn FnMut() -> Vec<Option<TokenMask>>,
+    ) -> Result<Option<Vec<u32>>, BackendError> {
+        if !self.device_sampling {
+            return Ok(None);
+        }
+        let mut rows = self.run(batch)?;
+        let masks = masks();
+        if rows.len() != sampling.len() || masks.len() != rows.len() {
+            return Err(BackendError::InvalidBatch(
+                "one DeviceSampling and one mask per sampling row expected".into(),
+            ));
+        }
+        self.masked_steps
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        for (row, mask) in rows.iter_mut().zip(&masks) {
+            if let Some(mask) = mask {
+                // As the CUDA kernel does: masked logits become -inf before the draw.
+                for (t, l) in row.iter_mut().enumerate() {
+                    if !mask.allows(t as u32) {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        }
+        Ok(Some(
+            rows.iter()
+                .zip(sampling)
+                .map(|(row, s)| device_draw(row, s))
+                .collect(),
+        ))
+    }
+}
+
+/// The device's draw, with the host sampler's formulas.
+fn device_draw(row: &[f32], s: &DeviceSampling) -> u32 {
+    if s.params.is_greedy() {
+        argmax(row)
+    } else {
+        sample_with(row, &s.params, uniform(s.seed, s.step))
     }
 }
 

@@ -30,6 +30,8 @@ use super::step::{self, DECODE_SPLIT, HostStep, Limits};
 use super::tp::{CudaTp, DeviceGroup};
 use super::weights::{self, Fp8Layer, Fp8Scales, LayerWeights, Weights};
 use crate::backend::switches::{GemvChoice, KernelSwitches};
+use grammar::TokenMask;
+
 use crate::backend::{Backend, BackendError, DeviceSampling, ForwardBatch, Logits};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
@@ -188,7 +190,11 @@ pub struct CudaBackend {
     block_size: usize,
     num_blocks: usize,
     ws: Workspace,
-    graphs: HashMap<(usize, usize), Graph>,
+    /// Decode graphs by (batch bucket, block-table stride, whether the step's draw is left out for
+    /// grammar masks to come first).
+    graphs: HashMap<(usize, usize, bool), Graph>,
+    /// Grammar masks of a step's constrained rows and those rows' indices, grown on demand.
+    masks: Option<MaskBufs>,
     enforce_eager: bool,
     batch_invariant: bool,
     /// Which products take the GEMV kernel.
@@ -391,6 +397,7 @@ impl CudaBackend {
             num_blocks,
             ws,
             graphs: HashMap::new(),
+            masks: None,
             enforce_eager,
             batch_invariant: opts.batch_invariant,
             gemv: opts.kernels.gemv,
@@ -830,10 +837,12 @@ impl CudaBackend {
 
     /// Runs a step: through a CUDA graph when it is a sampling decode of at most
     /// [`MAX_GRAPH_BATCH`] sequences and graphs are on, else eagerly. Returns the number of rows.
+    /// With `draw_later`, the step stops at the logits (the caller masks them, then draws).
     fn run(
         &mut self,
         batch: &ForwardBatch<'_>,
         sampling: Option<&[DeviceSampling]>,
+        draw_later: bool,
     ) -> Result<usize, BackendError> {
         self.gpu.ctx.bind_to_thread()?;
         let lim = self.limits();
@@ -876,9 +885,9 @@ impl CudaBackend {
                     split,
                     splits,
                     rows: if self.samples { bucket } else { 0 },
-                    sample: self.samples,
+                    sample: self.samples && !draw_later,
                 };
-                let key = (bucket, stride);
+                let key = (bucket, stride, draw_later);
                 if !self.graphs.contains_key(&key) {
                     self.tune_products(bucket)?;
                     let graph = self.capture(dims)?;
@@ -906,7 +915,7 @@ impl CudaBackend {
             split,
             splits,
             rows,
-            sample: sampling.is_some() && rows > 0,
+            sample: sampling.is_some() && rows > 0 && !draw_later,
         })?;
         Ok(rows)
     }
@@ -947,7 +956,7 @@ impl Backend for CudaBackend {
     }
 
     fn forward(&mut self, batch: &ForwardBatch<'_>) -> Result<Logits, BackendError> {
-        let rows = self.run(batch, None)?;
+        let rows = self.run(batch, None, false)?;
         let vocab = self.cfg.vocab_size;
         let mut data = self
             .gpu
@@ -961,8 +970,84 @@ impl Backend for CudaBackend {
         batch: &ForwardBatch<'_>,
         sampling: &[DeviceSampling],
     ) -> Result<Option<Vec<u32>>, BackendError> {
-        let rows = self.run(batch, Some(sampling))?;
+        let rows = self.run(batch, Some(sampling), false)?;
         Ok(Some(self.gpu.download_u32(&self.ws.sampled, rows)?))
+    }
+
+    /// The forward pass is launched (asynchronously) before `masks` is asked for, so the engine's
+    /// mask computation overlaps it; the constrained rows' masks are then uploaded, applied to
+    /// their logits on the device, and every row is drawn by the usual sampling kernel.
+    fn forward_sampled_masked(
+        &mut self,
+        batch: &ForwardBatch<'_>,
+        sampling: &[DeviceSampling],
+        masks: &mut dyn FnMut() -> Vec<Option<TokenMask>>,
+    ) -> Result<Option<Vec<u32>>, BackendError> {
+        let rows = self.run(batch, Some(sampling), true)?;
+        let masks = masks();
+        if masks.len() != rows {
+            return Err(BackendError::InvalidBatch(format!(
+                "{} grammar masks for {rows} sampling rows",
+                masks.len()
+            )));
+        }
+        let vocab = self.cfg.vocab_size;
+        let words = vocab.div_ceil(32);
+        let mut row_ids = Vec::new();
+        let mut packed: Vec<u8> = Vec::new();
+        for (i, mask) in masks.iter().enumerate() {
+            if let Some(mask) = mask {
+                row_ids.push(i as u32);
+                let w = mask.words();
+                packed
+                    .extend((0..words).flat_map(|j| w.get(j).copied().unwrap_or(0).to_le_bytes()));
+            }
+        }
+        let bufs = match self.masks.take() {
+            Some(b) if b.cap >= row_ids.len() => b,
+            _ => MaskBufs::new(
+                &self.gpu,
+                row_ids.len().max(rows).next_power_of_two(),
+                words,
+            )?,
+        };
+        let bufs = self.masks.insert(bufs);
+        let g = &self.gpu;
+        g.write_bytes(&mut bufs.words, &packed)?;
+        ops::mask_logits(
+            g,
+            &self.ws.logits,
+            &bufs.words,
+            &mut bufs.rows,
+            &row_ids,
+            (rows, vocab),
+        )?;
+        ops::sample(
+            g,
+            &self.ws.logits,
+            &self.ws.sample_params,
+            &self.ws.sampled,
+            &self.ws.sample_scratch,
+            (rows, vocab),
+        )?;
+        Ok(Some(g.download_u32(&self.ws.sampled, rows)?))
+    }
+}
+
+/// Device buffers for grammar masks: `cap` masks of `words` words, and `cap` row indices.
+struct MaskBufs {
+    words: Buf,
+    rows: Buf,
+    cap: usize,
+}
+
+impl MaskBufs {
+    fn new(gpu: &Gpu, cap: usize, words: usize) -> Result<Self, BackendError> {
+        Ok(Self {
+            words: gpu.alloc(DType::U32, cap * words)?,
+            rows: gpu.alloc(DType::U32, cap)?,
+            cap,
+        })
     }
 }
 

@@ -835,6 +835,55 @@ pub fn sample(
         .map_err(BackendError::from)
 }
 
+/// Threads per block of `mask_logits`.
+const MASK_THREADS: u32 = 256;
+
+/// Structured output: sets to -inf every logit of row `row_ids[r]` of f32 `logits[total_rows,
+/// vocab]` whose token's bit is clear in mask `r` of U32 `masks` (`ceil(vocab / 32)` words a mask,
+/// bit `t % 32` of word `t / 32`). `rows` (U32, at least `row_ids.len()` words) receives
+/// `row_ids` for the kernel.
+pub fn mask_logits(
+    gpu: &Gpu,
+    logits: &Buf,
+    masks: &Buf,
+    rows: &mut Buf,
+    row_ids: &[u32],
+    (total_rows, vocab): (usize, usize),
+) -> Result<(), BackendError> {
+    let (masked, words) = (row_ids.len(), vocab.div_ceil(32));
+    logits.check("logits", DType::F32, total_rows * vocab)?;
+    masks.check("masks", DType::U32, masked * words)?;
+    rows.check("mask rows", DType::U32, masked)?;
+    if let Some(bad) = row_ids.iter().find(|&&r| r as usize >= total_rows) {
+        return Err(BackendError::InvalidBatch(format!(
+            "mask row {bad} of {total_rows} rows"
+        )));
+    }
+    if masked == 0 {
+        return Ok(());
+    }
+    let ids: Vec<u8> = row_ids.iter().flat_map(|r| r.to_le_bytes()).collect();
+    gpu.write_bytes(rows, &ids)?;
+    let mut b = gpu.stream.launch_builder(gpu.func("mask_logits")?);
+    let (vocab_i, words_i) = (int(vocab, "vocab")?, int(words, "mask words")?);
+    b.arg(logits.dptr())
+        .arg(masks.dptr())
+        .arg(rows.dptr())
+        .arg(&vocab_i)
+        .arg(&words_i);
+    let grid = (
+        dim(vocab.div_ceil(MASK_THREADS as usize), "mask blocks")?,
+        dim(masked, "masked rows")?,
+        1,
+    );
+    // SAFETY: sizes checked above; thread (t, r) with t < vocab reads word t / 32 < words of mask
+    // r < masked and writes logits[rows[r] * vocab + t]; rows[r] is row_ids[r] (written just above,
+    // on this stream, before the launch), checked to be below total_rows.
+    unsafe { b.launch(cfg(grid, MASK_THREADS, 0)) }
+        .map(|_| ())
+        .map_err(BackendError::from)
+}
+
 #[cfg(test)]
 mod tests {
     use super::has_l2_prefetch;
