@@ -144,6 +144,8 @@ pub struct Scheduler {
     running: Vec<SeqId>,
     next_arrival: u64,
     num_preemptions: u64,
+    /// Admissions put off because another sequence was computing the prompt's next block.
+    num_prefix_waits: u64,
     /// Ended since the last plan (reported in [`StepPlan::finished`]).
     ended: Vec<SeqId>,
 }
@@ -163,6 +165,7 @@ impl Scheduler {
             running: Vec::new(),
             next_arrival: 0,
             num_preemptions: 0,
+            num_prefix_waits: 0,
             ended: Vec::new(),
         }
     }
@@ -196,6 +199,12 @@ impl Scheduler {
     /// Preemptions so far.
     pub fn num_preemptions(&self) -> u64 {
         self.num_preemptions
+    }
+
+    /// Admissions put off so far because the prompt's next block was being computed by another
+    /// sequence (counted once per step they waited).
+    pub fn num_prefix_waits(&self) -> u64 {
+        self.num_prefix_waits
     }
 
     /// Queues a validated request (see `Engine::add_request` for validation) with its resolved seed.
@@ -302,13 +311,24 @@ impl Scheduler {
         Ok(plan)
     }
 
+    /// Admits waiting sequences in arrival order while the budget, `max_num_seqs` and the free
+    /// blocks allow. One whose next uncached prompt block another running sequence is computing
+    /// right now waits (and those behind it may go first): a step later that block is cached and
+    /// it starts from there, so a shared prefix is computed once however many requests arrive
+    /// with it and however large the step budget is.
     fn admit(&mut self, plan: &mut StepPlan, mut budget: usize) {
+        let mut at = 0;
         while budget > 0 && self.running.len() < self.config.max_num_seqs {
-            let Some(&id) = self.waiting.front() else {
+            let Some(&id) = self.waiting.get(at) else {
                 break;
             };
             let seq = &self.seqs[&id];
             let hit = self.kv.find_cached_prefix(&seq.tokens);
+            if self.kv.pending_owner(id, &seq.tokens, &hit).is_some() {
+                self.num_prefix_waits += 1;
+                at += 1;
+                continue;
+            }
             let computed = hit.num_tokens(self.kv.block_size());
             let n = (seq.tokens.len() - computed).min(budget);
             if self
@@ -321,14 +341,17 @@ impl Scheduler {
             self.kv.record_prefix_query(seq.tokens.len(), computed);
             let sample = computed + n == seq.tokens.len();
             let arrival = seq.arrival;
+            let prompt_end = seq.num_prompt;
             if let Some(seq) = self.seqs.get_mut(&id) {
                 seq.num_computed = computed;
             }
-            self.waiting.pop_front();
-            let at = self
+            self.kv
+                .mark_pending(id, &self.seqs[&id].tokens[..prompt_end], &hit);
+            self.waiting.remove(at);
+            let pos = self
                 .running
                 .partition_point(|r| self.seqs[r].arrival < arrival);
-            self.running.insert(at, id);
+            self.running.insert(pos, id);
             plan.seqs.push(ScheduledSeq {
                 seq: id,
                 num_computed: computed,

@@ -277,3 +277,71 @@ fn randomized_runs_keep_kv_invariants() {
         "the runs should exercise preemption ({preemptions}) and hits ({hits})"
     );
 }
+
+#[test]
+fn a_prefix_being_computed_is_computed_once() {
+    // Three requests share 8 blocks (32 tokens) and differ in the last 3 tokens; the budget would
+    // fit all three prompts in one step.
+    let shared: Vec<u32> = (1..=32).collect();
+    let prompt = |tail: u32| -> Vec<u32> {
+        shared
+            .iter()
+            .copied()
+            .chain([tail, tail + 1, tail + 2])
+            .collect()
+    };
+    let mut s = Scheduler::new(config(1000, 8, 64, 4));
+    for (id, tail) in [(1, 100), (2, 200), (3, 300)] {
+        let mut r = Request::new(SeqId(id), prompt(tail), 4);
+        r.ignore_eos = true;
+        s.add(r, 0);
+    }
+    // An unrelated request behind them is not held up.
+    s.add(req(9, 10, 4), 0);
+    let plan = s.schedule().expect("schedule");
+    assert_eq!(
+        stripped(&plan.seqs),
+        vec![entry(1, 0, 35, true), entry(9, 0, 10, true)],
+        "2 and 3 wait while 1 computes their prefix"
+    );
+    assert_eq!(s.num_prefix_waits(), 2);
+    advance(&mut s, &plan);
+    // Next step: the prefix is cached; 2 and 3 compute only their own tails.
+    let plan = s.schedule().expect("schedule");
+    let admitted: Vec<_> = stripped(&plan.seqs)
+        .into_iter()
+        .filter(|e| e.seq.0 == 2 || e.seq.0 == 3)
+        .collect();
+    assert_eq!(admitted, vec![entry(2, 32, 3, true), entry(3, 32, 3, true)]);
+    let (queried, hit) = s.kv().prefix_cache_stats();
+    assert_eq!((queried, hit), (35 + 10 + 35 + 35, 64));
+}
+
+#[test]
+fn a_waiter_goes_on_when_the_owner_of_its_prefix_leaves() {
+    let shared: Vec<u32> = (1..=16).collect();
+    let mut s = Scheduler::new(config(1000, 8, 64, 4));
+    for id in [1, 2] {
+        let mut r = Request::new(
+            SeqId(id),
+            shared.iter().copied().chain([50 + id as u32]).collect(),
+            4,
+        );
+        r.ignore_eos = true;
+        s.add(r, 0);
+    }
+    let plan = s.schedule().expect("schedule");
+    assert_eq!(stripped(&plan.seqs), vec![entry(1, 0, 17, true)]);
+    // 1 is cancelled before its step is applied: nothing was cached, and 2 computes it all.
+    s.abort(SeqId(1)).expect("abort");
+    let plan = s.schedule().expect("schedule");
+    assert_eq!(stripped(&plan.seqs), vec![entry(2, 0, 17, true)]);
+    // Without prefix caching nothing waits.
+    let mut cfg = config(1000, 8, 64, 4);
+    cfg.enable_prefix_caching = false;
+    let mut s = Scheduler::new(cfg);
+    for id in [1, 2] {
+        s.add(Request::new(SeqId(id), shared.clone(), 4), 0);
+    }
+    assert_eq!(s.schedule().expect("schedule").seqs.len(), 2);
+}

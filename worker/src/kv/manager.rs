@@ -5,6 +5,11 @@
 //! takes them in the same call that allocates the rest ([`KvCacheManager::allocate_slots`]), which
 //! either succeeds whole or changes nothing. Full blocks are registered in the cache only after the
 //! step that computed them ran ([`KvCacheManager::cache_computed`]).
+//!
+//! Between admission and that step, a sequence's uncached full prompt blocks are *pending*: marked
+//! by [`KvCacheManager::mark_pending`], so that another prompt with the same prefix can see that
+//! its next block is being computed right now ([`KvCacheManager::pending_owner`]) and wait for it
+//! rather than compute it a second time (SGLang's cache-aware scheduling does the same).
 
 use std::collections::HashMap;
 
@@ -36,6 +41,8 @@ struct SeqBlocks {
     blocks: Vec<BlockId>,
     /// Hashes of the first `hashes.len()` full blocks (those already offered to the cache).
     hashes: Vec<BlockHash>,
+    /// Full blocks this sequence will compute that no one had cached when it was admitted.
+    pending: Vec<BlockHash>,
 }
 
 /// Block tables of every live sequence, and the pool they draw from.
@@ -45,6 +52,8 @@ pub struct KvCacheManager {
     block_size: usize,
     prefix_caching: bool,
     seqs: HashMap<SeqId, SeqBlocks>,
+    /// Full blocks being computed, by the chained hash they will be cached under → who computes them.
+    pending: HashMap<BlockHash, SeqId>,
     /// Prompt tokens looked up in / found in the prefix cache (for a hit-rate metric).
     queried_tokens: u64,
     hit_tokens: u64,
@@ -69,6 +78,7 @@ impl KvCacheManager {
             block_size: block_size.max(1),
             prefix_caching,
             seqs: HashMap::new(),
+            pending: HashMap::new(),
             queried_tokens: 0,
             hit_tokens: 0,
         }
@@ -113,6 +123,54 @@ impl KvCacheManager {
             parent = Some(hash);
         }
         hit
+    }
+
+    /// The live sequence other than `seq` that is computing, right now, the full block of `tokens`
+    /// that follows `hit` (what [`Self::find_cached_prefix`] found for them), if any: `seq` would
+    /// otherwise compute that block a second time.
+    pub fn pending_owner(&self, seq: SeqId, tokens: &[u32], hit: &PrefixHit) -> Option<SeqId> {
+        if !self.prefix_caching || self.pending.is_empty() || tokens.is_empty() {
+            return None;
+        }
+        let i = hit.blocks.len();
+        if i >= (tokens.len() - 1) / self.block_size {
+            return None;
+        }
+        let chunk = &tokens[i * self.block_size..(i + 1) * self.block_size];
+        let hash = hash_block_tokens(hit.hashes.last().copied(), chunk);
+        self.pending
+            .get(&hash)
+            .copied()
+            .filter(|&owner| owner != seq)
+    }
+
+    /// Marks the full blocks of `tokens` after `seq`'s first `cached` blocks as pending on `seq`
+    /// (those another sequence has pending already stay its). Call at admission.
+    pub fn mark_pending(&mut self, seq: SeqId, tokens: &[u32], cached: &PrefixHit) {
+        if !self.prefix_caching {
+            return;
+        }
+        let Some(entry) = self.seqs.get_mut(&seq) else {
+            return;
+        };
+        let mut parent = cached.hashes.last().copied();
+        let first = cached.blocks.len();
+        for chunk in tokens.chunks_exact(self.block_size).skip(first) {
+            let hash = hash_block_tokens(parent, chunk);
+            if let std::collections::hash_map::Entry::Vacant(v) = self.pending.entry(hash) {
+                v.insert(seq);
+                entry.pending.push(hash);
+            }
+            parent = Some(hash);
+        }
+    }
+
+    fn clear_pending(pending: &mut HashMap<BlockHash, SeqId>, seq: SeqId, hashes: &[BlockHash]) {
+        for h in hashes {
+            if pending.get(h) == Some(&seq) {
+                pending.remove(h);
+            }
+        }
     }
 
     /// Counts an admitted prompt of `queried` tokens of which `hit` came from the prefix cache.
@@ -167,6 +225,9 @@ impl KvCacheManager {
             let hash = hash_block_tokens(parent, chunk);
             self.pool.register(entry.blocks[i], hash, parent, chunk);
             entry.hashes.push(hash);
+            if self.pending.get(&hash) == Some(&seq) {
+                self.pending.remove(&hash);
+            }
         }
     }
 
@@ -180,6 +241,7 @@ impl KvCacheManager {
         let Some(entry) = self.seqs.remove(&seq) else {
             return Ok(false);
         };
+        Self::clear_pending(&mut self.pending, seq, &entry.pending);
         self.pool
             .free(entry.blocks.into_iter().rev())
             .map_err(|b| KvError::DoubleFree(b.0))?;
