@@ -1219,6 +1219,46 @@ fn device_sampling_matches_the_host_sampler() {
 
 #[test]
 #[ignore = "requires a CUDA device"]
+fn sampling_scratch_survives_calls_with_different_row_counts() {
+    // One scratch for 64 rows, as the backend's workspace holds; calls of 1, then 16, then 64, then
+    // 5 rows. A call with few rows once left its slices' results where a later call with more rows
+    // reads its done-counters, which then fired early (or never): stale or wrong tokens.
+    use worker::sampler::argmax;
+    let g = gpu();
+    let mut r = Rng(31);
+    let vocab = 128_256;
+    let scratch = g
+        .alloc(DType::U32, 64 * kernels::SAMPLE_SCRATCH_WORDS)
+        .unwrap();
+    for rows in [1usize, 16, 64, 5, 64] {
+        let logits: Vec<f32> = r.vec(rows * vocab).iter().map(|v| v * 4.0).collect();
+        let greedy = SampleRow {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 0,
+            step: 0,
+        };
+        let lb = g.upload_f32(&logits, DType::F32).unwrap();
+        let pb = g
+            .upload_bytes(bytemuck::cast_slice(&vec![greedy; rows]), DType::U32)
+            .unwrap();
+        let out = g.alloc(DType::U32, rows).unwrap();
+        ops::sample(&g, &lb, &pb, &out, &scratch, (rows, vocab)).unwrap();
+        let got = g.download_u32(&out, rows).unwrap();
+        for (i, &t) in got.iter().enumerate() {
+            assert_eq!(
+                t,
+                argmax(&logits[i * vocab..(i + 1) * vocab]),
+                "{rows} rows, row {i}"
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
 fn masked_device_sampling_draws_only_allowed_tokens_as_the_host_does() {
     use worker::sampler::{SamplingParams, argmax, sample_with, uniform};
     let g = gpu();

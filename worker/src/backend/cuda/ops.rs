@@ -790,10 +790,12 @@ pub fn linear_chunked(gpu: &Gpu, l: &Linear<'_>, chunk: usize) -> Result<(), Bac
 }
 
 /// Samples one token per row of f32 `logits[rows, vocab]` into u32 `out[rows]`; `params` holds
-/// `rows` [`SampleRow`]s (`bytemuck::cast_slice` of them) (a U32 buffer of `8 * rows` words). `scratch` is a U32 buffer of
-/// at least `rows * kernels::SAMPLE_SCRATCH_WORDS` words, zeroed when allocated, that the kernel
-/// leaves zeroed again for the next call: its first `4 * rows` words are per-row done-counters,
-/// the rest the slices' partial results.
+/// `rows` [`SampleRow`]s (`bytemuck::cast_slice` of them) (a U32 buffer of `8 * rows` words).
+/// `scratch` is a U32 buffer of `cap * kernels::SAMPLE_SCRATCH_WORDS` words for some `cap >= rows`,
+/// zeroed when allocated: its first `4 * cap` words hold per-row done-counters (word `r` for row
+/// `r`), which the kernel leaves zero again, the rest the slices' partial results. The split is at
+/// `4 * cap` whatever `rows` is, so a call with fewer rows never leaves partial results where a
+/// later call with more rows expects zeroed counters.
 pub fn sample(
     gpu: &Gpu,
     logits: &Buf,
@@ -815,8 +817,9 @@ pub fn sample(
     }
     let vocab_i = int(vocab, "vocab")?;
     let slices = kernels::sample_slices(vocab);
-    // Counters first (16-byte aligned: 4 words a row), then the rows' slice results.
-    let parts = scratch.ptr_at(4 * rows);
+    // Counters first (16-byte aligned: 4 words a row of the capacity), then the slice results.
+    let cap = scratch.len() / kernels::SAMPLE_SCRATCH_WORDS;
+    let parts = scratch.ptr_at(4 * cap);
     let done = scratch.ptr();
     let mut b = gpu.stream.launch_builder(gpu.func("sample_f32")?);
     b.arg(logits.dptr())
@@ -826,10 +829,11 @@ pub fn sample(
         .arg(&parts)
         .arg(&done);
     let grid = (dim(slices, "slices")?, dim(rows, "rows")?, 1);
-    // SAFETY: sizes checked above; block (s, r) reads logits of row r < rows in slice s < slices
-    // (bounded by vocab), writes its SlicePart at parts[r * slices + s] (inside the scratch: 4 *
-    // rows counter words, then rows * SAMPLE_MAX_SLICES >= rows * slices 16-byte parts) and bumps
-    // done[r] (the first rows words, read as u32 counters); the row's last block writes out[r].
+    // SAFETY: sizes checked above (cap >= rows); block (s, r) reads logits of row r < rows in
+    // slice s < slices (bounded by vocab), writes its SlicePart at parts[r * slices + s] (inside the
+    // scratch: 4 * cap counter words, then cap * SAMPLE_MAX_SLICES >= rows * slices 16-byte parts)
+    // and bumps done[r] (word r < cap of the counters, never written as a part); the row's last
+    // block writes out[r].
     unsafe { b.launch(cfg(grid, kernels::SAMPLE_THREADS, 0)) }
         .map(|_| ())
         .map_err(BackendError::from)
