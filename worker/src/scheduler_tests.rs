@@ -345,3 +345,33 @@ fn a_waiter_goes_on_when_the_owner_of_its_prefix_leaves() {
     }
     assert_eq!(s.schedule().expect("schedule").seqs.len(), 2);
 }
+
+#[test]
+fn n_completions_of_one_prompt_prefill_it_once() {
+    // `n` = 4: four sequences with the same 40-token prompt, submitted together.
+    let prompt: Vec<u32> = (1..=40).collect();
+    let mut s = Scheduler::new(config(1000, 8, 64, 4));
+    for id in 1..=4 {
+        let mut r = Request::new(SeqId(id), prompt.clone(), 4);
+        r.ignore_eos = true;
+        s.add(r, id);
+    }
+    let plan = s.schedule().expect("schedule");
+    assert_eq!(stripped(&plan.seqs), vec![entry(1, 0, 40, true)]);
+    advance(&mut s, &plan);
+    // The others take the 9 full blocks the first cached (all but the block with the last token,
+    // whose logits each needs) and compute 4 tokens each.
+    let plan = s.schedule().expect("schedule");
+    let others: Vec<_> = stripped(&plan.seqs)
+        .into_iter()
+        .filter(|e| e.seq.0 > 1)
+        .collect();
+    assert_eq!(
+        others,
+        vec![
+            entry(2, 36, 4, true),
+            entry(3, 36, 4, true),
+            entry(4, 36, 4, true)
+        ]
+    );
+}
