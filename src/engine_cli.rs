@@ -22,6 +22,10 @@ pub struct EngineFlags {
     /// Tokens computed per step at most (prefill chunks + decodes).
     #[arg(long, default_value_t = 8192)]
     pub max_num_batched_tokens: usize,
+    /// Prompt tokens a step may carry when it also decodes running sequences (default: up to
+    /// --max-num-batched-tokens); bounds the streams' inter-token latency under load.
+    #[arg(long)]
+    pub max_prefill_tokens_while_decoding: Option<usize>,
     /// Sequences running at once at most.
     #[arg(long, default_value_t = 256)]
     pub max_num_seqs: usize,
@@ -99,6 +103,7 @@ impl EngineFlags {
     pub fn engine_config(&self) -> EngineConfig {
         EngineConfig {
             max_num_batched_tokens: self.max_num_batched_tokens,
+            max_prefill_tokens_while_decoding: self.max_prefill_tokens_while_decoding,
             max_num_seqs: self.max_num_seqs,
             max_model_len: self.max_model_len,
             enable_prefix_caching: self.enable_prefix_caching && !self.no_enable_prefix_caching,

@@ -134,6 +134,9 @@ enum BenchCommand {
     Engine(engine_cli::BenchEngineArgs),
     /// Load a running server: TTFT, inter-token and end-to-end latency, throughput.
     Serve(serve_cli::BenchServeArgs),
+    /// Draw ringserve's `bench serve --sweep` results beside `vllm bench serve` results on one
+    /// throughput–latency PNG (TTFT and inter-token latency, p50 and p99).
+    Plot(serve_cli::BenchPlotArgs),
 }
 
 fn main() -> ExitCode {
@@ -175,6 +178,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Bench(BenchCommand::Engine(args)) => engine_cli::bench_engine(args),
         Command::Bench(BenchCommand::Serve(args)) => serve_cli::bench_serve(args),
+        Command::Bench(BenchCommand::Plot(args)) => serve_cli::bench_plot(args),
         Command::DemoModel { out } => {
             worker::demo::write_demo_model(&out)
                 .with_context(|| format!("writing the demo model to {}", out.display()))?;

@@ -40,6 +40,11 @@ pub struct ServingEngineFlags {
     /// Tokens computed per step at most (prefill chunks + decodes).
     #[arg(long, default_value_t = 8192)]
     pub max_num_batched_tokens: usize,
+    /// Prompt tokens a step may carry when it also decodes running sequences (default: up to
+    /// --max-num-batched-tokens). Lower bounds the streams' inter-token latency under load; prompts
+    /// take more steps to prefill.
+    #[arg(long)]
+    pub max_prefill_tokens_while_decoding: Option<usize>,
     /// Reuse KV blocks of equal prompt prefixes across requests.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub enable_prefix_caching: bool,
@@ -110,6 +115,9 @@ impl ServingEngineFlags {
             "--tp-collectives".into(),
             self.tp_collectives.to_string(),
         ];
+        if let Some(n) = self.max_prefill_tokens_while_decoding {
+            a.extend(["--max-prefill-tokens-while-decoding".into(), n.to_string()]);
+        }
         if let Some(n) = self.max_model_len {
             a.extend(["--max-model-len".into(), n.to_string()]);
         }
@@ -410,6 +418,7 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         backend: e.backend_options()?,
         engine: EngineConfig {
             max_num_batched_tokens: e.max_num_batched_tokens,
+            max_prefill_tokens_while_decoding: e.max_prefill_tokens_while_decoding,
             max_num_seqs: e.max_num_seqs,
             max_model_len: e.max_model_len,
             enable_prefix_caching: e.enable_prefix_caching,
@@ -610,6 +619,82 @@ pub fn bench_serve(args: BenchServeArgs) -> anyhow::Result<()> {
     } else {
         print!("{report}");
     }
+    Ok(())
+}
+
+/// `bench plot`: the files to draw.
+#[derive(Args, Debug, Clone)]
+pub struct BenchPlotArgs {
+    /// ringserve's runs: `bench serve --sweep … --result-file FILE` (a JSON list of reports), or
+    /// one report per file; comma-separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub ringserve: Vec<PathBuf>,
+    /// The peer's runs: `vllm bench serve --save-result` JSON files, one per request rate;
+    /// comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub vllm: Vec<PathBuf>,
+    /// Title of the plot.
+    #[arg(long, default_value = "output throughput against latency")]
+    pub title: String,
+    /// The PNG to write.
+    #[arg(long, default_value = "compare.png")]
+    pub out: PathBuf,
+}
+
+pub fn bench_plot(args: BenchPlotArgs) -> anyhow::Result<()> {
+    use gateway::bench::BenchReport;
+    let read = |path: &PathBuf| -> anyhow::Result<serde_json::Value> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))
+    };
+    let mut ours: Vec<BenchReport> = Vec::new();
+    for path in &args.ringserve {
+        let v = read(path)?;
+        let runs = if v.is_array() {
+            v
+        } else {
+            serde_json::Value::Array(vec![v])
+        };
+        ours.extend(
+            serde_json::from_value::<Vec<BenchReport>>(runs)
+                .with_context(|| format!("{}: not `bench serve` reports", path.display()))?,
+        );
+    }
+    let mut peer = Vec::new();
+    for path in &args.vllm {
+        let report = gateway::bench_plot::report_from_vllm(&read(path)?)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        peer.push(report);
+    }
+    for r in ours
+        .iter()
+        .map(|r| ("ringserve", r))
+        .chain(peer.iter().map(|r| ("vLLM", r)))
+    {
+        println!(
+            "{:<9} rate {:>5}  {:>7.0} output tok/s  TTFT p50 {:>7.1} p99 {:>7.1} ms  ITL p50 {:>6.2} p99 {:>7.2} ms",
+            r.0,
+            r.1.request_rate.map_or("-".into(), |x| x.to_string()),
+            r.1.output_tokens_per_s,
+            r.1.ttft_ms.p50,
+            r.1.ttft_ms.p99,
+            r.1.itl_ms.p50,
+            r.1.itl_ms.p99
+        );
+    }
+    let mut systems = vec![gateway::bench_plot::System {
+        name: "ringserve",
+        runs: &ours,
+    }];
+    if !peer.is_empty() {
+        systems.push(gateway::bench_plot::System {
+            name: "vLLM",
+            runs: &peer,
+        });
+    }
+    gateway::bench_plot::plot_compare(&systems, &args.title, &args.out)?;
+    eprintln!("wrote {}", args.out.display());
     Ok(())
 }
 

@@ -16,7 +16,7 @@ use protos::v1::inference_client::InferenceClient;
 use protos::v1::{GenerateRequest, ModelInfoRequest, SamplingParams, TokenIds, generate_request};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
 use crate::bench_openai::HttpConn;
@@ -53,7 +53,7 @@ pub struct BenchOptions {
 }
 
 /// Percentiles of a latency, in milliseconds.
-#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
 pub struct Percentiles {
     pub mean: f64,
     pub p50: f64,
@@ -82,7 +82,7 @@ impl Percentiles {
 }
 
 /// The result of one run.
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct BenchReport {
     /// `closed` or `open`.
     pub mode: String,

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
 
-use crate::bench::BenchReport;
+use crate::bench::{BenchReport, Percentiles};
 
 /// Font files tried when `RINGSERVE_FONT` is not set.
 const FONT_PATHS: &[&str] = &[
@@ -111,10 +111,143 @@ pub fn plot(reports: &[BenchReport], title: &str, out: &Path) -> Result<(), Plot
     Ok(())
 }
 
+/// A run of `vllm bench serve --save-result` (its result JSON) as a [`BenchReport`]: the request
+/// rate, output throughput, and the TTFT and ITL median and p99 (`median_*_ms`, `p99_*_ms`; the
+/// means too). Fields it lacks stay 0; an error names the first required one missing.
+pub fn report_from_vllm(v: &serde_json::Value) -> Result<BenchReport, String> {
+    let num = |key: &str| -> Result<f64, String> {
+        v.get(key)
+            .and_then(serde_json::Value::as_f64)
+            .ok_or_else(|| {
+                format!("no number `{key}` (is this a `vllm bench serve --save-result` file?)")
+            })
+    };
+    let opt = |key: &str| {
+        v.get(key)
+            .and_then(serde_json::Value::as_f64)
+            .unwrap_or(0.0)
+    };
+    let pct = |metric: &str| -> Result<Percentiles, String> {
+        Ok(Percentiles {
+            mean: opt(&format!("mean_{metric}_ms")),
+            p50: num(&format!("median_{metric}_ms"))?,
+            p90: opt(&format!("p90_{metric}_ms")),
+            p99: num(&format!("p99_{metric}_ms"))?,
+        })
+    };
+    Ok(BenchReport {
+        mode: "open".into(),
+        request_rate: v.get("request_rate").and_then(serde_json::Value::as_f64),
+        num_requests: opt("num_prompts") as usize,
+        completed: opt("completed") as usize,
+        duration_s: opt("duration"),
+        output_tokens: opt("total_output_tokens") as u64,
+        input_tokens: opt("total_input_tokens") as u64,
+        requests_per_s: opt("request_throughput"),
+        output_tokens_per_s: num("output_throughput")?,
+        ttft_ms: pct("ttft")?,
+        itl_ms: pct("itl")?,
+        ..BenchReport::default()
+    })
+}
+
+/// One system's runs in a comparison plot.
+pub struct System<'a> {
+    pub name: &'a str,
+    pub runs: &'a [BenchReport],
+}
+
+/// A panel of the comparison plot: its y-axis label and the latency it reads from a report.
+type Panel = (&'static str, fn(&BenchReport) -> &Percentiles);
+
+/// The systems' colours, in order.
+const PALETTE: [RGBColor; 4] = [BLUE, RED, GREEN, MAGENTA];
+
+/// The plot people compare serving systems by: for each system, TTFT (left) and inter-token
+/// latency (right), p50 (circles) and p99 (triangles), against output throughput, one point per run
+/// (request rate), each system in its colour (blue, red, green, magenta, in order).
+pub fn plot_compare(systems: &[System<'_>], title: &str, out: &Path) -> Result<(), PlotError> {
+    load_font()?;
+    let root = BitMapBackend::new(out, (1400, 640)).into_drawing_area();
+    root.fill(&WHITE).map_err(draw_err)?;
+    let root = root.titled(title, ("sans-serif", 24)).map_err(draw_err)?;
+    let panels = root.split_evenly((1, 2));
+    let max_x = systems
+        .iter()
+        .flat_map(|s| s.runs.iter().map(|r| r.output_tokens_per_s))
+        .fold(1.0, f64::max)
+        * 1.1;
+    let panel_specs: [Panel; 2] = [
+        ("TTFT (ms)", |r| &r.ttft_ms),
+        ("inter-token latency (ms)", |r| &r.itl_ms),
+    ];
+    for (area, (y_desc, metric)) in panels.iter().zip(panel_specs) {
+        let max_y = systems
+            .iter()
+            .flat_map(|s| s.runs.iter().map(|r| metric(r).p99))
+            .fold(1.0, f64::max)
+            * 1.1;
+        let mut chart = ChartBuilder::on(area)
+            .margin(20)
+            .x_label_area_size(50)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0.0..max_x, 0.0..max_y)
+            .map_err(draw_err)?;
+        chart
+            .configure_mesh()
+            .x_desc("output tokens/s")
+            .y_desc(y_desc)
+            .draw()
+            .map_err(draw_err)?;
+        for (sys, &color) in systems.iter().zip(PALETTE.iter().cycle()) {
+            for (q, pick) in [("p50", 0), ("p99", 1)] {
+                let mut points: Vec<(f64, f64)> = sys
+                    .runs
+                    .iter()
+                    .map(|r| {
+                        let p = metric(r);
+                        (r.output_tokens_per_s, if pick == 0 { p.p50 } else { p.p99 })
+                    })
+                    .collect();
+                points.sort_by(|a, b| a.0.total_cmp(&b.0));
+                let width = if pick == 0 { 3 } else { 1 };
+                chart
+                    .draw_series(LineSeries::new(points.clone(), color.stroke_width(width)))
+                    .map_err(draw_err)?
+                    .label(format!("{} {q}", sys.name))
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(width))
+                    });
+                if pick == 0 {
+                    chart
+                        .draw_series(points.iter().map(|&p| Circle::new(p, 5, color.filled())))
+                        .map_err(draw_err)?;
+                } else {
+                    chart
+                        .draw_series(
+                            points
+                                .iter()
+                                .map(|&p| TriangleMarker::new(p, 6, color.filled())),
+                        )
+                        .map_err(draw_err)?;
+                }
+            }
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperLeft)
+            .draw()
+            .map_err(draw_err)?;
+    }
+    root.present().map_err(draw_err)?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::Percentiles;
 
     #[test]
     fn draws_a_png_when_a_font_is_available() {
@@ -139,6 +272,63 @@ mod tests {
                 assert_eq!(&bytes[1..4], b"PNG");
             }
             // Machines without any font get the typed error, never a panic.
+            Err(e) => assert!(matches!(e, PlotError::NoFont(_)), "{e}"),
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn reads_vllm_results_and_draws_both_systems() {
+        let v = serde_json::json!({
+            "request_rate": 16.0, "num_prompts": 400, "completed": 400, "duration": 25.3,
+            "total_input_tokens": 204800, "total_output_tokens": 51200,
+            "request_throughput": 15.8, "output_throughput": 2023.5,
+            "mean_ttft_ms": 50.0, "median_ttft_ms": 43.0, "p99_ttft_ms": 120.0,
+            "mean_itl_ms": 11.0, "median_itl_ms": 10.3, "p99_itl_ms": 29.0,
+        });
+        let r = report_from_vllm(&v).unwrap();
+        assert_eq!(r.request_rate, Some(16.0));
+        assert_eq!(
+            (r.ttft_ms.p50, r.ttft_ms.p99, r.itl_ms.p50),
+            (43.0, 120.0, 10.3)
+        );
+        assert_eq!(r.output_tokens_per_s, 2023.5);
+        let missing = serde_json::json!({"output_throughput": 1.0});
+        assert!(
+            report_from_vllm(&missing)
+                .unwrap_err()
+                .contains("median_ttft_ms")
+        );
+        let ours = vec![BenchReport {
+            output_tokens_per_s: 2100.0,
+            ttft_ms: Percentiles {
+                p50: 40.0,
+                p99: 90.0,
+                ..Percentiles::default()
+            },
+            itl_ms: Percentiles {
+                p50: 11.0,
+                p99: 40.0,
+                ..Percentiles::default()
+            },
+            ..BenchReport::default()
+        }];
+        let peer = vec![r];
+        let dir = std::env::temp_dir().join(format!("rs-cmp-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("cmp.png");
+        let systems = [
+            System {
+                name: "ringserve",
+                runs: &ours,
+            },
+            System {
+                name: "vLLM",
+                runs: &peer,
+            },
+        ];
+        match plot_compare(&systems, "test", &out) {
+            Ok(()) => assert_eq!(&std::fs::read(&out).unwrap()[1..4], b"PNG"),
             Err(e) => assert!(matches!(e, PlotError::NoFont(_)), "{e}"),
         }
         let _ = std::fs::remove_dir_all(&dir);

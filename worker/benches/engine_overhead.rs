@@ -16,6 +16,7 @@ fn scheduler_step(c: &mut Criterion) {
     for seqs in [32usize, 256] {
         let mut s = Scheduler::new(SchedulerConfig {
             max_num_batched_tokens: 8192,
+            max_prefill_tokens_while_decoding: None,
             max_num_seqs: seqs,
             max_model_len: 4096,
             num_kv_blocks: 1 + seqs * 20,

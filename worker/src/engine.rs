@@ -41,6 +41,9 @@ use crate::scheduler::{Scheduler, SchedulerConfig, Sequence, StepPlan};
 pub struct EngineConfig {
     /// Tokens computed per step at most (default 8192).
     pub max_num_batched_tokens: usize,
+    /// Prompt tokens a step may carry while it decodes running sequences (default: no cap below
+    /// `max_num_batched_tokens`); bounds the decoding streams' inter-token latency.
+    pub max_prefill_tokens_while_decoding: Option<usize>,
     /// Sequences running at once at most (default 256).
     pub max_num_seqs: usize,
     /// Context length limit; default: the model's `max_position_embeddings`, capped by the KV pool.
@@ -55,6 +58,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             max_num_batched_tokens: 8192,
+            max_prefill_tokens_while_decoding: None,
             max_num_seqs: 256,
             max_model_len: None,
             enable_prefix_caching: true,
@@ -158,9 +162,14 @@ impl Engine {
                 "the backend has {num_kv_blocks} KV blocks of {block_size} tokens; need at least 2 blocks of 1"
             )));
         }
-        if config.max_num_batched_tokens == 0 || config.max_num_seqs == 0 {
+        if config.max_num_batched_tokens == 0
+            || config.max_num_seqs == 0
+            || config.max_prefill_tokens_while_decoding == Some(0)
+        {
             return Err(EngineError::Config(
-                "max_num_batched_tokens and max_num_seqs must be at least 1".into(),
+                "max_num_batched_tokens, max_num_seqs and max_prefill_tokens_while_decoding must \
+                 be at least 1"
+                    .into(),
             ));
         }
         let kv_capacity = (num_kv_blocks - 1) * block_size;
@@ -186,6 +195,7 @@ impl Engine {
         });
         let scheduler = Scheduler::new(SchedulerConfig {
             max_num_batched_tokens: config.max_num_batched_tokens,
+            max_prefill_tokens_while_decoding: config.max_prefill_tokens_while_decoding,
             max_num_seqs: config.max_num_seqs,
             max_model_len,
             num_kv_blocks,

@@ -20,6 +20,10 @@ use crate::sampler::SamplingParams;
 pub struct SchedulerConfig {
     /// Tokens computed per step at most (decodes + prefill chunks).
     pub max_num_batched_tokens: usize,
+    /// Prompt tokens (running prefill chunks and admissions) a step may carry when it also decodes
+    /// running sequences; `None`: up to the step budget. Bounds the step time the decoding streams
+    /// wait for (their inter-token latency) at the cost of longer prefills under load.
+    pub max_prefill_tokens_while_decoding: Option<usize>,
     /// Sequences running at once at most.
     pub max_num_seqs: usize,
     /// Prompt + output tokens of one sequence at most.
@@ -265,6 +269,13 @@ impl Scheduler {
         };
         let mut budget = self.config.max_num_batched_tokens;
         for decodes in [true, false] {
+            // Every sequence planned so far decodes: cap what prefills may add to their step.
+            if !decodes
+                && !plan.seqs.is_empty()
+                && let Some(cap) = self.config.max_prefill_tokens_while_decoding
+            {
+                budget = budget.min(cap);
+            }
             let mut i = 0;
             while i < self.running.len() && budget > 0 {
                 let id = self.running[i];

@@ -6,6 +6,7 @@ use super::*;
 fn config(budget: usize, max_seqs: usize, blocks: usize, block_size: usize) -> SchedulerConfig {
     SchedulerConfig {
         max_num_batched_tokens: budget,
+        max_prefill_tokens_while_decoding: None,
         max_num_seqs: max_seqs,
         max_model_len: 1 << 20,
         num_kv_blocks: blocks,
@@ -373,5 +374,30 @@ fn n_completions_of_one_prompt_prefill_it_once() {
             entry(3, 36, 4, true),
             entry(4, 36, 4, true)
         ]
+    );
+}
+
+#[test]
+fn prefill_tokens_are_capped_in_steps_that_decode() {
+    let mut cfg = config(100, 8, 128, 4);
+    cfg.max_prefill_tokens_while_decoding = Some(10);
+    let mut s = Scheduler::new(cfg);
+    s.add(req(1, 5, 20), 0);
+    // Alone, a prompt takes the whole budget.
+    let plan = s.schedule().expect("schedule");
+    assert_eq!(stripped(&plan.seqs), vec![entry(1, 0, 5, true)]);
+    advance(&mut s, &plan);
+    // With a decode in the step, prefills (running and admitted) get 10 tokens in all.
+    s.add(req(2, 30, 4), 0);
+    let plan = s.schedule().expect("schedule");
+    assert_eq!(
+        stripped(&plan.seqs),
+        vec![entry(1, 5, 1, true), entry(2, 0, 10, false)]
+    );
+    advance(&mut s, &plan);
+    let plan = s.schedule().expect("schedule");
+    assert_eq!(
+        stripped(&plan.seqs),
+        vec![entry(1, 6, 1, true), entry(2, 10, 10, false)]
     );
 }
