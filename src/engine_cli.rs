@@ -202,6 +202,10 @@ pub struct BenchEngineArgs {
     /// one-time costs such as CUDA-graph captures stay out of the step times).
     #[arg(long)]
     pub no_warmup: bool,
+    /// Also run each point with one output token and give decode tokens/s as the vLLM peer script
+    /// does: batch × (output_len − 1) / (t(output_len) − t(1)), whole-batch wall times.
+    #[arg(long)]
+    pub peer_decode: bool,
     #[command(flatten)]
     pub engine: EngineFlags,
 }
@@ -231,6 +235,7 @@ pub fn bench_engine(args: BenchEngineArgs) -> anyhow::Result<()> {
         prompt_lens: args.prompt_lens,
         output_len: args.output_len,
         warmup: !args.no_warmup,
+        peer_decode: args.peer_decode,
     };
     worker::bench::run_bench(&mut opened.engine, &bench, |row| {
         println!("{}", worker::bench::markdown_row(row))

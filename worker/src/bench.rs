@@ -10,6 +10,11 @@
 //! With `warmup` on (the default) each point first runs once untimed, on other prompts of the same
 //! shape: one-time costs of a shape (a CUDA backend captures a graph the first time it meets a
 //! batch bucket and context capacity, tens of milliseconds) then stay out of the step times.
+//!
+//! With `peer_decode` each point also runs once with one output token, and decode throughput is
+//! given the way the vLLM peer script measures it too: `batch × (output_len − 1) / (t(output_len) −
+//! t(1))`, both wall times of the whole batch in this warmed-up process — so the two systems' decode
+//! figures come from one method, prefill steps and the ragged tail included.
 
 use std::time::{Duration, Instant};
 
@@ -27,6 +32,8 @@ pub struct BenchConfig {
     pub output_len: usize,
     /// Run each point once untimed first.
     pub warmup: bool,
+    /// Also run each point with one output token, for [`BenchRow::peer_decode_tokens_per_s`].
+    pub peer_decode: bool,
 }
 
 impl Default for BenchConfig {
@@ -36,6 +43,7 @@ impl Default for BenchConfig {
             prompt_lens: vec![128, 512],
             output_len: 32,
             warmup: true,
+            peer_decode: false,
         }
     }
 }
@@ -57,6 +65,10 @@ pub struct BenchRow {
     pub full_time: Duration,
     /// Of `full_time`, the time inside the backend's forward call.
     pub full_backend_time: Duration,
+    /// Wall time of the whole point, first request added to last token.
+    pub wall_time: Duration,
+    /// Wall time of the same point with one output token (with [`BenchConfig::peer_decode`]).
+    pub one_token_wall_time: Option<Duration>,
 }
 
 impl BenchRow {
@@ -97,6 +109,20 @@ impl BenchRow {
     }
 }
 
+impl BenchRow {
+    /// Decode tokens/s as the peer script measures it: `batch × (output_len − 1) / (t(output_len) −
+    /// t(1))` (0 without a one-token run, or if it was not faster).
+    pub fn peer_decode_tokens_per_s(&self) -> f64 {
+        match self.one_token_wall_time {
+            Some(t1) if self.wall_time > t1 => per_second(
+                self.batch * self.output_len.saturating_sub(1),
+                self.wall_time - t1,
+            ),
+            _ => 0.0,
+        }
+    }
+}
+
 fn per_second(n: usize, t: Duration) -> f64 {
     if t.is_zero() {
         0.0
@@ -131,7 +157,13 @@ pub fn run_bench(
             if config.warmup {
                 run_point(engine, batch, prompt_len, config.output_len, &mut next_id)?;
             }
-            let row = run_point(engine, batch, prompt_len, config.output_len, &mut next_id)?;
+            let one_token = if config.peer_decode {
+                Some(run_point(engine, batch, prompt_len, 1, &mut next_id)?.wall_time)
+            } else {
+                None
+            };
+            let mut row = run_point(engine, batch, prompt_len, config.output_len, &mut next_id)?;
+            row.one_token_wall_time = one_token;
             report(&row);
             rows.push(row);
         }
@@ -149,6 +181,7 @@ fn run_point(
     next_id: &mut u64,
 ) -> Result<BenchRow, BenchError> {
     let vocab = engine.vocab_size() as u64;
+    let began = Instant::now();
     for _ in 0..batch {
         let prompt = (0..prompt_len as u64)
             .map(|i| (mix64(*next_id << 32 | i) % vocab) as u32)
@@ -177,6 +210,8 @@ fn run_point(
         full_steps: 0,
         full_time: Duration::ZERO,
         full_backend_time: Duration::ZERO,
+        wall_time: Duration::ZERO,
+        one_token_wall_time: None,
     };
     while engine.has_unfinished() {
         let start = Instant::now();
@@ -197,16 +232,17 @@ fn run_point(
             }
         }
     }
+    row.wall_time = began.elapsed();
     Ok(row)
 }
 
 /// The header of [`markdown_row`]'s table.
-pub const MARKDOWN_HEADER: &str = "| batch | prompt | output | prefill tok/s | decode tok/s | ms / decode step | ms / full-batch step | of which engine host ms |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |";
+pub const MARKDOWN_HEADER: &str = "| batch | prompt | output | prefill tok/s | decode tok/s | ms / decode step | ms / full-batch step | of which engine host ms | decode tok/s, (t(N) − t(1)) |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |";
 
 /// One row of a markdown table.
 pub fn markdown_row(r: &BenchRow) -> String {
     format!(
-        "| {} | {} | {} | {:.0} | {:.1} | {:.2} | {:.2} | {:.3} |",
+        "| {} | {} | {} | {:.0} | {:.1} | {:.2} | {:.2} | {:.3} | {} |",
         r.batch,
         r.prompt_len,
         r.output_len,
@@ -214,7 +250,11 @@ pub fn markdown_row(r: &BenchRow) -> String {
         r.decode_tokens_per_s(),
         r.ms_per_decode_step(),
         r.ms_per_full_step(),
-        r.ms_host_per_full_step()
+        r.ms_host_per_full_step(),
+        match r.one_token_wall_time {
+            Some(_) => format!("{:.1}", r.peer_decode_tokens_per_s()),
+            None => "—".into(),
+        }
     )
 }
 
@@ -234,6 +274,7 @@ mod tests {
             prompt_lens: vec![5, 9],
             output_len: 4,
             warmup: false,
+            peer_decode: false,
         };
         let rows = run_bench(&mut engine, &config, |_| {}).expect("bench");
         assert_eq!(rows.len(), 4);
@@ -257,6 +298,7 @@ mod tests {
             prompt_lens: vec![6],
             output_len: 3,
             warmup: true,
+            peer_decode: false,
         };
         let mut reported = 0;
         let rows = run_bench(&mut engine, &config, |_| reported += 1).expect("bench");
@@ -286,6 +328,7 @@ mod tests {
             prompt_lens: vec![9],
             output_len: 6,
             warmup: false,
+            peer_decode: false,
         };
         let r = run_bench(&mut engine, &config, |_| {}).expect("bench")[0];
         assert!(r.decode_steps > 0);
@@ -297,5 +340,32 @@ mod tests {
         );
         assert!(r.full_time <= r.decode_time);
         assert!(r.full_backend_time <= r.full_time);
+    }
+
+    #[test]
+    fn peer_decode_runs_a_one_token_point_and_uses_the_wall_times() {
+        let (backend, model) = ToyBackend::with_config(50, 4, 200);
+        let mut engine =
+            Engine::new(Box::new(backend), &model, EngineConfig::default()).expect("engine");
+        let config = BenchConfig {
+            batch_sizes: vec![2],
+            prompt_lens: vec![6],
+            output_len: 5,
+            warmup: false,
+            peer_decode: true,
+        };
+        let r = run_bench(&mut engine, &config, |_| {}).expect("bench")[0];
+        let t1 = r.one_token_wall_time.expect("one-token run");
+        assert!(r.wall_time > Duration::ZERO);
+        // The one-token run's prompts were new ones: 2 runs × 2 prompts asked, none hit.
+        assert_eq!(engine.stats().prefix_queried_tokens, 2 * 2 * 6);
+        assert_eq!(engine.stats().prefix_hit_tokens, 0);
+        if r.wall_time > t1 {
+            let want = 2.0 * 4.0 / (r.wall_time - t1).as_secs_f64();
+            assert!((r.peer_decode_tokens_per_s() - want).abs() < 1e-6 * want);
+        } else {
+            assert_eq!(r.peer_decode_tokens_per_s(), 0.0);
+        }
+        assert!(markdown_row(&r).ends_with(" |"));
     }
 }
