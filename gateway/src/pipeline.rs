@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use grammar::GrammarSpec;
 use protos::v1::{GenerateRequest, GenerateResponse};
 use tokio_stream::StreamMap;
 use tokio_stream::wrappers::ReceiverStream;
@@ -23,7 +24,6 @@ use crate::router::{PlaceError, Router};
 use crate::stream::{Failover, RequestTask, run_request};
 use crate::tokenizer::TextModel;
 use crate::validate::{self, InvalidArgument, ModelLimits, Prompt};
-use grammar::GrammarSpec;
 
 /// How often a request waiting for a ready worker looks for one.
 const WORKER_POLL: Duration = Duration::from_millis(50);

@@ -118,6 +118,19 @@ impl ValidRequest {
     }
 }
 
+/// The `structured_output` that asks for `spec` (the inverse of [`check_structured_output`]).
+pub fn structured_output_of(spec: GrammarSpec) -> StructuredOutput {
+    use structured_output::Kind;
+    StructuredOutput {
+        kind: Some(match spec {
+            GrammarSpec::JsonObject => Kind::JsonObject(true),
+            GrammarSpec::JsonSchema(s) => Kind::JsonSchema(s),
+            GrammarSpec::Regex(r) => Kind::Regex(r),
+            GrammarSpec::Choice(choices) => Kind::Choice(protos::v1::Choices { choices }),
+        }),
+    }
+}
+
 /// The grammar a `structured_output` asks for (its source is checked when it is compiled).
 fn check_structured_output(so: StructuredOutput) -> Result<GrammarSpec, InvalidArgument> {
     match so.kind {

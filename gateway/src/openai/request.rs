@@ -7,7 +7,7 @@
 
 use grammar::GrammarSpec;
 use protos::v1::{
-    ChatMessage, ChatMessages, Choices, GenerateRequest, SamplingParams, StructuredOutput, TokenIds,
+    ChatMessage, ChatMessages, GenerateRequest, SamplingParams, StructuredOutput, TokenIds,
 };
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -354,7 +354,6 @@ pub fn grammar_param(c: &CommonParams) -> &'static str {
 /// `response_format` (OpenAI's `text`, `json_object`, `json_schema`) or vLLM's
 /// `structured_outputs`, as the pipeline's [`StructuredOutput`]; at most one of the two.
 fn structured_output(c: &CommonParams) -> Result<Option<StructuredOutput>, ApiError> {
-    use protos::v1::structured_output::Kind;
     let from_format = match &c.response_format {
         None => None,
         Some(format) => match format.get("type").and_then(Value::as_str) {
@@ -404,14 +403,7 @@ fn structured_output(c: &CommonParams) -> Result<Option<StructuredOutput>, ApiEr
         }
         (a, b) => a.or(b),
     };
-    Ok(spec.map(|spec| StructuredOutput {
-        kind: Some(match spec {
-            GrammarSpec::JsonObject => Kind::JsonObject(true),
-            GrammarSpec::JsonSchema(s) => Kind::JsonSchema(s),
-            GrammarSpec::Regex(r) => Kind::Regex(r),
-            GrammarSpec::Choice(choices) => Kind::Choice(Choices { choices }),
-        }),
-    }))
+    Ok(spec.map(crate::validate::structured_output_of))
 }
 
 /// `request` with `prompt`.

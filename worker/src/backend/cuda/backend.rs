@@ -21,6 +21,7 @@ use std::collections::HashMap;
 
 use cudarc::driver::CudaGraph;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use grammar::TokenMask;
 
 use super::device::{Buf, DType, Gpu};
 use super::fp8::{Fp8Gemm, Fp8Linear, QuantRows, check_fp8_options, gemv_fp8, has_fp8, quant_rows};
@@ -30,8 +31,6 @@ use super::step::{self, DECODE_SPLIT, HostStep, Limits};
 use super::tp::{CudaTp, DeviceGroup};
 use super::weights::{self, Fp8Layer, Fp8Scales, LayerWeights, Weights};
 use crate::backend::switches::{GemvChoice, KernelSwitches};
-use grammar::TokenMask;
-
 use crate::backend::{Backend, BackendError, DeviceSampling, ForwardBatch, Logits};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
