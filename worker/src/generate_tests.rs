@@ -219,3 +219,25 @@ fn default_temperature_is_one_and_seeds_reproduce() {
         "temperature 1 samples (almost surely not greedy)"
     );
 }
+
+#[test]
+fn structured_outputs_lines_need_a_grammar_engine_and_a_valid_spec() {
+    // This engine has no tokenizer behind it: a grammar line is refused by name, the rest runs.
+    let input = "{\"prompt_token_ids\": [1], \"max_tokens\": 2, \"structured_outputs\": {\"regex\": \"a+\"}}\n\
+                 {\"prompt_token_ids\": [1], \"structured_outputs\": {\"regex\": \"a\", \"choice\": [\"b\"]}}\n\
+                 {\"prompt_token_ids\": [2], \"max_tokens\": 3}\n";
+    let (lines, prepared) = generate(input, None, OnError::Skip).expect("run");
+    assert_eq!(lines.len(), 1);
+    let bad: Vec<usize> = prepared.skipped.iter().map(|e| e.line).collect();
+    assert_eq!(bad, vec![1, 2]);
+    assert!(
+        prepared.skipped[0].message.contains("tokenizer.json"),
+        "{:?}",
+        prepared.skipped[0]
+    );
+    assert!(
+        prepared.skipped[1].message.contains("exactly one"),
+        "{:?}",
+        prepared.skipped[1]
+    );
+}
