@@ -605,7 +605,11 @@ pub fn bench_serve(args: BenchServeArgs) -> anyhow::Result<()> {
             "ringserve: throughput vs latency ({} in / {} out tokens)",
             args.input_len, args.output_len
         );
-        gateway::bench_plot::plot(&reports, &title, &args.plot)?;
+        let systems = [gateway::bench_plot::System {
+            name: "ringserve",
+            runs: &reports,
+        }];
+        gateway::bench_plot::plot_compare(&systems, &title, &args.plot)?;
         eprintln!("wrote {}", args.plot.display());
         return Ok(());
     }

@@ -5,19 +5,11 @@ use tokenizers::Tokenizer;
 
 /// The byte tokenizer described in the module docs.
 pub fn byte_tokenizer() -> Tokenizer {
-    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
-    let mut next = 0x100u32;
-    let mut vocab = serde_json::Map::new();
-    for b in 0..=255u8 {
-        let c = if printable(b) {
-            char::from(b)
-        } else {
-            let c = char::from_u32(next).unwrap_or(char::REPLACEMENT_CHARACTER);
-            next += 1;
-            c
-        };
-        vocab.insert(c.to_string(), serde_json::Value::from(b));
-    }
+    let vocab: serde_json::Map<String, serde_json::Value> = crate::vocab::byte_level_chars()
+        .iter()
+        .enumerate()
+        .map(|(b, c)| (c.to_string(), serde_json::Value::from(b)))
+        .collect();
     let byte_level = serde_json::json!({
         "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true
     });

@@ -101,23 +101,30 @@ fn raw_byte(piece: &str) -> Option<u8> {
     u8::from_str_radix(hex, 16).ok()
 }
 
-/// GPT-2's table, reversed: the printable character each byte is written as → the byte.
+/// GPT-2's byte-to-character table: the printable character byte `b` is written as, at `[b]`.
 /// Printable Latin-1 bytes stand for themselves; the other 68 take the characters from U+0100 on,
 /// in byte order.
-fn byte_level_table() -> HashMap<char, u8> {
+pub(crate) fn byte_level_chars() -> [char; 256] {
     let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
     let mut next = 0x100u32;
-    (0..=255u8)
-        .map(|b| {
-            let c = if printable(b) {
-                char::from(b)
-            } else {
-                let c = char::from_u32(next).unwrap_or(char::REPLACEMENT_CHARACTER);
-                next += 1;
-                c
-            };
-            (c, b)
-        })
+    std::array::from_fn(|b| {
+        let b = b as u8;
+        if printable(b) {
+            char::from(b)
+        } else {
+            let c = char::from_u32(next).unwrap_or(char::REPLACEMENT_CHARACTER);
+            next += 1;
+            c
+        }
+    })
+}
+
+/// [`byte_level_chars`] reversed: character → byte.
+fn byte_level_table() -> HashMap<char, u8> {
+    byte_level_chars()
+        .into_iter()
+        .enumerate()
+        .map(|(b, c)| (c, b as u8))
         .collect()
 }
 

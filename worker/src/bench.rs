@@ -264,11 +264,14 @@ mod tests {
     use crate::backend::testing::ToyBackend;
     use crate::engine::EngineConfig;
 
+    fn toy_engine() -> Engine {
+        let (backend, model) = ToyBackend::with_config(50, 4, 200);
+        Engine::new(Box::new(backend), &model, EngineConfig::default()).expect("engine")
+    }
+
     #[test]
     fn counts_prefill_and_decode_tokens() {
-        let (backend, model) = ToyBackend::with_config(50, 4, 200);
-        let mut engine =
-            Engine::new(Box::new(backend), &model, EngineConfig::default()).expect("engine");
+        let mut engine = toy_engine();
         let config = BenchConfig {
             batch_sizes: vec![1, 3],
             prompt_lens: vec![5, 9],
@@ -290,9 +293,7 @@ mod tests {
 
     #[test]
     fn warmup_runs_each_point_untimed_on_other_prompts() {
-        let (backend, model) = ToyBackend::with_config(50, 4, 200);
-        let mut engine =
-            Engine::new(Box::new(backend), &model, EngineConfig::default()).expect("engine");
+        let mut engine = toy_engine();
         let config = BenchConfig {
             batch_sizes: vec![2],
             prompt_lens: vec![6],
@@ -344,9 +345,7 @@ mod tests {
 
     #[test]
     fn peer_decode_runs_a_one_token_point_and_uses_the_wall_times() {
-        let (backend, model) = ToyBackend::with_config(50, 4, 200);
-        let mut engine =
-            Engine::new(Box::new(backend), &model, EngineConfig::default()).expect("engine");
+        let mut engine = toy_engine();
         let config = BenchConfig {
             batch_sizes: vec![2],
             prompt_lens: vec![6],

@@ -442,16 +442,17 @@ impl Engine {
         let mut backend_time = std::time::Duration::ZERO;
         let result = std::thread::scope(|scope| {
             // The grammars' masks for this step's draws, computed while the forward pass runs;
-            // whichever sampler draws waits for them.
-            let mut job = constrained.then(|| scope.spawn(|| constraints.masks(&ids, eos)));
-            let mut masks: Option<Vec<Option<TokenMask>>> = None;
-            let mut take_masks = || {
-                masks
-                    .get_or_insert_with(|| match job.take() {
-                        Some(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
-                        None => vec![None; ids.len()],
-                    })
-                    .clone()
+            // whichever sampler draws takes them (once: a backend that took them must draw).
+            let job = std::cell::Cell::new(
+                constrained.then(|| scope.spawn(|| constraints.masks(&ids, eos))),
+            );
+            let taken = std::cell::Cell::new(false);
+            let mut take_masks = || -> Vec<Option<TokenMask>> {
+                taken.set(true);
+                match job.take() {
+                    Some(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+                    None => vec![None; ids.len()],
+                }
             };
             if device_ok {
                 let sampling: Vec<DeviceSampling> = rows
@@ -484,6 +485,12 @@ impl Engine {
                     }
                     let none = vec![None; rows.len()];
                     return Ok((tokens, none));
+                }
+                if taken.get() {
+                    return Err(EngineError::BadOutput {
+                        got: "grammar masks taken, no tokens drawn".into(),
+                        expected: "a backend that takes the masks draws the step".into(),
+                    });
                 }
             }
             let started = std::time::Instant::now();

@@ -251,7 +251,8 @@ pub trait Backend: Send {
     /// As [`Backend::forward_sampled`], where some rows are constrained by a structured-output
     /// grammar: once the forward pass is under way, `masks` gives one entry per sampling row (the
     /// tokens it may draw; `None`: any) — the engine computes them meanwhile — and the draw keeps
-    /// to them. `Ok(None)` (the default) sends the step to the host sampler instead.
+    /// to them. `Ok(None)` (the default) sends the step to the host sampler instead; a backend
+    /// that asked for the masks must draw (they are handed over once).
     fn forward_sampled_masked(
         &mut self,
         batch: &ForwardBatch<'_>,
