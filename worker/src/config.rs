@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 
 use thiserror::Error;
 
-use crate::quant::Fp8Checkpoint;
+use crate::quant::StoredQuant;
 
 #[path = "config_quant.rs"]
 mod quant;
@@ -167,8 +167,8 @@ pub struct ModelConfig {
     pub bos_token_id: Option<u32>,
     /// End-of-sequence ids (config and `generation_config.json` may list several).
     pub eos_token_ids: Vec<u32>,
-    /// The FP8 layout `quantization_config` declares; `None` for an unquantized checkpoint.
-    pub quantization: Option<Fp8Checkpoint>,
+    /// The quantized layout `quantization_config` declares; `None` for an unquantized checkpoint.
+    pub quantization: Option<StoredQuant>,
 }
 
 impl ModelConfig {

@@ -1,13 +1,17 @@
 //! `quantization_config` of a `config.json` (included from `config.rs`): the FP8 layouts vLLM and
-//! llm-compressor write. Anything else quantized is rejected with the field and value at fault.
+//! llm-compressor write, and AutoAWQ's and AutoGPTQ/GPTQModel's INT4 ones. Anything else quantized
+//! is rejected with the field and value at fault.
 
 use serde_json::Value;
 
 use super::{ConfigError, Fields};
-use crate::quant::{ActivationScheme, Fp8Checkpoint, Fp8Format, ScaleGranularity};
+use crate::quant::{
+    ActivationScheme, Fp8Checkpoint, Fp8Format, Int4Checkpoint, Int4Format, ScaleGranularity,
+    StoredQuant,
+};
 
-/// The checkpoint's FP8 layout, `None` when it declares no quantization.
-pub(super) fn parse_quantization(f: &Fields<'_>) -> Result<Option<Fp8Checkpoint>, ConfigError> {
+/// The checkpoint's quantized layout, `None` when it declares no quantization.
+pub(super) fn parse_quantization(f: &Fields<'_>) -> Result<Option<StoredQuant>, ConfigError> {
     if f.get("quantization_config").is_none() {
         return Ok(None);
     }
@@ -16,14 +20,96 @@ pub(super) fn parse_quantization(f: &Fields<'_>) -> Result<Option<Fp8Checkpoint>
         .str_opt("quant_method")?
         .ok_or_else(|| q.missing("quant_method"))?;
     match method {
-        "fp8" => parse_fp8(&q).map(Some),
-        "compressed-tensors" => parse_compressed(&q).map(Some),
+        "fp8" => parse_fp8(&q).map(|c| Some(StoredQuant::Fp8(c))),
+        "compressed-tensors" => parse_compressed(&q).map(|c| Some(StoredQuant::Fp8(c))),
+        "awq" => parse_awq(&q).map(|c| Some(StoredQuant::Int4(c))),
+        "gptq" => parse_gptq(&q).map(|c| Some(StoredQuant::Int4(c))),
         other => Err(q.unsupported(
             "quant_method",
             other,
-            "only fp8 and compressed-tensors (float-quantized) checkpoints load so far",
+            "only fp8, compressed-tensors (float-quantized), awq and gptq checkpoints load",
         )),
     }
+}
+
+/// `bits: 4` (AWQ also calls it `w_bit`).
+fn check_bits(q: &Fields<'_>, name: &str) -> Result<(), ConfigError> {
+    match q.usize_opt(name)? {
+        Some(4) => Ok(()),
+        Some(n) => Err(q.unsupported(name, &n.to_string(), "only 4-bit weights are implemented")),
+        None => Err(q.missing(name)),
+    }
+}
+
+/// `group_size` (AWQ: `q_group_size`): 32, 64 or 128 (or any multiple of 32), or -1 for one group.
+fn group_size(q: &Fields<'_>, name: &str) -> Result<Option<usize>, ConfigError> {
+    let v = q.get(name).ok_or_else(|| q.missing(name))?;
+    match v.as_i64() {
+        Some(-1) => Ok(None),
+        Some(g) if g >= 32 && g % 32 == 0 => Ok(Some(g as usize)),
+        _ => Err(q.unsupported(
+            name,
+            &v.to_string(),
+            "expected -1 or a positive multiple of 32 (32, 64, 128)",
+        )),
+    }
+}
+
+/// AutoAWQ's `quant_method: "awq"` (`version: "gemm"`, `zero_point: true`).
+fn parse_awq(q: &Fields<'_>) -> Result<Int4Checkpoint, ConfigError> {
+    check_bits(q, if q.get("bits").is_some() { "bits" } else { "w_bit" })?;
+    let group =
+        group_size(q, if q.get("group_size").is_some() { "group_size" } else { "q_group_size" })?;
+    if group.is_none() {
+        return Err(q.unsupported("group_size", "-1", "AWQ checkpoints have groups of 32–128"));
+    }
+    match q.str_opt("version")?.unwrap_or("gemm") {
+        "gemm" | "GEMM" => {}
+        other => {
+            return Err(q.unsupported(
+                "version",
+                other,
+                "only AutoAWQ's GEMM layout is implemented (gemv and marlin pack differently)",
+            ));
+        }
+    }
+    if q.bool_opt("zero_point")? == Some(false) {
+        return Err(q.unsupported("zero_point", "false", "AWQ GEMM checkpoints store zero points"));
+    }
+    Ok(Int4Checkpoint {
+        format: Int4Format::Awq,
+        group_size: group,
+        desc_act: false,
+        sym: false,
+        ignored: strings(q, "modules_to_not_convert")?,
+    })
+}
+
+/// AutoGPTQ's / GPTQModel's `quant_method: "gptq"`.
+fn parse_gptq(q: &Fields<'_>) -> Result<Int4Checkpoint, ConfigError> {
+    check_bits(q, "bits")?;
+    let group = group_size(q, "group_size")?;
+    let v1_zeros = match q.str_opt("checkpoint_format")?.unwrap_or("gptq") {
+        "gptq" => true,
+        "gptq_v2" => false,
+        other => {
+            return Err(q.unsupported(
+                "checkpoint_format",
+                other,
+                "expected gptq (zero points stored minus one) or gptq_v2",
+            ));
+        }
+    };
+    if q.bool_opt("lm_head")? == Some(true) {
+        return Err(q.unsupported("lm_head", "true", "a quantized LM head is not implemented"));
+    }
+    Ok(Int4Checkpoint {
+        format: Int4Format::Gptq { v1_zeros },
+        group_size: group,
+        desc_act: q.bool_opt("desc_act")?.unwrap_or(false),
+        sym: q.bool_opt("sym")?.unwrap_or(true),
+        ignored: strings(q, "modules_to_not_convert")?,
+    })
 }
 
 /// vLLM's / AutoFP8's `quant_method: "fp8"`.
@@ -156,7 +242,7 @@ fn check_fp8_args(a: &Fields<'_>) -> Result<(), ConfigError> {
 /// An optional list of strings.
 fn strings(f: &Fields<'_>, name: &str) -> Result<Vec<String>, ConfigError> {
     match f.get(name) {
-        None => Ok(Vec::new()),
+        None | Some(Value::Null) => Ok(Vec::new()),
         Some(Value::Array(items)) => items
             .iter()
             .map(|v| {

@@ -311,8 +311,10 @@ fn unsupported_schemes_name_the_field() {
         }
         other => panic!("{other:?}"),
     };
-    let awq = config(&|c| c["quantization_config"] = serde_json::json!({"quant_method": "awq"}));
-    assert_eq!(field(&awq), "quantization_config.quant_method");
+    let bnb = config(&|c| {
+        c["quantization_config"] = serde_json::json!({"quant_method": "bitsandbytes"})
+    });
+    assert_eq!(field(&bnb), "quantization_config.quant_method");
     let block = config(&|c| {
         c["quantization_config"] =
             serde_json::json!({"quant_method": "fp8", "weight_block_size": [128, 128]})

@@ -49,7 +49,7 @@ pub enum CheckpointError {
     },
     /// A tensor is stored in a dtype other than bf16, f16, f32 or (linear layers) F8_E4M3.
     #[error(
-        "{path}: tensor `{tensor}` has dtype {dtype}; only BF16, F16, F32 and (FP8 linear layers) F8_E4M3 are supported"
+        "{path}: tensor `{tensor}` has dtype {dtype}; only BF16, F16, F32, (FP8 linear layers) F8_E4M3 and (INT4 linear layers) I32 are supported"
     )]
     UnsupportedDtype {
         path: PathBuf,

@@ -30,6 +30,8 @@ pub enum Dtype {
     /// FP8 E4M3 (`float8_e4m3fn`): only the linear layers of an FP8 checkpoint, read with their
     /// scales (`crate::quant::load`).
     F8E4M3,
+    /// 32-bit integers: only the packed codes, zero points and `g_idx` of an INT4 checkpoint.
+    I32,
 }
 
 impl Dtype {
@@ -38,7 +40,7 @@ impl Dtype {
         match self {
             Self::F8E4M3 => 1,
             Self::BF16 | Self::F16 => 2,
-            Self::F32 => 4,
+            Self::F32 | Self::I32 => 4,
         }
     }
 }
@@ -62,7 +64,8 @@ impl TensorView<'_> {
         self.shape.iter().product()
     }
 
-    /// The elements converted to f32 (bf16, f16 and E4M3 widen exactly; E4M3 without its scale).
+    /// The elements converted to f32 (bf16, f16 and E4M3 widen exactly; E4M3 without its scale;
+    /// integers by value).
     pub fn to_f32_vec(&self) -> Vec<f32> {
         match self.dtype {
             Dtype::F32 => self
@@ -84,7 +87,19 @@ impl TensorView<'_> {
                 let table = crate::quant::fp8::decode_table();
                 self.data.iter().map(|&q| table[q as usize]).collect()
             }
+            Dtype::I32 => self.to_i32_vec().into_iter().map(|v| v as f32).collect(),
         }
+    }
+
+    /// The elements of an I32 tensor (empty for any other dtype).
+    pub fn to_i32_vec(&self) -> Vec<i32> {
+        if self.dtype != Dtype::I32 {
+            return Vec::new();
+        }
+        self.data
+            .chunks_exact(4)
+            .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
     }
 }
 
@@ -202,6 +217,7 @@ impl Checkpoint {
             safetensors::Dtype::F16 => Dtype::F16,
             safetensors::Dtype::F32 => Dtype::F32,
             safetensors::Dtype::F8_E4M3 => Dtype::F8E4M3,
+            safetensors::Dtype::I32 => Dtype::I32,
             other => {
                 return Err(CheckpointError::UnsupportedDtype {
                     path: file.path.clone(),
@@ -225,9 +241,29 @@ impl Checkpoint {
     }
 
     /// Checks that every tensor `config` needs exists with the right shape and a supported dtype.
+    /// The linear layers of an INT4 checkpoint have no `weight`; their packed tensors are checked
+    /// where they are read (`crate::quant::load::int4_layer`), every one of them at load.
     pub fn validate(&self, config: &ModelConfig) -> Result<(), CheckpointError> {
+        let int4 = match &config.quantization {
+            Some(crate::quant::StoredQuant::Int4(c)) => Some(c),
+            _ => None,
+        };
         for (name, expected) in names::expected_tensors(config) {
+            if let Some(c) = int4
+                && names::is_linear_weight(&name)
+                && !c.skips(name.strip_suffix(".weight").unwrap_or(&name))
+            {
+                continue;
+            }
             let view = self.tensor(&name)?;
+            if view.dtype == Dtype::I32 {
+                return Err(CheckpointError::UnsupportedDtype {
+                    path: view.file.to_path_buf(),
+                    tensor: name,
+                    dtype: "I32 (only the packed tensors of INT4 linear layers may be integers)"
+                        .into(),
+                });
+            }
             if view.dtype == Dtype::F8E4M3 && !names::is_linear_weight(&name) {
                 return Err(CheckpointError::UnsupportedDtype {
                     path: view.file.to_path_buf(),

@@ -8,6 +8,7 @@
 use crate::checkpoint::{Checkpoint, CheckpointError, Dtype, TensorView, names};
 use crate::config::ModelConfig;
 use crate::quant::fp8::{self, Fp8Rows};
+use crate::quant::int4::{self, Int4Checkpoint, Int4Format, Int4Weight};
 use crate::quant::{ActivationScheme, Fp8Checkpoint, LinearQuant, ScaleGranularity};
 
 /// How a linear layer's input is quantized before the product.
@@ -45,16 +46,18 @@ fn module_of(weight: &str) -> &str {
 /// Loads the linear layer whose weight tensor is `weight` (`model.layers.3.self_attn.q_proj.weight`).
 pub fn linear_f32(
     ckpt: &Checkpoint,
+    config: &ModelConfig,
     weight: &str,
     quant: &LinearQuant,
 ) -> Result<LinearF32, CheckpointError> {
-    let view = ckpt.tensor(weight)?;
+    let view = || ckpt.tensor(weight);
     match quant {
         LinearQuant::None => Ok(LinearF32 {
-            weight: unquantized(&view)?,
+            weight: unquantized(&view()?)?,
             input: None,
         }),
         LinearQuant::Fp8 { stored: None } => {
+            let view = view()?;
             let w = unquantized(&view)?;
             let width = view.shape.get(1).copied().unwrap_or(1);
             Ok(LinearF32 {
@@ -62,11 +65,30 @@ pub fn linear_f32(
                 input: Some(InputQuant::DynamicPerToken),
             })
         }
+        LinearQuant::Int4(spec) => {
+            let module = module_of(weight);
+            if spec.skips(module) {
+                return Ok(LinearF32 {
+                    weight: unquantized(&ckpt.tensor(weight)?)?,
+                    input: None,
+                });
+            }
+            let (rows, cols) = linear_shape_of(config, weight).ok_or_else(|| {
+                CheckpointError::MissingTensor {
+                    path: ckpt.dir().join("config.json"),
+                    tensor: weight.to_owned(),
+                }
+            })?;
+            Ok(LinearF32 {
+                weight: int4_layer(ckpt, module, spec, rows, cols)?.dequantize(),
+                input: None,
+            })
+        }
         LinearQuant::Fp8 {
             stored: Some(stored),
         } => match stored_fp8_layer(ckpt, weight, stored)? {
             None => Ok(LinearF32 {
-                weight: unquantized(&view)?,
+                weight: unquantized(&view()?)?,
                 input: None,
             }),
             Some(layer) => Ok(LinearF32 {
@@ -75,6 +97,165 @@ pub fn linear_f32(
             }),
         },
     }
+}
+
+/// The `[out, in]` shape `config` gives decoder linear `weight`, if it is one.
+pub fn linear_shape_of(config: &ModelConfig, weight: &str) -> Option<(usize, usize)> {
+    names::expected_tensors(config)
+        .into_iter()
+        .find(|(n, _)| n == weight)
+        .and_then(|(_, s)| Some((*s.first()?, *s.get(1)?)))
+}
+
+fn bad_int4(view: &TensorView<'_>, reason: String) -> CheckpointError {
+    CheckpointError::BadQuantization {
+        path: view.file.to_path_buf(),
+        tensor: view.name.to_owned(),
+        reason,
+    }
+}
+
+/// A tensor of `dtype` in `allowed` with exactly `shape`, else an error naming it.
+fn int4_tensor<'a>(
+    ckpt: &'a Checkpoint,
+    name: &str,
+    allowed: &[Dtype],
+    shape: &[usize],
+    why: &str,
+) -> Result<TensorView<'a>, CheckpointError> {
+    let view = ckpt.tensor(name)?;
+    if !allowed.contains(&view.dtype) {
+        return Err(bad_int4(
+            &view,
+            format!("stored as {:?}; expected {allowed:?} ({why})", view.dtype),
+        ));
+    }
+    if view.shape != shape {
+        return Err(bad_int4(
+            &view,
+            format!("shape {:?}, expected {shape:?} ({why})", view.shape),
+        ));
+    }
+    Ok(view)
+}
+
+/// Reads INT4 linear `module` (`model.layers.3.mlp.down_proj`) of an `[rows, cols]` (`[out, in]`)
+/// layer as `spec`'s tool packed it, checking every tensor's dtype and shape, the group size
+/// against the input width, the scales (finite) and `g_idx` (present with `desc_act`, in range).
+pub fn int4_layer(
+    ckpt: &Checkpoint,
+    module: &str,
+    spec: &Int4Checkpoint,
+    rows: usize,
+    cols: usize,
+) -> Result<Int4Weight, CheckpointError> {
+    let name = |t: &str| format!("{module}.{t}");
+    let gs = spec.group_for(cols);
+    let qweight = name("qweight");
+    let shape_err = |reason: String| CheckpointError::BadQuantization {
+        path: ckpt.dir().join("config.json"),
+        tensor: qweight.clone(),
+        reason,
+    };
+    if !rows.is_multiple_of(8) {
+        return Err(shape_err(format!(
+            "{rows} output features: INT4 packs eight per int32, so they must be a multiple of 8"
+        )));
+    }
+    if spec.format == Int4Format::Awq && !cols.is_multiple_of(gs) {
+        return Err(shape_err(format!(
+            "group_size {gs} does not divide the layer's {cols} input features"
+        )));
+    }
+    if matches!(spec.format, Int4Format::Gptq { .. }) && !cols.is_multiple_of(8) {
+        return Err(shape_err(format!(
+            "{cols} input features: GPTQ packs eight per int32, so they must be a multiple of 8"
+        )));
+    }
+    let groups = cols.div_ceil(gs);
+    let scale_types = [Dtype::F16, Dtype::BF16, Dtype::F32];
+    let scales_view = int4_tensor(
+        ckpt,
+        &name("scales"),
+        &scale_types,
+        &[groups, rows],
+        "one scale per group and output feature",
+    )?;
+    let scales_t = scales_view.to_f32_vec();
+    if let Some((i, v)) = scales_t.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+        return Err(bad_int4(
+            &scales_view,
+            format!("value {v} at index {i}: scales must be finite"),
+        ));
+    }
+    let (codes, zeros_t, g_idx) = match spec.format {
+        Int4Format::Awq => {
+            let q = int4_tensor(ckpt, &qweight, &[Dtype::I32], &[cols, rows / 8], "AutoAWQ GEMM")?;
+            let z = int4_tensor(
+                ckpt,
+                &name("qzeros"),
+                &[Dtype::I32],
+                &[groups, rows / 8],
+                "AutoAWQ GEMM",
+            )?;
+            (
+                int4::unpack_awq_transposed(&q.to_i32_vec(), cols, rows),
+                int4::unpack_awq_rows(&z.to_i32_vec(), groups, rows),
+                None,
+            )
+        }
+        Int4Format::Gptq { v1_zeros } => {
+            let q = int4_tensor(ckpt, &qweight, &[Dtype::I32], &[cols / 8, rows], "GPTQ")?;
+            let z = int4_tensor(
+                ckpt,
+                &name("qzeros"),
+                &[Dtype::I32],
+                &[groups, rows / 8],
+                "GPTQ",
+            )?;
+            let mut zeros = int4::unpack_gptq_rows(&z.to_i32_vec(), groups, rows);
+            if v1_zeros {
+                zeros.iter_mut().for_each(|z| *z += 1);
+            }
+            let g_idx = if spec.desc_act {
+                let g = int4_tensor(
+                    ckpt,
+                    &name("g_idx"),
+                    &[Dtype::I32],
+                    &[cols],
+                    "desc_act: each input feature's group",
+                )?;
+                let values = g.to_i32_vec();
+                if let Some((i, v)) = values
+                    .iter()
+                    .enumerate()
+                    .find(|(_, v)| !(0..groups as i32).contains(v))
+                {
+                    return Err(bad_int4(
+                        &g,
+                        format!("value {v} at index {i}: groups are 0..{groups}"),
+                    ));
+                }
+                Some(values.into_iter().map(|v| v as u32).collect())
+            } else {
+                None
+            };
+            (
+                int4::unpack_gptq_transposed(&q.to_i32_vec(), cols, rows),
+                zeros,
+                g_idx,
+            )
+        }
+    };
+    Ok(Int4Weight {
+        rows,
+        cols,
+        group_size: gs,
+        codes,
+        scales: int4::transpose(&scales_t, groups, rows),
+        zeros: int4::transpose(&zeros_t, groups, rows),
+        g_idx,
+    })
 }
 
 /// Checks that no decoder linear weight is FP8: what a backend that reads only unquantized weights
@@ -89,6 +270,15 @@ pub fn check_unquantized(ckpt: &Checkpoint, config: &ModelConfig) -> Result<(), 
 }
 
 fn unquantized_dtype(view: &TensorView<'_>) -> Result<(), CheckpointError> {
+    if view.dtype == Dtype::I32 {
+        return Err(CheckpointError::BadQuantization {
+            path: view.file.to_path_buf(),
+            tensor: view.name.to_owned(),
+            reason: "stored as I32, but config.json's quantization_config does not declare this \
+                     layer INT4"
+                .into(),
+        });
+    }
     if view.dtype == Dtype::F8E4M3 {
         return Err(CheckpointError::BadQuantization {
             path: view.file.to_path_buf(),

@@ -1,14 +1,20 @@
 //! Quantized linear layers: what `--quantization` asks for, what a checkpoint's
 //! `quantization_config` declares, and the one scheme a backend runs with.
 //!
-//! Only FP8 exists so far ([`fp8`]): every decoder linear (q/k/v, o, gate/up, down) with E4M3
-//! weights and one scale per output channel (or per tensor, as a checkpoint stores it), and E4M3
-//! activations with one scale per token computed on the fly (or one static scale per tensor from the
-//! checkpoint). Embeddings, norms and the LM head stay in the checkpoint's precision, as vLLM keeps
-//! them.
+//! Two schemes exist, each covering every decoder linear (q/k/v, o, gate/up, down):
+//! - FP8 ([`fp8`]): E4M3 weights with one scale per output channel (or per tensor, as a checkpoint
+//!   stores it), and E4M3 activations with one scale per token computed on the fly (or one static
+//!   scale per tensor from the checkpoint);
+//! - INT4 ([`int4`]): AWQ and GPTQ checkpoints' 4-bit weights with a scale and zero point per group
+//!   of input columns, bf16 activations.
+//!
+//! Embeddings, norms and the LM head stay in the checkpoint's precision, as vLLM keeps them.
 
 pub mod fp8;
+pub mod int4;
 pub mod load;
+
+pub use int4::{Int4Checkpoint, Int4Format};
 
 use std::fmt;
 use std::str::FromStr;
@@ -18,19 +24,25 @@ use std::str::FromStr;
 pub enum Quantization {
     /// FP8 E4M3: a bf16/f16 checkpoint is quantized while it loads; an FP8 checkpoint loads as is.
     Fp8,
+    /// An AWQ checkpoint (`awq`, or vLLM's kernel-named alias `awq_marlin`).
+    Awq,
+    /// A GPTQ checkpoint (`gptq`, or `gptq_marlin`).
+    Gptq,
 }
 
 impl fmt::Display for Quantization {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Self::Fp8 => "fp8",
+            Self::Awq => "awq",
+            Self::Gptq => "gptq",
         })
     }
 }
 
 /// A `--quantization` value this engine does not implement.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown quantization `{0}` (supported: fp8)")]
+#[error("unknown quantization `{0}` (supported: fp8, awq, awq_marlin, gptq, gptq_marlin)")]
 pub struct ParseQuantizationError(pub String);
 
 impl FromStr for Quantization {
@@ -39,9 +51,46 @@ impl FromStr for Quantization {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "fp8" => Ok(Self::Fp8),
+            "awq" | "awq_marlin" => Ok(Self::Awq),
+            "gptq" | "gptq_marlin" => Ok(Self::Gptq),
             _ => Err(ParseQuantizationError(s.to_owned())),
         }
     }
+}
+
+/// What a checkpoint's `quantization_config` declares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoredQuant {
+    Fp8(Fp8Checkpoint),
+    Int4(Int4Checkpoint),
+}
+
+impl StoredQuant {
+    /// The `--quantization` name this checkpoint answers to.
+    pub fn method(&self) -> &'static str {
+        match self {
+            Self::Fp8(_) => "fp8",
+            Self::Int4(c) => c.method(),
+        }
+    }
+}
+
+/// `--quantization` asked for something the checkpoint is not (vLLM refuses the same way).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuantizationMismatch {
+    #[error(
+        "--quantization {requested} needs a checkpoint whose config.json declares \
+         quantization_config.quant_method \"{requested}\"; this one is not quantized"
+    )]
+    NotQuantized { requested: Quantization },
+    #[error(
+        "--quantization {requested} does not match the checkpoint's quantization_config \
+         (quant_method \"{stored}\"); drop the flag or pass --quantization {stored}"
+    )]
+    Different {
+        requested: Quantization,
+        stored: &'static str,
+    },
 }
 
 /// Which tool's layout an FP8 checkpoint has.
@@ -96,25 +145,49 @@ pub enum LinearQuant {
         /// (per-channel weight scales, per-token dynamic activations).
         stored: Option<Fp8Checkpoint>,
     },
+    /// A checkpoint's INT4 weights (AWQ or GPTQ), activations as they are.
+    Int4(Int4Checkpoint),
 }
 
 impl LinearQuant {
-    /// The scheme for a checkpoint declaring `stored` when `requested` was asked for. An FP8
-    /// checkpoint runs FP8 whether or not `--quantization fp8` was given.
-    pub fn resolve(requested: Option<Quantization>, stored: Option<&Fp8Checkpoint>) -> Self {
+    /// The scheme for a checkpoint declaring `stored` when `requested` was asked for. A quantized
+    /// checkpoint runs its own scheme whether or not `--quantization` names it; naming another is
+    /// an error, as is naming AWQ or GPTQ for an unquantized checkpoint.
+    pub fn resolve(
+        requested: Option<Quantization>,
+        stored: Option<&StoredQuant>,
+    ) -> Result<Self, QuantizationMismatch> {
+        if let (Some(requested), Some(stored)) = (requested, stored)
+            && requested.to_string() != stored.method()
+        {
+            return Err(QuantizationMismatch::Different {
+                requested,
+                stored: stored.method(),
+            });
+        }
         match (requested, stored) {
-            (_, Some(stored)) => Self::Fp8 {
+            (_, Some(StoredQuant::Fp8(stored))) => Ok(Self::Fp8 {
                 stored: Some(stored.clone()),
-            },
-            (Some(Quantization::Fp8), None) => Self::Fp8 { stored: None },
-            (None, None) => Self::None,
+            }),
+            (_, Some(StoredQuant::Int4(stored))) => Ok(Self::Int4(stored.clone())),
+            (Some(Quantization::Fp8), None) => Ok(Self::Fp8 { stored: None }),
+            (Some(requested), None) => Err(QuantizationMismatch::NotQuantized { requested }),
+            (None, None) => Ok(Self::None),
+        }
+    }
+
+    /// The INT4 layout, when the scheme is INT4.
+    pub fn int4(&self) -> Option<&Int4Checkpoint> {
+        match self {
+            Self::Int4(c) => Some(c),
+            _ => None,
         }
     }
 
     /// How activations are quantized (`None` when they are not).
     pub fn activations(&self) -> Option<ActivationScheme> {
         match self {
-            Self::None => None,
+            Self::None | Self::Int4(_) => None,
             Self::Fp8 { stored: None } => Some(ActivationScheme::DynamicPerToken),
             Self::Fp8 { stored: Some(s) } => Some(s.activations),
         }
@@ -124,6 +197,16 @@ impl LinearQuant {
     pub fn describe(&self) -> String {
         match self {
             Self::None => "none".into(),
+            Self::Int4(c) => format!(
+                "{} int4 ({}, {}{})",
+                c.method(),
+                match c.group_size {
+                    Some(g) => format!("groups of {g}"),
+                    None => "one group per row".into(),
+                },
+                if c.sym { "symmetric" } else { "zero points" },
+                if c.desc_act { ", act order (g_idx)" } else { "" }
+            ),
             Self::Fp8 { stored: None } => {
                 "fp8 (quantized at load: channel weight scales, dynamic per-token activations)"
                     .into()

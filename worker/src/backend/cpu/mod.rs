@@ -163,7 +163,8 @@ impl CpuBackend {
             .filter(|n| n.checked_mul(4 * 2 * config.num_hidden_layers).is_some())
             .ok_or_else(|| BackendError::InvalidOptions("KV cache size overflows".into()))?;
         checkpoint.validate(config).map_err(weights_err)?;
-        let quant = LinearQuant::resolve(options.quantization, config.quantization.as_ref());
+        let quant = LinearQuant::resolve(options.quantization, config.quantization.as_ref())
+            .map_err(|e| BackendError::InvalidOptions(e.to_string()))?;
         if quant != LinearQuant::None {
             tracing::info!(quantization = %quant.describe(), "CPU linear layers");
         }
@@ -320,7 +321,7 @@ fn load_layer(
     quant: &LinearQuant,
 ) -> Result<LayerWeights, CheckpointError> {
     let get = |suffix: &str| ckpt.tensor_f32(&layer_tensor(i, suffix));
-    let linear = |suffix: &str| linear_f32(ckpt, &layer_tensor(i, suffix), quant);
+    let linear = |suffix: &str| linear_f32(ckpt, config, &layer_tensor(i, suffix), quant);
     let (h, d) = (config.hidden_size, config.head_dim);
     let (q_rows, kv_rows) = (times(&dims.head_range, d), times(&dims.kv_range, d));
     // Row-split pieces, stacked: (tensor, row width, owned rows), and their common input scheme.

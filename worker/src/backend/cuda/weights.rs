@@ -92,6 +92,9 @@ fn convert(data: &[u8], stored: StoredDtype, dtype: DType) -> Vec<u8> {
             // An E4M3 code without its scale; `CudaBackend::new_sharded` refuses FP8 tensors
             // (`quant::load::check_unquantized`) before any weight is converted.
             StoredDtype::F8E4M3 => crate::quant::fp8::e4m3_to_f32(c[0]),
+            // Integers are only INT4 layers' packed tensors, read by `quant::load::int4_layer`;
+            // `Checkpoint::validate` refuses them anywhere else.
+            StoredDtype::I32 => i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32,
         }
     };
     let size = stored.size();
