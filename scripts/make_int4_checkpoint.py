@@ -19,6 +19,7 @@ Layouts (every decoder linear q/k/v/o/gate/up/down; embeddings, norms and lm_hea
   zero of 0 reads back as 16); `scales` f16 [groups, out]; `g_idx` int32 [in]. With --gptq-v2 zeros
   are stored as they are (`checkpoint_format: "gptq_v2"`). With --desc-act, input columns are
   quantized in a seeded random order ("activation order") and g_idx[i] = (position of i) // group.
+  Layers that read the same input (q/k/v; gate/up) share that order, as GPTQ's do.
   --sym: GPTQ's symmetric scheme (zero 8, scale = 2 max|w| / 15).
 
 Quantization is round-to-nearest (the tools' own `pseudo_quantize_tensor` step, without AWQ's scale
@@ -125,11 +126,25 @@ def quantize(w, group, sym, perm):
     return q, scales, zeros
 
 
-def quantize_linear(w, args, rng):
-    """One linear layer: ({tensor suffix: (dtype, shape, bytes)}, dequantized f32 [out, in])."""
+def input_of(module):
+    """Which input a linear layer reads: q/k/v share one, gate/up another (GPTQ's act order derives
+    the column order from that input, so layers fused into one product share it)."""
+    layer, name = module.split(".", 3)[2], module.split(".", 3)[3]
+    kind = {"self_attn.q_proj": "attn", "self_attn.k_proj": "attn", "self_attn.v_proj": "attn",
+            "mlp.gate_proj": "mlp", "mlp.up_proj": "mlp"}.get(name, name)
+    return layer, kind
+
+
+def quantize_linear(w, args, rng, perms, key):
+    """One linear layer: ({tensor suffix: (dtype, shape, bytes)}, dequantized f32 [out, in] or None
+    without --twin)."""
     out_f, in_f = w.shape
     group = args.group_size if args.group_size > 0 else in_f
-    perm = rng.permutation(in_f) if args.desc_act else None
+    perm = None
+    if args.desc_act:
+        if key not in perms:
+            perms[key] = rng.permutation(in_f)
+        perm = perms[key]
     q, scales, zeros = quantize(w, group, args.sym, perm)
     groups = scales.shape[1]
     col_group = np.arange(in_f) // group
@@ -157,6 +172,8 @@ def quantize_linear(w, args, rng):
                    "scales": ("F16", [groups, out_f], scales.T.astype("<f2").tobytes()),
                    "g_idx": ("I32", [in_f], col_group.astype("<i4").tobytes())}
     del qweight
+    if not args.twin:
+        return tensors, None
     s32 = scales.astype(np.float32)
     deq = (q - read_zeros[:, col_group]).astype(np.float32) * s32[:, col_group]
     return tensors, deq
@@ -183,7 +200,7 @@ def convert(args):
     os.makedirs(args.dst, exist_ok=True)
     if args.twin:
         os.makedirs(args.twin, exist_ok=True)
-    q_map, t_map = {}, {}
+    q_map, t_map, perms = {}, {}, {}
     for shard in shards:
         src = read_safetensors(os.path.join(args.src, shard))
         q_out, t_out = {}, {}
@@ -191,7 +208,8 @@ def convert(args):
             dtype, shape, raw = src[name]
             module = name[: -len(".weight")] if name.endswith(".weight") else None
             if module and module.startswith("model.layers.") and module.split(".", 3)[3] in LINEARS:
-                tensors, deq = quantize_linear(to_f32(dtype, shape, raw), args, rng)
+                tensors, deq = quantize_linear(to_f32(dtype, shape, raw), args, rng, perms,
+                                               input_of(module))
                 for suffix, t in tensors.items():
                     q_out[f"{module}.{suffix}"] = t
                 if args.twin:

@@ -10,7 +10,8 @@
 //! attention, bf16, head size 128), `prefill_wgmma.cu` (the same on Hopper's wgmma; its body is
 //! compiled only for `sm_90a`, elsewhere it traps), `gemv.cu` (small-batch matrix-vector, alone
 //! or fused with RoPE and the KV write), `fp8.cu` (per-row E4M3 quantization and the FP8 small-batch
-//! product on sm_89+ tensor cores), `sampling.cu` (greedy, temperature, top-k, top-p, min-p,
+//! product on sm_89+ tensor cores), `int4.cu` (the AWQ/GPTQ small-batch product with weights
+//! dequantized in registers, whole-matrix dequantization, act-order column permutation), `sampling.cu` (greedy, temperature, top-k, top-p, min-p,
 //! seeded). The parameter structs the kernels take live in `params.cuh`, mirrored once in
 //! [`params`] and checked against it at compile time; the launch constants come from
 //! [`LAUNCH_CONSTANTS`] as `-D` options. All sources form one translation unit, compiled straight to a CUBIN for the device's
@@ -48,6 +49,8 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("gemv.cu", include_str!("gemv.cu")),
     // After gemv.cu: uses its streamed loads and partial-sum reduction.
     ("fp8.cu", include_str!("fp8.cu")),
+    // After gemv.cu: uses its streamed loads, bf16 mma and partial-sum reduction.
+    ("int4.cu", include_str!("int4.cu")),
     ("sampling.cu", include_str!("sampling.cu")),
     ("prefetch.cu", include_str!("prefetch.cu")),
 ];
@@ -98,6 +101,12 @@ pub const KERNELS: &[&str] = &[
     "gemv_fp8_r16",
     "gemv_fp8_r32",
     "scale_fp8_out_bf16",
+    "gemv_int4_r16",
+    "gemv_int4_r32",
+    "gemv_int4_g128_r16",
+    "gemv_int4_g128_r32",
+    "dequant_int4_bf16",
+    "permute_cols_bf16",
     "sample_f32",
     "mask_logits",
     "l2_prefetch_u8",
@@ -181,6 +190,8 @@ pub const GEMV_BF16_ROWS: &[usize] = &[16, 32];
 pub const FP8_QUANT_THREADS: u32 = 256;
 /// Threads per block of `scale_fp8_out_bf16`.
 pub const FP8_SCALE_THREADS: u32 = 256;
+/// Threads per block of `dequant_int4_bf16` and `permute_cols_bf16`.
+pub const INT4_DEQUANT_THREADS: u32 = 256;
 /// Bytes one thread of `l2_prefetch_u8` asks for at a time (`PREFETCH_PIECE`).
 pub const PREFETCH_PIECE: usize = 16384;
 
@@ -221,6 +232,7 @@ pub const LAUNCH_CONSTANTS: &[(&str, usize)] = &[
     ("GEMV_THREADS", GEMV_THREADS as usize),
     ("FP8_QUANT_THREADS", FP8_QUANT_THREADS as usize),
     ("FP8_SCALE_THREADS", FP8_SCALE_THREADS as usize),
+    ("INT4_DEQUANT_THREADS", INT4_DEQUANT_THREADS as usize),
     ("PREFETCH_PIECE", PREFETCH_PIECE),
     ("SAMPLE_THREADS", SAMPLE_THREADS as usize),
     ("SAMPLE_PART_WORDS", SAMPLE_PART_WORDS),

@@ -129,6 +129,42 @@ RS_CHECK_FIELD(GemvFp8Params, n);
 RS_CHECK_FIELD(GemvFp8Params, k);
 RS_CHECK_FIELD(GemvFp8Params, pad);
 
+struct GemvInt4Params {
+    const bf16* x;          // [b, k] (gemv_int4_*), unused by dequant_int4_bf16
+    const u32* w;           // [n, k / 8] packed codes (int4.cu's layout)
+    const u32* sz;          // [n, groups] bf16 s_hi | s_lo << 16
+    const unsigned char* z; // [n, groups] zero points
+    bf16* y;                // [b, n] (gemv_int4_*), or [n, k] (dequant_int4_bf16)
+    int b, n, k;            // k a multiple of 32 and < 2^30; x, w 16-byte aligned
+    int groups, group_size; // group_size a multiple of 32; groups = ceil(k / group_size)
+    u32 pad;
+};
+RS_CHECK_SIZE(GemvInt4Params);
+RS_CHECK_FIELD(GemvInt4Params, x);
+RS_CHECK_FIELD(GemvInt4Params, w);
+RS_CHECK_FIELD(GemvInt4Params, sz);
+RS_CHECK_FIELD(GemvInt4Params, z);
+RS_CHECK_FIELD(GemvInt4Params, y);
+RS_CHECK_FIELD(GemvInt4Params, b);
+RS_CHECK_FIELD(GemvInt4Params, n);
+RS_CHECK_FIELD(GemvInt4Params, k);
+RS_CHECK_FIELD(GemvInt4Params, groups);
+RS_CHECK_FIELD(GemvInt4Params, group_size);
+RS_CHECK_FIELD(GemvInt4Params, pad);
+
+struct PermuteColsParams {
+    const bf16* x;  // [m, k]
+    const u32* perm; // [k], each < k
+    bf16* y;        // [m, k]
+    int m, k;
+};
+RS_CHECK_SIZE(PermuteColsParams);
+RS_CHECK_FIELD(PermuteColsParams, x);
+RS_CHECK_FIELD(PermuteColsParams, perm);
+RS_CHECK_FIELD(PermuteColsParams, y);
+RS_CHECK_FIELD(PermuteColsParams, m);
+RS_CHECK_FIELD(PermuteColsParams, k);
+
 struct GemvRopeParams {
     const void* x;   // bf16[b, k], the normed hidden states
     const void* w;   // bf16[(hq + 2 hkv) d, k], the fused q/k/v weights

@@ -127,6 +127,45 @@ pub struct GemvFp8Params {
     pub pad: u32,
 }
 
+/// `GemvInt4Params`: the small-batch product of bf16 activations with packed INT4 weights
+/// (`gemv_int4_r16`, `gemv_int4_r32`), and a matrix's dequantization to bf16
+/// (`dequant_int4_bf16`, which leaves `x` and `b` unused and writes `[n, k]` to `y`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct GemvInt4Params {
+    /// `bf16[b, k]`.
+    pub x: u64,
+    /// `u32[n, k / 8]` packed codes.
+    pub w: u64,
+    /// `u32[n, groups]`: bf16 `s_hi` low, `s_lo` high.
+    pub sz: u64,
+    /// `u8[n, groups]` zero points.
+    pub z: u64,
+    /// `bf16[b, n]`, or `bf16[n, k]` for the dequantization.
+    pub y: u64,
+    pub b: i32,
+    pub n: i32,
+    pub k: i32,
+    pub groups: i32,
+    pub group_size: i32,
+    /// Tail padding made explicit.
+    pub pad: u32,
+}
+
+/// `PermuteColsParams`: `y[r, j] = x[r, perm[j]]` (`permute_cols_bf16`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct PermuteColsParams {
+    /// `bf16[m, k]`.
+    pub x: u64,
+    /// `u32[k]`.
+    pub perm: u64,
+    /// `bf16[m, k]`.
+    pub y: u64,
+    pub m: i32,
+    pub k: i32,
+}
+
 /// `GemvRopeParams`: the q/k/v GEMV with RoPE and the KV write in its epilogue.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
@@ -158,7 +197,7 @@ pub struct SampleRow {
     pub step: u64,
 }
 
-// Why the five impls below are sound: each struct is #[repr(C)] and Pod — integers and floats
+// Why the impls below are sound: each struct is #[repr(C)] and Pod — integers and floats
 // only, no padding, any bit pattern valid — and its size and every field offset equal the CUDA
 // struct's in params.cuh, which static_asserts them against `layout_defines` when the kernels
 // compile; so passing one by value as a kernel argument gives the kernel exactly its struct.
@@ -177,6 +216,10 @@ unsafe impl DeviceRepr for SampleRow {}
 unsafe impl DeviceRepr for Fp8QuantParams {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for GemvFp8Params {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for GemvInt4Params {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for PermuteColsParams {}
 
 /// Pushes `RS_SIZEOF_<S>` and `RS_OFFSETOF_<S>_<field>` for every field of `S`; the pattern
 /// names every field without `..`, so a field added to the struct and not listed here does not
@@ -277,6 +320,23 @@ pub fn layout_defines() -> Vec<(&'static str, usize)> {
     );
     layout!(
         out,
+        GemvInt4Params {
+            x,
+            sz,
+            w,
+            z,
+            y,
+            b,
+            n,
+            k,
+            groups,
+            group_size,
+            pad
+        }
+    );
+    layout!(out, PermuteColsParams { x, perm, y, m, k });
+    layout!(
+        out,
         SampleRow {
             temperature,
             top_k,
@@ -296,7 +356,7 @@ mod tests {
     #[test]
     fn every_field_has_its_offset() {
         let defines = layout_defines();
-        assert_eq!(defines.len(), 5 + 19 + 12 + 7 + 5 + 6 + 8 + 10);
+        assert_eq!(defines.len(), 5 + 19 + 12 + 7 + 5 + 6 + 8 + 10 + 12 + 6);
         let get = |n: &str| defines.iter().find(|(k, _)| *k == n).unwrap().1;
         assert_eq!(get("RS_SIZEOF_AttnParams"), 112);
         assert_eq!(get("RS_OFFSETOF_AttnParams_scale_log2"), 104);
@@ -309,5 +369,8 @@ mod tests {
         assert_eq!(get("RS_OFFSETOF_Fp8QuantParams_static_scale"), 32);
         assert_eq!(get("RS_SIZEOF_GemvFp8Params"), 56);
         assert_eq!(get("RS_OFFSETOF_GemvFp8Params_b"), 40);
+        assert_eq!(get("RS_SIZEOF_GemvInt4Params"), 64);
+        assert_eq!(get("RS_OFFSETOF_GemvInt4Params_group_size"), 56);
+        assert_eq!(get("RS_SIZEOF_PermuteColsParams"), 32);
     }
 }

@@ -57,9 +57,22 @@ fn group_size(q: &Fields<'_>, name: &str) -> Result<Option<usize>, ConfigError> 
 
 /// AutoAWQ's `quant_method: "awq"` (`version: "gemm"`, `zero_point: true`).
 fn parse_awq(q: &Fields<'_>) -> Result<Int4Checkpoint, ConfigError> {
-    check_bits(q, if q.get("bits").is_some() { "bits" } else { "w_bit" })?;
-    let group =
-        group_size(q, if q.get("group_size").is_some() { "group_size" } else { "q_group_size" })?;
+    check_bits(
+        q,
+        if q.get("bits").is_some() {
+            "bits"
+        } else {
+            "w_bit"
+        },
+    )?;
+    let group = group_size(
+        q,
+        if q.get("group_size").is_some() {
+            "group_size"
+        } else {
+            "q_group_size"
+        },
+    )?;
     if group.is_none() {
         return Err(q.unsupported("group_size", "-1", "AWQ checkpoints have groups of 32–128"));
     }
@@ -74,7 +87,11 @@ fn parse_awq(q: &Fields<'_>) -> Result<Int4Checkpoint, ConfigError> {
         }
     }
     if q.bool_opt("zero_point")? == Some(false) {
-        return Err(q.unsupported("zero_point", "false", "AWQ GEMM checkpoints store zero points"));
+        return Err(q.unsupported(
+            "zero_point",
+            "false",
+            "AWQ GEMM checkpoints store zero points",
+        ));
     }
     Ok(Int4Checkpoint {
         format: Int4Format::Awq,

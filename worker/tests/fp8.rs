@@ -16,7 +16,7 @@ use worker::checkpoint::names::{LINEAR_WEIGHTS, layer_tensor};
 use worker::checkpoint::{Checkpoint, CheckpointError};
 use worker::config::{ConfigError, ModelConfig};
 use worker::quant::fp8::{amax, e4m3_from_f32, scale_for};
-use worker::quant::{ActivationScheme, Fp8Format, Quantization, ScaleGranularity};
+use worker::quant::{ActivationScheme, Fp8Format, Quantization, ScaleGranularity, StoredQuant};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -76,7 +76,11 @@ fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
 
 #[test]
 fn configs_are_detected() {
-    let q = |name: &str| ModelConfig::load(&fixture(name)).unwrap().quantization;
+    let q = |name: &str| match ModelConfig::load(&fixture(name)).unwrap().quantization {
+        Some(StoredQuant::Fp8(c)) => Some(c),
+        None => None,
+        Some(other) => panic!("{name}: {other:?}"),
+    };
     assert_eq!(q("tiny-llama"), None);
     let dynamic = q("tiny-llama-fp8-dynamic").unwrap();
     assert_eq!(dynamic.format, Fp8Format::CompressedTensors);
@@ -311,9 +315,8 @@ fn unsupported_schemes_name_the_field() {
         }
         other => panic!("{other:?}"),
     };
-    let bnb = config(&|c| {
-        c["quantization_config"] = serde_json::json!({"quant_method": "bitsandbytes"})
-    });
+    let bnb =
+        config(&|c| c["quantization_config"] = serde_json::json!({"quant_method": "bitsandbytes"}));
     assert_eq!(field(&bnb), "quantization_config.quant_method");
     let block = config(&|c| {
         c["quantization_config"] =

@@ -36,6 +36,14 @@ fn backend(dir: &Path, quantization: Option<Quantization>) -> Result<CpuBackend,
     CpuBackend::new(&config, &ckpt, options).map_err(|e| e.to_string())
 }
 
+/// The error of a backend that must not build.
+fn refused(r: Result<CpuBackend, String>, what: &str) -> String {
+    match r {
+        Ok(_) => panic!("{what}: built"),
+        Err(e) => e,
+    }
+}
+
 /// The last position's logits of `prompt`.
 fn last_logits(b: &mut CpuBackend, prompt: &[u32]) -> Vec<f32> {
     let positions: Vec<u32> = (0..prompt.len() as u32).collect();
@@ -183,9 +191,12 @@ fn quantization_flag_is_checked_against_the_checkpoint() {
     // The kernel-named aliases vLLM accepts.
     assert_eq!("awq_marlin".parse(), Ok(Quantization::Awq));
     assert_eq!("gptq_marlin".parse(), Ok(Quantization::Gptq));
-    let err = |dir: &str, q| backend(&fixture(dir), Some(q)).err().expect("refused");
+    let err = |dir: &str, q| refused(backend(&fixture(dir), Some(q)), "refused");
     let e = err("int4-awq", Quantization::Gptq);
-    assert!(e.contains("--quantization gptq does not match") && e.contains("\"awq\""), "{e}");
+    assert!(
+        e.contains("--quantization gptq does not match") && e.contains("\"awq\""),
+        "{e}"
+    );
     let e = err("int4-gptq", Quantization::Fp8);
     assert!(e.contains("--quantization fp8 does not match"), "{e}");
     let e = err("int4-awq-twin", Quantization::Awq);
@@ -303,7 +314,7 @@ fn bad_int4_tensors_are_errors_naming_the_tensor() {
     ];
     for (name, what, edit, want) in cases {
         let dir = edited(name, edit);
-        let err = backend(dir.path(), None).err().expect(what);
+        let err = refused(backend(dir.path(), None), what);
         assert!(err.contains(want), "{what}: {err}");
     }
 }
@@ -329,7 +340,9 @@ fn unsupported_int4_configs_name_the_field() {
     assert_eq!(field(&group), "quantization_config.group_size");
     let lm_head = config("int4-gptq", &|c| c[q]["lm_head"] = true.into());
     assert_eq!(field(&lm_head), "quantization_config.lm_head");
-    let format = config("int4-gptq", &|c| c[q]["checkpoint_format"] = "marlin".into());
+    let format = config("int4-gptq", &|c| {
+        c[q]["checkpoint_format"] = "marlin".into()
+    });
     assert_eq!(field(&format), "quantization_config.checkpoint_format");
 }
 
@@ -350,7 +363,9 @@ fn awq_pack(codes: &[u8], out: usize, inp: usize) -> Vec<i32> {
 #[test]
 fn awq_and_gptq_unpacking_round_trip() {
     let (out, inp) = (16, 24);
-    let codes: Vec<u8> = (0..out * inp).map(|i| ((i * 7 + i / 5) % 16) as u8).collect();
+    let codes: Vec<u8> = (0..out * inp)
+        .map(|i| ((i * 7 + i / 5) % 16) as u8)
+        .collect();
     assert_eq!(
         int4::unpack_awq_transposed(&awq_pack(&codes, out, inp), inp, out),
         codes

@@ -9,13 +9,14 @@
 use std::fmt;
 
 /// The environment variables [`KernelSwitches::from_env`] reads, with what each accepts.
-pub const KERNEL_SWITCH_VARS: [(&str, &str); 6] = [
+pub const KERNEL_SWITCH_VARS: [(&str, &str); 7] = [
     ("RINGSERVE_CUDA_PREFILL", "mma or wgmma"),
     ("RINGSERVE_CUDA_DECODE_MMA", "0 or 1"),
     ("RINGSERVE_CUDA_GEMV", "0, 1, or a weight size in elements"),
     ("RINGSERVE_CUDA_FUSE_ROPE", "0 or 1"),
     ("RINGSERVE_CUDA_L2_PREFETCH", "0 or 1"),
     ("RINGSERVE_CUDA_GEMM_TUNE", "0 or 1"),
+    ("RINGSERVE_CUDA_INT4_G128", "0 or 1"),
 ];
 
 /// Largest weight (elements) the GEMV kernel takes by default. On the H200 it beats cuBLAS on the
@@ -70,6 +71,11 @@ pub struct KernelSwitches {
     /// Before a decode bucket's capture, time its bf16 products through cuBLAS and cuBLASLt's
     /// heuristic algorithms and keep the fastest.
     pub gemm_tune: bool,
+    /// INT4 layers with groups of 128 (or a multiple) run the GEMV variant that applies scales
+    /// and zero points once per 128-wide k-step (`gemv_int4_g128_*`) instead of per weight. Off
+    /// by default: written after the last GPU call of its session, it has not yet run on a GPU
+    /// (docs/quantization.md).
+    pub int4_g128: bool,
 }
 
 impl Default for KernelSwitches {
@@ -81,6 +87,7 @@ impl Default for KernelSwitches {
             fuse_rope: true,
             l2_prefetch: true,
             gemm_tune: true,
+            int4_g128: false,
         }
     }
 }
@@ -134,6 +141,7 @@ impl KernelSwitches {
                 }
                 "RINGSERVE_CUDA_FUSE_ROPE" => s.fuse_rope = flag()?,
                 "RINGSERVE_CUDA_L2_PREFETCH" => s.l2_prefetch = flag()?,
+                "RINGSERVE_CUDA_INT4_G128" => s.int4_g128 = flag()?,
                 _ => s.gemm_tune = flag()?,
             }
         }
@@ -150,8 +158,14 @@ impl fmt::Display for KernelSwitches {
         };
         write!(
             f,
-            "prefill={:?} decode_mma={} gemv={gemv} fuse_rope={} l2_prefetch={} gemm_tune={}",
-            self.prefill, self.decode_mma, self.fuse_rope, self.l2_prefetch, self.gemm_tune
+            "prefill={:?} decode_mma={} gemv={gemv} fuse_rope={} l2_prefetch={} gemm_tune={} \
+             int4_g128={}",
+            self.prefill,
+            self.decode_mma,
+            self.fuse_rope,
+            self.l2_prefetch,
+            self.gemm_tune,
+            self.int4_g128
         )
     }
 }
@@ -173,7 +187,7 @@ mod tests {
         let s = parse(&[]).unwrap();
         assert_eq!(s, KernelSwitches::default());
         assert_eq!(s.prefill, PrefillChoice::Auto);
-        assert!(s.decode_mma && s.fuse_rope && s.l2_prefetch && s.gemm_tune);
+        assert!(s.decode_mma && s.fuse_rope && s.l2_prefetch && s.gemm_tune && !s.int4_g128);
         assert_eq!(s.gemv, GemvChoice::UpTo(GEMV_MAX_WEIGHT));
     }
 
@@ -186,8 +200,10 @@ mod tests {
             ("RINGSERVE_CUDA_FUSE_ROPE", "0"),
             ("RINGSERVE_CUDA_L2_PREFETCH", "0"),
             ("RINGSERVE_CUDA_GEMM_TUNE", "0"),
+            ("RINGSERVE_CUDA_INT4_G128", "1"),
         ])
         .unwrap();
+        assert!(s.int4_g128);
         assert_eq!(s.prefill, PrefillChoice::Mma);
         assert!(!s.decode_mma && !s.fuse_rope && !s.l2_prefetch && !s.gemm_tune);
         assert_eq!(s.gemv, GemvChoice::UpTo(1000));

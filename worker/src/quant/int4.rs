@@ -15,6 +15,8 @@
 //!   `[in]`. The `gptq` (v1) serialisation stores `z − 1` (the historical off-by-one: a zero point
 //!   of 0 reads back as 16), `gptq_v2` stores `z`.
 
+use rayon::prelude::*;
+
 /// Where AutoAWQ puts output column `8c + ORDER[j]` of a pack: in bits `4j .. 4j + 4`.
 pub const AWQ_PACK_ORDER: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
 
@@ -55,7 +57,9 @@ impl Int4Checkpoint {
     /// Whether `module` (`model.layers.0.mlp.down_proj`) stays unquantized: it contains an entry
     /// of `modules_to_not_convert` (AutoAWQ's and vLLM's substring rule).
     pub fn skips(&self, module: &str) -> bool {
-        self.ignored.iter().any(|m| !m.is_empty() && module.contains(m.as_str()))
+        self.ignored
+            .iter()
+            .any(|m| !m.is_empty() && module.contains(m.as_str()))
     }
 
     /// Columns per group for a layer with `cols` input columns.
@@ -165,8 +169,7 @@ impl Int4Weight {
         let mut it = parts.into_iter();
         let mut out = it.next().ok_or("no weights to stack")?;
         for p in it {
-            if p.cols != out.cols || p.group_size != out.group_size || p.groups() != out.groups()
-            {
+            if p.cols != out.cols || p.group_size != out.group_size || p.groups() != out.groups() {
                 return Err("fused layers have different input widths or groups".into());
             }
             if p.g_idx != out.g_idx {
@@ -191,14 +194,18 @@ fn nibble(word: i32, j: usize) -> u8 {
 pub fn unpack_awq_transposed(words: &[i32], rows_in: usize, cols_out: usize) -> Vec<u8> {
     let mut out = vec![0u8; rows_in * cols_out];
     let packs = cols_out / 8;
-    for i in 0..rows_in {
-        for c in 0..packs {
-            let w = words[i * packs + c];
-            for (j, &o) in AWQ_PACK_ORDER.iter().enumerate() {
-                out[(8 * c + o) * rows_in + i] = nibble(w, j);
-            }
-        }
+    let mut slot = [0usize; 8]; // output column 8c + o sits in nibble slot[o]
+    for (j, &o) in AWQ_PACK_ORDER.iter().enumerate() {
+        slot[o] = j;
     }
+    out.par_chunks_mut(rows_in.max(1))
+        .enumerate()
+        .for_each(|(o, row)| {
+            let (c, j) = (o / 8, slot[o % 8]);
+            for (i, v) in row.iter_mut().enumerate() {
+                *v = nibble(words[i * packs + c], j);
+            }
+        });
     out
 }
 
@@ -220,14 +227,16 @@ pub fn unpack_awq_rows(words: &[i32], rows: usize, cols: usize) -> Vec<u8> {
 /// GPTQ's `[rows_in / 8, cols_out]` words → `[cols_out, rows_in]` codes.
 pub fn unpack_gptq_transposed(words: &[i32], rows_in: usize, cols_out: usize) -> Vec<u8> {
     let mut out = vec![0u8; rows_in * cols_out];
-    for p in 0..rows_in / 8 {
-        for o in 0..cols_out {
-            let w = words[p * cols_out + o];
-            for j in 0..8 {
-                out[o * rows_in + 8 * p + j] = nibble(w, j);
+    out.par_chunks_mut(rows_in.max(1))
+        .enumerate()
+        .for_each(|(o, row)| {
+            for (p, eight) in row.chunks_exact_mut(8).enumerate() {
+                let w = words[p * cols_out + o];
+                for (j, v) in eight.iter_mut().enumerate() {
+                    *v = nibble(w, j);
+                }
             }
-        }
-    }
+        });
     out
 }
 

@@ -73,12 +73,11 @@ pub fn linear_f32(
                     input: None,
                 });
             }
-            let (rows, cols) = linear_shape_of(config, weight).ok_or_else(|| {
-                CheckpointError::MissingTensor {
+            let (rows, cols) =
+                linear_shape_of(config, weight).ok_or_else(|| CheckpointError::MissingTensor {
                     path: ckpt.dir().join("config.json"),
                     tensor: weight.to_owned(),
-                }
-            })?;
+                })?;
             Ok(LinearF32 {
                 weight: int4_layer(ckpt, module, spec, rows, cols)?.dequantize(),
                 input: None,
@@ -190,7 +189,13 @@ pub fn int4_layer(
     }
     let (codes, zeros_t, g_idx) = match spec.format {
         Int4Format::Awq => {
-            let q = int4_tensor(ckpt, &qweight, &[Dtype::I32], &[cols, rows / 8], "AutoAWQ GEMM")?;
+            let q = int4_tensor(
+                ckpt,
+                &qweight,
+                &[Dtype::I32],
+                &[cols, rows / 8],
+                "AutoAWQ GEMM",
+            )?;
             let z = int4_tensor(
                 ckpt,
                 &name("qzeros"),

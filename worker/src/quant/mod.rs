@@ -205,7 +205,11 @@ impl LinearQuant {
                     None => "one group per row".into(),
                 },
                 if c.sym { "symmetric" } else { "zero points" },
-                if c.desc_act { ", act order (g_idx)" } else { "" }
+                if c.desc_act {
+                    ", act order (g_idx)"
+                } else {
+                    ""
+                }
             ),
             Self::Fp8 { stored: None } => {
                 "fp8 (quantized at load: channel weight scales, dynamic per-token activations)"

@@ -25,11 +25,12 @@ use grammar::TokenMask;
 
 use super::device::{Buf, DType, Gpu};
 use super::fp8::{Fp8Gemm, Fp8Linear, QuantRows, check_fp8_options, gemv_fp8, has_fp8, quant_rows};
+use super::int4::{Int4Linear, Int4Scales, check_int4_options};
 use super::lt::{LtGemm, TuneRecord};
 use super::ops::{self, AddRmsNorm, Attention, Linear, NormFp8, RopeKv, SampleRow};
 use super::step::{self, DECODE_SPLIT, HostStep, Limits};
 use super::tp::{CudaTp, DeviceGroup};
-use super::weights::{self, Fp8Layer, Fp8Scales, LayerWeights, Weights};
+use super::weights::{self, Fp8Layer, Fp8Scales, Int4Layer, LayerWeights, Weights};
 use crate::backend::switches::{GemvChoice, KernelSwitches};
 use crate::backend::{Backend, BackendError, DeviceSampling, ForwardBatch, Logits};
 use crate::checkpoint::Checkpoint;
@@ -106,16 +107,36 @@ struct Workspace {
     /// each otherwise).
     xq: Buf,
     xs: Buf,
+    /// INT4 linear layers: the largest product's weights dequantized to bf16 (for steps past
+    /// [`INT4_GEMV_MAX_ROWS`] rows), and act order's permuted activations.
+    wdq: Buf,
+    xperm: Buf,
 }
+
+/// The quantization buffers a workspace needs.
+#[derive(Debug, Clone, Copy, Default)]
+struct QuantBufs {
+    fp8: bool,
+    /// Elements of the largest INT4 product's weight (0 without INT4).
+    int4_dequant: usize,
+    /// Whether some INT4 product permutes its input (GPTQ act order).
+    act_order: bool,
+}
+
+/// Steps of at most this many rows run INT4 products on the GEMV kernel, 8 rows a launch (the
+/// packed weights read once per launch); larger ones dequantize each weight to bf16 and take
+/// cuBLAS.
+pub const INT4_GEMV_MAX_ROWS: usize = 32;
 
 impl Workspace {
     fn new(
         gpu: &Gpu,
         cfg: &ModelConfig,
         dims: &LocalDims,
-        (dt, fp8): (DType, bool),
+        (dt, quant): (DType, QuantBufs),
         caps: Caps,
     ) -> Result<Self, BackendError> {
+        let fp8 = quant.fp8;
         // Whole GEMM blocks of rows, for batch-invariant mode's padding rows.
         let t = caps.tokens.next_multiple_of(INVARIANT_CHUNK);
         let s = caps.seqs.next_multiple_of(INVARIANT_CHUNK);
@@ -149,6 +170,15 @@ impl Workspace {
             part_ml: gpu.alloc(DType::F32, s * dims.heads * caps.splits * 2)?,
             xq: gpu.alloc(DType::U8, if fp8 { t * h.max(qd).max(inter) } else { 1 })?,
             xs: gpu.alloc(DType::F32, if fp8 { t } else { 1 })?,
+            wdq: gpu.alloc(DType::Bf16, quant.int4_dequant.max(1))?,
+            xperm: gpu.alloc(
+                DType::Bf16,
+                if quant.act_order {
+                    t * h.max(qd).max(inter)
+                } else {
+                    1
+                },
+            )?,
         })
     }
 }
@@ -161,6 +191,31 @@ struct LayerProducts<'a> {
     down: Linear<'a>,
     /// The products' FP8 scales (their weights are then E4M3 codes).
     fp8: Option<&'a Fp8Layer>,
+    /// The products' INT4 scales (their weights are then packed codes).
+    int4: Option<&'a Int4Layer>,
+}
+
+impl<'a> LayerProducts<'a> {
+    /// One product's scales, picked from the FP8 or INT4 layer.
+    fn quant(
+        &self,
+        fp8: impl Fn(&'a Fp8Layer) -> &'a Fp8Scales,
+        int4: impl Fn(&'a Int4Layer) -> &'a Int4Scales,
+    ) -> ProductQuant<'a> {
+        match (self.fp8, self.int4) {
+            (Some(f), _) => ProductQuant::Fp8(fp8(f)),
+            (None, Some(i)) => ProductQuant::Int4(int4(i)),
+            (None, None) => ProductQuant::None,
+        }
+    }
+}
+
+/// How one product's weights are stored.
+#[derive(Clone, Copy)]
+enum ProductQuant<'a> {
+    None,
+    Fp8(&'a Fp8Scales),
+    Int4(&'a Int4Scales),
 }
 
 /// A captured decode step.
@@ -204,6 +259,10 @@ pub struct CudaBackend {
     /// With FP8 linear layers: cuBLASLt's FP8 product for steps of more than
     /// [`kernels::GEMV_MAX_BATCH`] rows.
     fp8_gemm: Option<Fp8Gemm>,
+    /// What the workspace holds for quantized products.
+    quant_bufs: QuantBufs,
+    /// [`KernelSwitches::int4_g128`].
+    int4_g128: bool,
     /// Whether small-batch steps prefetch each layer's o_proj weights into L2 while RoPE and
     /// attention run ([`KernelSwitches::l2_prefetch`], where the device has it).
     l2_prefetch: bool,
@@ -258,8 +317,9 @@ impl CudaBackend {
         tp: Option<CudaTp>,
     ) -> Result<Self, BackendError> {
         let shard = tp.as_ref().map_or(TpShard::SOLO, |t| t.shard);
-        let quant = LinearQuant::resolve(opts.quantization, cfg.quantization.as_ref());
-        let fp8 = quant != LinearQuant::None;
+        let quant = LinearQuant::resolve(opts.quantization, cfg.quantization.as_ref())
+            .map_err(|e| BackendError::InvalidOptions(e.to_string()))?;
+        let fp8 = matches!(quant, LinearQuant::Fp8 { .. });
         let dims = LocalDims::new(cfg, shard)?;
         if fp8 {
             check_fp8_options(
@@ -267,6 +327,8 @@ impl CudaBackend {
                 (opts.dtype, opts.batch_invariant),
                 &quant,
             )?;
+        } else if quant.int4().is_some() {
+            check_int4_options(&dims, cfg, (opts.dtype, opts.batch_invariant), &quant)?;
         } else {
             crate::quant::load::check_unquantized(ckpt, cfg)
                 .map_err(|e| BackendError::Weights(e.to_string()))?;
@@ -306,7 +368,7 @@ impl CudaBackend {
                 gpu.capability.1
             )));
         }
-        if fp8 {
+        if quant != LinearQuant::None {
             tracing::info!(quantization = %quant.describe(), "CUDA linear layers");
         }
         tracing::info!(
@@ -331,7 +393,27 @@ impl CudaBackend {
             stride: 64,
             splits: 32,
         };
-        let ws = Workspace::new(&gpu, cfg, &dims, (opts.dtype, fp8), caps)?;
+        let quant_bufs = QuantBufs {
+            fp8,
+            int4_dequant: weights
+                .layers
+                .first()
+                .and_then(|l| l.int4())
+                .map_or(0, |_| {
+                    let (h, qd, kvd, inter) =
+                        (cfg.hidden_size, dims.q_dim, dims.kv_dim, dims.inter);
+                    ((qd + 2 * kvd) * h)
+                        .max(h * qd)
+                        .max(2 * inter * h)
+                        .max(h * inter)
+                }),
+            act_order: weights.layers.iter().filter_map(|l| l.int4()).any(|l| {
+                [&l.qkv, &l.o, &l.gate_up, &l.down]
+                    .iter()
+                    .any(|s| s.perm.is_some())
+            }),
+        };
+        let ws = Workspace::new(&gpu, cfg, &dims, (opts.dtype, quant_bufs), caps)?;
         let blas_ws = gpu.alloc(DType::U32, 8 << 20)?;
         // SAFETY: the handle is live; the 32 MiB workspace outlives it (both owned by the backend,
         // the buffer dropped after the handle's uses end). A fixed workspace keeps cuBLAS from
@@ -367,6 +449,14 @@ impl CudaBackend {
             )));
         }
         let cache_len = num_blocks * dims.kv_dim * opts.block_size;
+        let gib = |b: usize| b as f64 / f64::from(1u32 << 30);
+        tracing::info!(
+            weights_gib = gib(weights.bytes),
+            kv_cache_gib = gib(num_blocks * per_block),
+            kv_blocks = num_blocks,
+            kv_tokens = num_blocks * opts.block_size,
+            "device memory"
+        );
         let mut k_cache = Vec::new();
         let mut v_cache = Vec::new();
         for _ in 0..cfg.num_hidden_layers {
@@ -402,6 +492,8 @@ impl CudaBackend {
             gemv: opts.kernels.gemv,
             lt,
             fp8_gemm,
+            quant_bufs,
+            int4_g128: opts.kernels.int4_g128,
             l2_prefetch: opts.dtype == DType::Bf16
                 && ops::has_l2_prefetch(capability)
                 && opts.kernels.l2_prefetch,
@@ -461,8 +553,13 @@ impl CudaBackend {
         };
         self.graphs.clear();
         self.gpu.sync()?;
-        let fp8 = self.fp8_gemm.is_some();
-        self.ws = Workspace::new(&self.gpu, &self.cfg, &self.dims, (self.dtype, fp8), caps)?;
+        self.ws = Workspace::new(
+            &self.gpu,
+            &self.cfg,
+            &self.dims,
+            (self.dtype, self.quant_bufs),
+            caps,
+        )?;
         Ok(())
     }
 
@@ -534,11 +631,13 @@ impl CudaBackend {
     fn product(
         &self,
         l: &Linear<'_>,
-        scales: Option<&Fp8Scales>,
+        scales: ProductQuant<'_>,
         quantized: bool,
     ) -> Result<(), BackendError> {
-        let Some(s) = scales else {
-            return self.linear(l);
+        let s = match scales {
+            ProductQuant::None => return self.linear(l),
+            ProductQuant::Int4(s) => return self.product_int4(l, s),
+            ProductQuant::Fp8(s) => s,
         };
         let (g, ws) = (&self.gpu, &self.ws);
         if !quantized {
@@ -571,6 +670,42 @@ impl CudaBackend {
         }
     }
 
+    /// An INT4 product: its input permuted first for act order; the GEMV kernel up to
+    /// [`INT4_GEMV_MAX_ROWS`] rows, else the weights dequantized into the workspace and
+    /// [`Self::linear`].
+    fn product_int4(&self, l: &Linear<'_>, s: &Int4Scales) -> Result<(), BackendError> {
+        let (g, ws) = (&self.gpu, &self.ws);
+        let x = match &s.perm {
+            Some(perm) => {
+                super::int4::permute_cols(g, (l.x, perm, &ws.xperm), (l.m, l.k))?;
+                &ws.xperm
+            }
+            None => l.x,
+        };
+        let q = Int4Linear {
+            x,
+            w: l.w,
+            s,
+            y: l.y,
+            m: l.m,
+            n: l.n,
+            k: l.k,
+        };
+        if l.m <= INT4_GEMV_MAX_ROWS {
+            let rows = if l.n >= ops::GEMV_TALL_ROWS { 32 } else { 16 };
+            return super::int4::gemv_int4(g, &q, rows, self.int4_g128);
+        }
+        super::int4::dequant_int4(g, &q, &ws.wdq)?;
+        self.linear(&Linear {
+            x,
+            w: &ws.wdq,
+            y: l.y,
+            m: l.m,
+            n: l.n,
+            k: l.k,
+        })
+    }
+
     fn linear(&self, l: &Linear<'_>) -> Result<(), BackendError> {
         if self.batch_invariant {
             ops::linear_chunked(&self.gpu, l, INVARIANT_CHUNK)
@@ -599,7 +734,7 @@ impl CudaBackend {
         // FP8 products (E4M3 weights) run on their own kernels, never through the bf16 plans.
         for l in products
             .iter()
-            .filter(|l| !self.uses_gemv(l) && l.w.dtype() != DType::U8)
+            .filter(|l| !self.uses_gemv(l) && matches!(l.w.dtype(), DType::Bf16 | DType::F32))
         {
             lt.tune(&self.gpu, l)?;
         }
@@ -644,7 +779,8 @@ impl CudaBackend {
                 n: h,
                 k: inter,
             },
-            fp8: w.fp8.as_ref(),
+            fp8: w.fp8(),
+            int4: w.int4(),
         }
     }
 
@@ -692,7 +828,7 @@ impl CudaBackend {
             })
         };
         for (l, w) in self.weights.layers.iter().enumerate() {
-            let fp8 = w.fp8.as_ref();
+            let fp8 = w.fp8();
             ops::add_rmsnorm(
                 g,
                 &AddRmsNorm {
@@ -727,7 +863,7 @@ impl CudaBackend {
                 // SAFETY: as rope_kv_write's below.
                 unsafe { ops::gemv_rope_kv(g, &p.qkv, &rope) }?;
             } else {
-                self.product(&p.qkv, p.fp8.map(|f| &f.qkv), fused_quant)?;
+                self.product(&p.qkv, p.quant(|f| &f.qkv, |i| &i.qkv), fused_quant)?;
             }
             // o_proj's weights into L2 on a branch beside RoPE and attention (joined before o).
             let prefetch_o = self.l2_prefetch && n <= L2_PREFETCH_MAX_ROWS;
@@ -777,7 +913,7 @@ impl CudaBackend {
             if prefetch_o {
                 g.stream.join(&g.side)?;
             }
-            self.product(&p.o, p.fp8.map(|f| &f.o), false)?;
+            self.product(&p.o, p.quant(|f| &f.o, |i| &i.o), false)?;
             self.all_reduce(&ws.proj, n * h)?;
             ops::add_rmsnorm(
                 g,
@@ -792,9 +928,13 @@ impl CudaBackend {
                     fp8: norm_fp8(fp8.map(|f| &f.gate_up)),
                 },
             )?;
-            self.product(&p.gate_up, p.fp8.map(|f| &f.gate_up), fused_quant)?;
+            self.product(
+                &p.gate_up,
+                p.quant(|f| &f.gate_up, |i| &i.gate_up),
+                fused_quant,
+            )?;
             ops::silu_mul(g, &ws.gate_up, &ws.act, (n, inter))?;
-            self.product(&p.down, p.fp8.map(|f| &f.down), false)?;
+            self.product(&p.down, p.quant(|f| &f.down, |i| &i.down), false)?;
             self.all_reduce(&ws.proj, n * h)?;
         }
         ops::add_rmsnorm(

@@ -467,7 +467,7 @@ mod tests {
         let dir =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-llama");
         let cfg = ModelConfig::load(&dir).expect("fixture");
-        let quant = LinearQuant::resolve(Some(Quantization::Fp8), None);
+        let quant = LinearQuant::resolve(Some(Quantization::Fp8), None).expect("fp8");
         let solo = LocalDims::new(&cfg, TpShard::SOLO).expect("dims");
         let check = |dims: &LocalDims, shard, dtype, invariant| {
             check_fp8_options((&cfg, dims, shard), (dtype, invariant), &quant)

@@ -14,13 +14,15 @@ use rayon::prelude::*;
 
 use super::device::{Buf, DType, Gpu};
 use super::fp8::{QuantRows, quant_rows};
+use super::int4::{self, Int4Scales};
 use super::staging::{CopyStats, Staging};
 use crate::backend::BackendError;
 use crate::checkpoint::names::{self, layer, layer_tensor};
 use crate::checkpoint::{Checkpoint, Dtype as StoredDtype, TensorView};
 use crate::config::ModelConfig;
 use crate::quant::LinearQuant;
-use crate::quant::load::{InputQuant, fused_input, stored_fp8_layer};
+use crate::quant::int4::{Int4Checkpoint, Int4Weight};
+use crate::quant::load::{InputQuant, fused_input, int4_layer, linear_shape_of, stored_fp8_layer};
 use crate::tp::LocalDims;
 
 /// An FP8 linear layer's scales on the device; its weight buffer then holds E4M3 codes (U8).
@@ -39,6 +41,20 @@ pub struct Fp8Layer {
     pub down: Fp8Scales,
 }
 
+/// The scales of a layer's four INT4 products.
+pub struct Int4Layer {
+    pub qkv: Int4Scales,
+    pub o: Int4Scales,
+    pub gate_up: Int4Scales,
+    pub down: Int4Scales,
+}
+
+/// A layer's quantized products' scales (the weight buffers then hold codes).
+pub enum LayerQuant {
+    Fp8(Box<Fp8Layer>),
+    Int4(Box<Int4Layer>),
+}
+
 /// One decoder layer on the device (HF `[out, in]` layout).
 pub struct LayerWeights {
     pub input_norm: Buf,
@@ -50,8 +66,33 @@ pub struct LayerWeights {
     /// `[2 intermediate, hidden]`: gate rows then up rows.
     pub gate_up: Buf,
     pub down: Buf,
-    /// With FP8 linear layers: their scales (`qkv`, `o`, `gate_up`, `down` are E4M3 codes).
-    pub fp8: Option<Fp8Layer>,
+    /// With quantized linear layers: their scales (`qkv`, `o`, `gate_up`, `down` then hold E4M3
+    /// codes, or packed INT4 codes).
+    pub quant: Option<LayerQuant>,
+}
+
+impl LayerWeights {
+    /// The FP8 scales, with FP8 layers.
+    pub fn fp8(&self) -> Option<&Fp8Layer> {
+        match &self.quant {
+            Some(LayerQuant::Fp8(f)) => Some(f.as_ref()),
+            _ => None,
+        }
+    }
+
+    /// The INT4 scales, with INT4 layers.
+    pub fn int4(&self) -> Option<&Int4Layer> {
+        match &self.quant {
+            Some(LayerQuant::Int4(f)) => Some(f.as_ref()),
+            _ => None,
+        }
+    }
+}
+
+/// A product's scales, as [`upload_product`] returns them.
+enum ProductScales {
+    Fp8(Fp8Scales),
+    Int4(Int4Scales),
 }
 
 /// The whole model (or this rank's share of it) on the device.
@@ -225,9 +266,17 @@ fn upload_product(
     parts: &[(String, Part)],
     (dtype, quant): (DType, &LinearQuant),
     (n, k): (usize, usize),
-) -> Result<(Buf, Option<Fp8Scales>), BackendError> {
+) -> Result<(Buf, Option<ProductScales>), BackendError> {
     match quant {
         LinearQuant::None => Ok((upload_stacked(gpu, staging, ckpt, parts, dtype)?, None)),
+        LinearQuant::Int4(spec) => {
+            let w = int4_product(ckpt, parts, spec, (n, k))?;
+            let packed = int4::pack(&w).map_err(|e| {
+                BackendError::Weights(format!("{}: {e}", parts[0].0.trim_end_matches(".weight")))
+            })?;
+            let (words, scales) = Int4Scales::upload(gpu, &packed)?;
+            Ok((words, Some(ProductScales::Int4(scales))))
+        }
         LinearQuant::Fp8 { stored: None } => {
             let dense = upload_stacked(gpu, staging, ckpt, parts, DType::Bf16)?;
             let (codes, rows) = (gpu.alloc(DType::U8, n * k)?, gpu.alloc(DType::F32, n)?);
@@ -246,7 +295,7 @@ fn upload_product(
                 rows,
                 static_input: None,
             };
-            Ok((codes, Some(scales)))
+            Ok((codes, Some(ProductScales::Fp8(scales))))
         }
         LinearQuant::Fp8 {
             stored: Some(stored),
@@ -292,9 +341,59 @@ fn upload_product(
                 rows: gpu.upload_f32(&row_scales, DType::F32)?,
                 static_input,
             };
-            Ok((codes, Some(scales)))
+            Ok((codes, Some(ProductScales::Fp8(scales))))
         }
     }
+}
+
+/// One INT4 product's parts read from the checkpoint (unpacked on the host), sliced to `parts`
+/// and stacked: a shard's rows of q/k/v and gate/up, or its whole groups of o's and down's
+/// columns (a column shard must start and end on group boundaries).
+fn int4_product(
+    ckpt: &Checkpoint,
+    parts: &[(String, Part)],
+    spec: &Int4Checkpoint,
+    (n, k): (usize, usize),
+) -> Result<Int4Weight, BackendError> {
+    let config = crate::config::ModelConfig::load(ckpt.dir()).map_err(weights_err)?;
+    let mut pieces = Vec::with_capacity(parts.len());
+    for (name, part) in parts {
+        let module = name.trim_end_matches(".weight");
+        if spec.skips(module) {
+            return Err(BackendError::Weights(format!(
+                "{module}: unquantized layers inside an INT4 checkpoint (modules_to_not_convert) \
+                 run on the CPU backend only so far"
+            )));
+        }
+        let (rows, cols) = linear_shape_of(&config, name)
+            .ok_or_else(|| BackendError::Weights(format!("{name}: not a decoder linear layer")))?;
+        let w = int4_layer(ckpt, module, spec, rows, cols).map_err(weights_err)?;
+        pieces.push(match part {
+            Part::All => w,
+            Part::Rows(r) if r.end <= w.rows => w.row_slice(r.clone()),
+            Part::Cols(c) if c.end <= w.cols => w.col_slice(c.clone()).ok_or_else(|| {
+                BackendError::Weights(format!(
+                    "{module}: this rank's input columns {c:?} do not start and end on groups of \
+                     {} (act order and group-splitting shards are not supported on CUDA)",
+                    w.group_size
+                ))
+            })?,
+            other => {
+                return Err(BackendError::Weights(format!(
+                    "{module}: slice {other:?} outside its {rows} × {cols}"
+                )));
+            }
+        });
+    }
+    let w = Int4Weight::stack(pieces)
+        .map_err(|e| BackendError::Weights(format!("{}: {e}", parts[0].0)))?;
+    if (w.rows, w.cols) != (n, k) {
+        return Err(BackendError::Weights(format!(
+            "{}: {} × {} INT4 weights for a {n} × {k} product",
+            parts[0].0, w.rows, w.cols
+        )));
+    }
+    Ok(w)
 }
 
 /// Validates the checkpoint against `config` and uploads this rank's share (`dims`) of every
@@ -348,14 +447,35 @@ pub fn upload(
             vec![(t(layer::DOWN_PROJ), Part::Cols(dims.inter_range.clone()))],
             (h, dims.inter),
         )?;
-        let fp8 = match (qkv_s, o_s, gate_up_s, down_s) {
-            (Some(qkv), Some(o), Some(gate_up), Some(down)) => Some(Fp8Layer {
+        let quant = match (qkv_s, o_s, gate_up_s, down_s) {
+            (
+                Some(ProductScales::Fp8(qkv)),
+                Some(ProductScales::Fp8(o)),
+                Some(ProductScales::Fp8(gate_up)),
+                Some(ProductScales::Fp8(down)),
+            ) => Some(LayerQuant::Fp8(Box::new(Fp8Layer {
                 qkv,
                 o,
                 gate_up,
                 down,
-            }),
-            _ => None,
+            }))),
+            (
+                Some(ProductScales::Int4(qkv)),
+                Some(ProductScales::Int4(o)),
+                Some(ProductScales::Int4(gate_up)),
+                Some(ProductScales::Int4(down)),
+            ) => Some(LayerQuant::Int4(Box::new(Int4Layer {
+                qkv,
+                o,
+                gate_up,
+                down,
+            }))),
+            (None, None, None, None) => None,
+            _ => {
+                return Err(BackendError::Weights(format!(
+                    "layer {i}: its products are quantized differently"
+                )));
+            }
         };
         let mut up = |parts: Vec<(String, Part)>| upload_stacked(gpu, st, ckpt, &parts, dtype);
         layers.push(LayerWeights {
@@ -370,7 +490,7 @@ pub fn upload(
             o,
             gate_up,
             down,
-            fp8,
+            quant,
         });
     }
     let mut one = |name: &str| upload_stacked(gpu, st, ckpt, &whole(name.to_string()), dtype);
@@ -392,12 +512,17 @@ pub fn upload(
             + l.o.bytes()
             + l.gate_up.bytes()
             + l.down.bytes()
-            + l.fp8.as_ref().map_or(0, |f| {
-                [&f.qkv, &f.o, &f.gate_up, &f.down]
+            + match &l.quant {
+                None => 0,
+                Some(LayerQuant::Fp8(f)) => [&f.qkv, &f.o, &f.gate_up, &f.down]
                     .iter()
                     .map(|s| s.rows.bytes())
-                    .sum()
-            });
+                    .sum(),
+                Some(LayerQuant::Int4(f)) => [&f.qkv, &f.o, &f.gate_up, &f.down]
+                    .iter()
+                    .map(|s| s.bytes())
+                    .sum(),
+            };
     }
     Ok(Weights {
         embed,

@@ -1,0 +1,429 @@
+//! INT4 linear layers on CUDA: a checkpoint's [`Int4Weight`] repacked at load into the layout of
+//! `kernels/src/int4.cu` (codes in the order its dequantization wants, one `(s_hi, s_lo)` bf16
+//! pair per group and row so that `s_hi + s_lo` is the stored scale exactly, act-order layers'
+//! columns sorted by group), and the launches: the small-batch GEMV, whole-matrix dequantization
+//! to bf16 for cuBLAS, and the activation permutation act order needs.
+
+use half::bf16;
+use rayon::prelude::*;
+
+use super::device::{Buf, DType, Gpu};
+use cudarc::driver::PushKernelArg;
+
+use super::ops::{cfg, dim, int};
+use crate::backend::BackendError;
+use crate::quant::int4::Int4Weight;
+
+/// Where int4.cu's dequantization wants code `8c + ORDER[p]` of a word: bits `4p .. 4p + 4`.
+const KERNEL_ORDER: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
+
+/// A weight in int4.cu's layout, on the host.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Int4Packed {
+    pub n: usize,
+    pub k: usize,
+    pub group_size: usize,
+    pub groups: usize,
+    /// `[n, k / 8]`.
+    pub words: Vec<u32>,
+    /// `[n, groups]`: bf16 `s_hi` bits low, `s_lo` high.
+    pub scales: Vec<u32>,
+    /// `[n, groups]`.
+    pub zeros: Vec<u8>,
+    /// Act order: packed column `j` is the layer's input column `perm[j]`.
+    pub perm: Option<Vec<u32>>,
+}
+
+/// `s` as `s_hi + s_lo`, two bf16 values whose sum is `s` exactly for any f16 scale (and any
+/// bf16 one, with `s_lo = 0`).
+pub fn split_scale(s: f32) -> (bf16, bf16) {
+    let hi = bf16::from_f32(s);
+    (hi, bf16::from_f32(s - hi.to_f32()))
+}
+
+/// Repacks `w` for int4.cu: input width a multiple of 32, group size a multiple of 32; with
+/// `g_idx`, its columns sorted by group (stable), which must leave every group `group_size`
+/// contiguous columns (the last may be shorter), as GPTQ's act order writes them.
+pub fn pack(w: &Int4Weight) -> Result<Int4Packed, String> {
+    let (n, k, gs) = (w.rows, w.cols, w.group_size);
+    if !k.is_multiple_of(32) || !gs.is_multiple_of(32) {
+        return Err(format!(
+            "INT4 on CUDA needs the input width ({k}) and group size ({gs}) to be multiples of 32"
+        ));
+    }
+    let groups = w.groups();
+    let perm: Option<Vec<u32>> = w.g_idx.as_ref().map(|g| {
+        let mut p: Vec<u32> = (0..k as u32).collect();
+        p.sort_by_key(|&c| g[c as usize]);
+        p
+    });
+    if let (Some(p), Some(g)) = (&perm, &w.g_idx)
+        && let Some(j) = (0..k).find(|&j| g[p[j] as usize] as usize != j / gs)
+    {
+        return Err(format!(
+            "g_idx puts {} columns before group {}'s first: each group must hold group_size \
+             ({gs}) columns",
+            j, g[p[j] as usize]
+        ));
+    }
+    let col = |j: usize| perm.as_ref().map_or(j, |p| p[j] as usize);
+    let mut words = vec![0u32; n * k / 8];
+    words
+        .par_chunks_mut((k / 8).max(1))
+        .enumerate()
+        .for_each(|(r, out)| {
+            let codes = &w.codes[r * k..][..k];
+            for (c, word) in out.iter_mut().enumerate() {
+                for (p, &o) in KERNEL_ORDER.iter().enumerate() {
+                    *word |= u32::from(codes[col(8 * c + o)] & 0xf) << (4 * p);
+                }
+            }
+        });
+    let scales = w
+        .scales
+        .iter()
+        .map(|&s| {
+            let (hi, lo) = split_scale(s);
+            u32::from(hi.to_bits()) | (u32::from(lo.to_bits()) << 16)
+        })
+        .collect();
+    Ok(Int4Packed {
+        n,
+        k,
+        group_size: gs,
+        groups,
+        words,
+        scales,
+        zeros: w.zeros.clone(),
+        perm,
+    })
+}
+
+/// An INT4 product's scales, zero points and column order on the device; its weight buffer holds
+/// the packed codes (U32 `[n, k / 8]`).
+pub struct Int4Scales {
+    /// U32 `[n, groups]`.
+    pub scales: Buf,
+    /// U8 `[n, groups]`.
+    pub zeros: Buf,
+    /// U32 `[k]`, act order only.
+    pub perm: Option<Buf>,
+    pub groups: usize,
+    pub group_size: usize,
+}
+
+impl Int4Scales {
+    /// Uploads `p`: its codes (the weight buffer) and its scales.
+    pub fn upload(gpu: &Gpu, p: &Int4Packed) -> Result<(Buf, Self), BackendError> {
+        let words = gpu.upload_u32(&p.words)?;
+        Ok((
+            words,
+            Self {
+                scales: gpu.upload_u32(&p.scales)?,
+                zeros: gpu.upload_bytes(&p.zeros, DType::U8)?,
+                perm: p.perm.as_deref().map(|q| gpu.upload_u32(q)).transpose()?,
+                groups: p.groups,
+                group_size: p.group_size,
+            },
+        ))
+    }
+
+    /// Bytes on the device (the codes not included).
+    pub fn bytes(&self) -> usize {
+        self.scales.bytes() + self.zeros.bytes() + self.perm.as_ref().map_or(0, Buf::bytes)
+    }
+}
+
+/// An INT4 product `y[m, n] = x[m, k] · w[n, k]ᵀ` (bf16 `x` and `y`).
+pub struct Int4Linear<'a> {
+    pub x: &'a Buf,
+    /// U32 packed codes.
+    pub w: &'a Buf,
+    pub s: &'a Int4Scales,
+    pub y: &'a Buf,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+}
+
+impl Int4Linear<'_> {
+    /// Checks every buffer's type and length against the shape, and the kernels' constraints.
+    pub fn check(&self) -> Result<(), BackendError> {
+        let w = self.s;
+        if !self.k.is_multiple_of(32)
+            || !w.group_size.is_multiple_of(32)
+            || w.group_size == 0
+            || self.k >= 1 << 30
+            || w.groups != self.k.div_ceil(w.group_size)
+        {
+            return Err(BackendError::InvalidBatch(format!(
+                "int4: k {} with groups of {} ({} groups) unsupported",
+                self.k, w.group_size, w.groups
+            )));
+        }
+        self.w
+            .check("int4 words", DType::U32, self.n * self.k / 8)?;
+        w.scales
+            .check("int4 scales", DType::U32, self.n * w.groups)?;
+        w.zeros.check("int4 zeros", DType::U8, self.n * w.groups)?;
+        if let Some(p) = &w.perm {
+            p.check("int4 perm", DType::U32, self.k)?;
+        }
+        self.x.check("int4 x", DType::Bf16, self.m * self.k)?;
+        self.y.check("int4 y", DType::Bf16, self.m * self.n)?;
+        if !self.x.ptr().is_multiple_of(16) || !self.w.ptr().is_multiple_of(16) {
+            return Err(BackendError::InvalidBatch("int4: unaligned x or w".into()));
+        }
+        Ok(())
+    }
+
+    /// The kernels' parameters for rows `row0 .. row0 + b` of `x` and `y` (`y` the dequantized
+    /// matrix for `dequant_int4_bf16`, with `row0` 0).
+    fn params(
+        &self,
+        y: &Buf,
+        row0: usize,
+        b: usize,
+    ) -> Result<kernels::params::GemvInt4Params, BackendError> {
+        Ok(kernels::params::GemvInt4Params {
+            x: self.x.ptr_at(row0 * self.k),
+            w: self.w.ptr(),
+            sz: self.s.scales.ptr(),
+            z: self.s.zeros.ptr(),
+            y: y.ptr_at(row0 * self.n),
+            b: int(b, "m")?,
+            n: int(self.n, "n")?,
+            k: int(self.k, "k")?,
+            groups: int(self.s.groups, "groups")?,
+            group_size: int(self.s.group_size, "group_size")?,
+            pad: 0,
+        })
+    }
+}
+
+/// `y = x · wᵀ` on the GEMV kernel, [`kernels::GEMV_MAX_BATCH`] rows of `x` (already permuted
+/// for act order) a launch, `rows_per_block` 16 or 32; with `per_step_scales` and groups of 128
+/// (or a multiple), the variant that applies scales and zeros once per k-step
+/// ([`crate::backend::switches::KernelSwitches::int4_g128`]).
+pub fn gemv_int4(
+    gpu: &Gpu,
+    l: &Int4Linear<'_>,
+    rows_per_block: usize,
+    per_step_scales: bool,
+) -> Result<(), BackendError> {
+    l.check()?;
+    let g128 = per_step_scales && l.s.group_size.is_multiple_of(128);
+    let name = match (rows_per_block, g128) {
+        (16, false) => "gemv_int4_r16",
+        (32, false) => "gemv_int4_r32",
+        (16, true) => "gemv_int4_g128_r16",
+        (32, true) => "gemv_int4_g128_r32",
+        (other, _) => {
+            return Err(BackendError::InvalidBatch(format!(
+                "gemv_int4: no kernel for {other} rows per block"
+            )));
+        }
+    };
+    if l.n == 0 {
+        return Ok(());
+    }
+    let f = gpu.func(name)?;
+    let grid = (dim(l.n.div_ceil(rows_per_block), "n")?, 1, 1);
+    for row0 in (0..l.m).step_by(kernels::GEMV_MAX_BATCH) {
+        let rows = (l.m - row0).min(kernels::GEMV_MAX_BATCH);
+        let p = l.params(l.y, row0, rows)?;
+        let mut b = gpu.stream.launch_builder(f);
+        b.arg(&p);
+        // SAFETY: check() gave words >= n*k/8, scales and zeros >= n*groups with groups =
+        // ceil(k / group_size), x >= m*k and y >= m*n bf16 elements, x and words 16-byte aligned
+        // and k a multiple of 32, so every row of both starts 16-byte aligned; this launch sees
+        // rows row0 .. row0 + rows <= m of x and y. Block i owns weight rows [i*R, (i+1)*R) (R
+        // matching the kernel picked) and the grid covers ceil(n / R) blocks. A lane reads 16
+        // bytes of weight row r < n at word 16 s + 4 t and 64 bytes of x row g < rows at element
+        // 128 s + 32 t only when 128 s + 32 t < k (so + 32 <= k), the scale and zero of group
+        // (128 s + 32 t) / group_size < groups for such lanes (group 0 for the others; the g128
+        // kernel: group 128 s / group_size of rows clamped below n, for steps 128 s < k), and
+        // writes y[bb, r] for bb < rows, r < n. Every mma runs on all 32 lanes (steps are
+        // skipped warp-uniformly). GEMV_WARPS assumes kernels::GEMV_THREADS threads; shared memory is static.
+        unsafe { b.launch(cfg(grid, kernels::GEMV_THREADS, 0)) }?;
+    }
+    Ok(())
+}
+
+/// What INT4 linear layers need of the options and the model on CUDA: bf16, not
+/// batch-invariant, every product's input width a multiple of 32 (this rank's share of it).
+pub(super) fn check_int4_options(
+    dims: &crate::tp::LocalDims,
+    cfg: &crate::config::ModelConfig,
+    (dtype, batch_invariant): (DType, bool),
+    quant: &crate::quant::LinearQuant,
+) -> Result<(), BackendError> {
+    let what = quant.describe();
+    let refuse = |why: String| Err(BackendError::InvalidOptions(format!("{what}: {why}")));
+    if dtype != DType::Bf16 {
+        return refuse("INT4 linear layers compute in bfloat16 (--dtype bfloat16)".into());
+    }
+    if batch_invariant {
+        return refuse("--batch-invariant is not available with INT4 yet".into());
+    }
+    for (name, k) in [
+        ("q/k/v and gate/up", cfg.hidden_size),
+        ("o", dims.q_dim),
+        ("down", dims.inter),
+    ] {
+        if !k.is_multiple_of(32) {
+            return refuse(format!(
+                "the {name} product's input width {k} is not a multiple of 32"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Writes `w` as a bf16 `[n, k]` matrix (in its packed column order) into `out`.
+pub fn dequant_int4(gpu: &Gpu, l: &Int4Linear<'_>, out: &Buf) -> Result<(), BackendError> {
+    l.check()?;
+    out.check("int4 dequantized", DType::Bf16, l.n * l.k)?;
+    if !out.ptr().is_multiple_of(16) {
+        return Err(BackendError::InvalidBatch("int4: unaligned output".into()));
+    }
+    let words = l.n * l.k / 8;
+    if words == 0 {
+        return Ok(());
+    }
+    let p = l.params(out, 0, 0)?;
+    let threads = kernels::INT4_DEQUANT_THREADS as usize;
+    let blocks = words.div_ceil(threads).min(gpu.sms * 16);
+    let mut b = gpu.stream.launch_builder(gpu.func("dequant_int4_bf16")?);
+    b.arg(&p);
+    // SAFETY: check() gave words >= n*k/8 u32, scales and zeros >= n*groups; out holds n*k bf16
+    // (16-byte aligned: uint4 stores at word index idx < n*k/8). The grid-stride loop touches word
+    // indices < n*k/8 only, and group (8c) / group_size < groups for c < k/8.
+    unsafe {
+        b.launch(cfg(
+            (dim(blocks, "blocks")?, 1, 1),
+            kernels::INT4_DEQUANT_THREADS,
+            0,
+        ))
+    }
+    .map(|_| ())
+    .map_err(BackendError::from)
+}
+
+/// `out[r, j] = x[r, perm[j]]` for `m` rows of `k` bf16 (act order's activations).
+pub fn permute_cols(
+    gpu: &Gpu,
+    (x, perm, out): (&Buf, &Buf, &Buf),
+    (m, k): (usize, usize),
+) -> Result<(), BackendError> {
+    x.check("permute x", DType::Bf16, m * k)?;
+    out.check("permute out", DType::Bf16, m * k)?;
+    perm.check("permute perm", DType::U32, k)?;
+    if m * k == 0 {
+        return Ok(());
+    }
+    let p = kernels::params::PermuteColsParams {
+        x: x.ptr(),
+        perm: perm.ptr(),
+        y: out.ptr(),
+        m: int(m, "m")?,
+        k: int(k, "k")?,
+    };
+    let threads = kernels::INT4_DEQUANT_THREADS as usize;
+    let blocks = (m * k).div_ceil(threads).min(gpu.sms * 16);
+    let mut b = gpu.stream.launch_builder(gpu.func("permute_cols_bf16")?);
+    b.arg(&p);
+    // SAFETY: x and out hold m*k bf16 and perm k u32 (checked); every perm entry is < k
+    // (pack() builds it as a permutation of 0..k), so x[r*k + perm[j]] is in range for r < m.
+    unsafe {
+        b.launch(cfg(
+            (dim(blocks, "blocks")?, 1, 1),
+            kernels::INT4_DEQUANT_THREADS,
+            0,
+        ))
+    }
+    .map(|_| ())
+    .map_err(BackendError::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn weight(n: usize, k: usize, gs: usize, g_idx: Option<Vec<u32>>) -> Int4Weight {
+        let groups = k.div_ceil(gs);
+        Int4Weight {
+            rows: n,
+            cols: k,
+            group_size: gs,
+            codes: (0..n * k).map(|i| ((i * 5 + i / 7) % 16) as u8).collect(),
+            scales: (0..n * groups).map(|i| 0.001 + i as f32 * 1e-4).collect(),
+            zeros: (0..n * groups).map(|i| (i % 17) as u8).collect(),
+            g_idx,
+        }
+    }
+
+    /// The kernel's dequantization of packed word `c` of row `r`, pair `i`, in Rust.
+    fn unpacked(p: &Int4Packed, r: usize, j: usize) -> u8 {
+        let word = p.words[r * p.k / 8 + j / 8];
+        let pos = KERNEL_ORDER.iter().position(|&o| o == j % 8).unwrap();
+        ((word >> (4 * pos)) & 0xf) as u8
+    }
+
+    #[test]
+    fn packing_keeps_every_code_and_pairs_come_out_in_order() {
+        let w = weight(8, 64, 32, None);
+        let p = pack(&w).unwrap();
+        for r in 0..8 {
+            for j in 0..64 {
+                assert_eq!(unpacked(&p, r, j), w.codes[r * 64 + j]);
+            }
+        }
+        // (word >> 4i) & 0x000F000F holds codes 2i (low half) and 2i + 1 (high half).
+        let word = p.words[0];
+        for i in 0..4 {
+            let pair = (word >> (4 * i)) & 0x000f_000f;
+            assert_eq!(
+                [(pair & 0xf) as u8, (pair >> 16) as u8],
+                [w.codes[2 * i], w.codes[2 * i + 1]]
+            );
+        }
+    }
+
+    #[test]
+    fn scales_split_exactly_and_dequantize_like_the_twin_in_bf16() {
+        for bits in (0u16..0x7c00).step_by(37) {
+            let s = half::f16::from_bits(bits).to_f32();
+            let (hi, lo) = split_scale(s);
+            assert_eq!(hi.to_f32() + lo.to_f32(), s, "{s}");
+            // u * s_lo is exact in bf16 for |u| <= 16, so fma(u, s_hi, u * s_lo) rounds once.
+            for u in -16i32..=15 {
+                let t = u as f32 * lo.to_f32();
+                assert_eq!(bf16::from_f32(t).to_f32(), t);
+                let fused = (u as f64 * hi.to_f32() as f64 + t as f64) as f32;
+                assert_eq!(bf16::from_f32(fused), bf16::from_f32(u as f32 * s));
+            }
+        }
+    }
+
+    #[test]
+    fn act_order_columns_are_sorted_by_group() {
+        let k = 64;
+        // Columns alternate between the two groups of 32.
+        let g: Vec<u32> = (0..k as u32).map(|c| c % 2).collect();
+        let w = weight(8, k, 32, Some(g.clone()));
+        let p = pack(&w).unwrap();
+        let perm = p.perm.as_ref().unwrap();
+        for j in 0..k {
+            assert_eq!(g[perm[j] as usize] as usize, j / 32);
+            assert_eq!(unpacked(&p, 3, j), w.codes[3 * k + perm[j] as usize]);
+        }
+        // Uneven groups cannot be made contiguous blocks of group_size.
+        let mut bad = g;
+        bad[0] = 1;
+        let e = pack(&weight(8, k, 32, Some(bad))).unwrap_err();
+        assert!(e.contains("group_size"), "{e}");
+        let e = pack(&weight(8, 48, 32, None)).unwrap_err();
+        assert!(e.contains("multiples of 32"), "{e}");
+    }
+}

@@ -1,0 +1,262 @@
+//! INT4 linear layers on the CUDA backend: the kernels against the CPU reference at shapes that are
+//! not tile multiples (dequantization bit for bit against the twin's weights rounded to bf16; the
+//! GEMV within bf16 rounding of an f64 product, for 1–40 rows, act order included), and whole
+//! models (the AWQ and GPTQ fixtures) against the CPU INT4 reference, eager and not.
+//!
+//! Run on a GPU machine: `cargo test --release --features cuda --test cuda_int4 --
+//! --include-ignored` (set `FIXTURES_DIR` when the fixtures are not at their source path).
+#![cfg(feature = "cuda")]
+
+use std::path::PathBuf;
+
+use half::bf16;
+use worker::backend::cpu::{CpuBackend, CpuOptions};
+use worker::backend::cuda::int4::{
+    Int4Linear, Int4Scales, dequant_int4, gemv_int4, pack, permute_cols,
+};
+use worker::backend::cuda::{CudaBackend, CudaOptions, DType, Gpu};
+use worker::backend::switches::KernelSwitches;
+use worker::backend::{Backend, ForwardBatch, SeqInput};
+use worker::checkpoint::Checkpoint;
+use worker::quant::int4::Int4Weight;
+
+fn fixture(name: &str) -> PathBuf {
+    std::env::var_os("FIXTURES_DIR")
+        .map_or_else(
+            || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures"),
+            PathBuf::from,
+        )
+        .join(name)
+}
+
+/// A small deterministic generator (splitmix64).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+fn random_weight(rng: &mut Rng, n: usize, k: usize, gs: usize, act_order: bool) -> Int4Weight {
+    let groups = k.div_ceil(gs);
+    let g_idx = act_order.then(|| {
+        // A permutation of 0..k, then column perm[j] in group j / gs.
+        let mut perm: Vec<usize> = (0..k).collect();
+        for i in (1..k).rev() {
+            perm.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+        }
+        let mut g = vec![0u32; k];
+        for (j, &c) in perm.iter().enumerate() {
+            g[c] = (j / gs) as u32;
+        }
+        g
+    });
+    Int4Weight {
+        rows: n,
+        cols: k,
+        group_size: gs,
+        codes: (0..n * k).map(|_| (rng.next() % 16) as u8).collect(),
+        // f16 scales, as checkpoints store them.
+        scales: (0..n * groups)
+            .map(|_| half::f16::from_f32(0.002 + 0.01 * rng.unit().abs()).to_f32())
+            .collect(),
+        zeros: (0..n * groups).map(|_| (rng.next() % 17) as u8).collect(),
+        g_idx,
+    }
+}
+
+fn bf16s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(2)
+        .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+        .collect()
+}
+
+fn upload_bf16(g: &Gpu, x: &[f32]) -> worker::backend::cuda::Buf {
+    let bytes: Vec<u8> = x
+        .iter()
+        .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+        .collect();
+    g.upload_bytes(&bytes, DType::Bf16).expect("upload")
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn int4_kernels_match_the_reference_at_odd_shapes() {
+    let g = Gpu::new(0, &KernelSwitches::default()).expect("GPU");
+    let mut rng = Rng(7);
+    // (n, k, group size, act order): rows not a multiple of the 16/32-row tiles, k not a
+    // multiple of the 128-wide step, the last group short, one group per row (GPTQ's -1).
+    let shapes = [
+        (40, 96, 32, false),
+        (24, 160, 32, true),
+        (264, 384, 128, false),
+        (72, 448, 64, true),
+        (8, 4096, 4096, false),
+        (48, 320, 128, false),
+        (40, 96, 96, false),
+        (16392, 256, 128, false),
+    ];
+    for (n, k, gs, act) in shapes {
+        eprintln!("shape {n} x {k}, groups of {gs}, act order {act}");
+        let w = random_weight(&mut rng, n, k, gs, act);
+        let deq = w.dequantize();
+        let packed = pack(&w).expect("pack");
+        let (words, scales): (_, Int4Scales) = Int4Scales::upload(&g, &packed).expect("upload");
+        // Dequantization: every weight is bf16(the twin's f32 weight), in the packed column order.
+        let col = |j: usize| packed.perm.as_ref().map_or(j, |p| p[j] as usize);
+        let out = g.alloc(DType::Bf16, n * k).expect("alloc");
+        let dummy = g.alloc(DType::Bf16, k).expect("alloc");
+        let l = Int4Linear {
+            x: &dummy,
+            w: &words,
+            s: &scales,
+            y: &dummy,
+            m: 0,
+            n,
+            k,
+        };
+        dequant_int4(&g, &l, &out).expect("dequant");
+        let got = bf16s(&g.download_bytes(&out, n * k).expect("download"));
+        for r in 0..n {
+            for j in 0..k {
+                let want = bf16::from_f32(deq[r * k + col(j)]).to_f32();
+                assert_eq!(
+                    got[r * k + j].to_bits(),
+                    want.to_bits(),
+                    "{n}x{k} dequant [{r}, {j}]"
+                );
+            }
+        }
+        // The GEMV, 1..=40 rows (chunks of 8 rows a launch), after act order's permutation.
+        for m in [1, 3, 8, 13, 40] {
+            let x: Vec<f32> = (0..m * k)
+                .map(|_| bf16::from_f32(rng.unit()).to_f32())
+                .collect();
+            let xb = upload_bf16(&g, &x);
+            let y = g.alloc(DType::Bf16, m * n).expect("alloc");
+            let xin = match &scales.perm {
+                Some(perm) => {
+                    let xp = g.alloc(DType::Bf16, m * k).expect("alloc");
+                    permute_cols(&g, (&xb, perm, &xp), (m, k)).expect("permute");
+                    xp
+                }
+                None => xb,
+            };
+            let l = Int4Linear {
+                x: &xin,
+                w: &words,
+                s: &scales,
+                y: &y,
+                m,
+                n,
+                k,
+            };
+            // Both variants where groups are multiples of 128.
+            let variants: &[bool] = if gs % 128 == 0 {
+                &[false, true]
+            } else {
+                &[false]
+            };
+            for &per_step in variants {
+                gemv_int4(&g, &l, if n >= 16384 { 32 } else { 16 }, per_step).expect("gemv");
+                let got = bf16s(&g.download_bytes(&y, m * n).expect("download"));
+                for b in 0..m {
+                    for r in 0..n {
+                        let (mut want, mut mag) = (0f64, 0f64);
+                        for c in 0..k {
+                            let wv = f64::from(bf16::from_f32(deq[r * k + c]).to_f32());
+                            want += f64::from(x[b * k + c]) * wv;
+                            mag += (f64::from(x[b * k + c]) * wv).abs();
+                        }
+                        let err = (f64::from(got[b * n + r]) - want).abs();
+                        assert!(
+                            err <= 4e-3 * want.abs() + 1e-5 * mag + 1e-6,
+                            "{n}x{k} (groups of {gs}, act order {act}, per-step scales {per_step}) \
+                         m {m} [{b}, {r}]: {} vs {want}",
+                            got[b * n + r]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn last_logits(b: &mut dyn Backend, prompt: &[u32]) -> Vec<f32> {
+    let positions: Vec<u32> = (0..prompt.len() as u32).collect();
+    let table: Vec<u32> = (1..=prompt.len().div_ceil(16) as u32).collect();
+    let seqs = [SeqInput {
+        query_start: 0,
+        query_len: prompt.len(),
+        context_len: prompt.len(),
+        block_table: &table,
+        sample: true,
+    }];
+    let batch = ForwardBatch {
+        token_ids: prompt,
+        positions: &positions,
+        seqs: &seqs,
+    };
+    b.forward(&batch).expect("forward").data
+}
+
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
+    (num / den).sqrt()
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn int4_models_on_cuda_match_the_cpu_reference() {
+    // 5 tokens: the GEMV path; 40: dequantization + cuBLAS.
+    let prompts: [Vec<u32>; 2] = [vec![1, 17, 42, 99, 3], (1..=40).collect()];
+    for name in ["int4-awq", "int4-gptq", "int4-gptq-sym"] {
+        let (config, ckpt) = Checkpoint::load(&fixture(name)).expect("fixture");
+        let mut cpu = CpuBackend::new(
+            &config,
+            &ckpt,
+            CpuOptions {
+                block_size: 16,
+                num_kv_blocks: 64,
+                quantization: None,
+            },
+        )
+        .expect("cpu");
+        for eager in [true, false] {
+            let opts = CudaOptions {
+                ordinal: 0,
+                dtype: DType::Bf16,
+                block_size: 16,
+                num_kv_blocks: Some(64),
+                gpu_memory_utilization: 0.9,
+                enforce_eager: eager,
+                max_batch_tokens: 512,
+                batch_invariant: false,
+                kernels: KernelSwitches::default(),
+                quantization: None,
+            };
+            let mut cuda = CudaBackend::new(&config, &ckpt, &opts)
+                .unwrap_or_else(|e| panic!("CUDA backend on {name}: {e}"));
+            for p in &prompts {
+                let (want, got) = (last_logits(&mut cpu, p), last_logits(&mut cuda, p));
+                let err = rel_l2(&got, &want);
+                println!(
+                    "{name} eager {eager} prompt of {}: rel L2 {err:.2e}",
+                    p.len()
+                );
+                assert!(err < 2e-2, "{name}: rel L2 {err}");
+            }
+        }
+    }
+}
