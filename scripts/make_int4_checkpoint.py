@@ -4,7 +4,7 @@ exactly as AutoAWQ or AutoGPTQ/GPTQModel lay it out, plus its "dequantized twin"
 plain HF checkpoint whose linear weights are the INT4 weights dequantized, so that any engine (HF
 transformers, vLLM, ringserve) can be checked against it. Needs numpy only.
 
-  python3 scripts/make_int4_checkpoint.py SRC DST --format awq|gptq [--group-size 128] [--sym]
+  python3 scripts/make_int4_checkpoint.py SRC DST --format awq|gptq|ct [--group-size 128] [--sym]
       [--desc-act] [--gptq-v2] [--twin DIR] [--twin-dtype f32|bf16]
   python3 scripts/make_int4_checkpoint.py --random-source DIR --hidden 128 --intermediate 256 \\
       --heads 4 --kv-heads 2 --layers 2 --vocab 256 [--seed 7]
@@ -13,6 +13,12 @@ Layouts (every decoder linear q/k/v/o/gate/up/down; embeddings, norms and lm_hea
 - awq (AutoAWQ 0.2, `version: "gemm"`, `zero_point: true`): `qweight` int32 [in, out/8], eight output
   columns per word in the order 0, 2, 4, 6, 1, 3, 5, 7 (column 8c + ORDER[j] in bits 4j..4j+3);
   `qzeros` int32 [in/group, out/8] packed the same way; `scales` f16 [in/group, out].
+- ct (llm-compressor's compressed-tensors 0.17 `pack-quantized`, W4A16): `weight_packed` int32
+  [out, in/8], eight input columns a word in order, each the signed code q - 8 stored as q (packed by
+  compressed-tensors' own `pack_to_int32`, so this needs torch and compressed-tensors); `weight_scale`
+  bf16 [out, groups]; `weight_shape` int64 [2]; asymmetric (no --sym): `weight_zero_point` int32
+  [out/8, groups] packed along the output dimension. --sym here is compressed-tensors' symmetric
+  scheme (zero 8, scale = 2 max|w| / 15, as above).
 - gptq (AutoGPTQ 0.7 / GPTQModel, `checkpoint_format: "gptq"`): `qweight` int32 [in/8, out], input
   rows 8p..8p+7 in bits 0..31 in order; `qzeros` int32 [groups, out/8], output columns in order, each
   stored as zero - 1 (masked to 4 bits: the historical off-by-one, which readers undo with + 1, so a
@@ -100,7 +106,16 @@ def pack_rows(nibbles, order):
     return out.view(np.int32)
 
 
-def quantize(w, group, sym, perm):
+def round_scale(x, kind):
+    """Scales as the checkpoint stores them: f16 (AWQ, GPTQ) or bf16 (compressed-tensors, the
+    model's dtype), returned as float32 values."""
+    if kind == "f16":
+        return x.astype(np.float16).astype(np.float32)
+    bits = np.frombuffer(bf16_bytes(x), dtype="<u2").astype(np.uint32) << 16
+    return bits.view(np.float32).reshape(x.shape)
+
+
+def quantize(w, group, sym, perm, scale_kind="f16"):
     """w [out, in] f32 -> codes [out, in], scales f16 [out, groups], zeros [out, groups] (true zeros),
     quantizing the columns in `perm` order in groups of `group` (perm None: natural order)."""
     out_f, in_f = w.shape
@@ -110,13 +125,13 @@ def quantize(w, group, sym, perm):
     wg = np.pad(wp, ((0, 0), (0, pad)), mode="edge").reshape(out_f, groups, group)
     if sym:
         amax = np.abs(wg).max(axis=2)
-        scales = (np.maximum(2 * amax, 1e-5) / 15).astype(np.float16)
+        scales = round_scale(np.maximum(2 * amax, 1e-5) / 15, scale_kind)
         zeros = np.full((out_f, groups), 8, dtype=np.int32)
     else:
         wmax, wmin = wg.max(axis=2), wg.min(axis=2)
-        scales = (np.maximum(wmax - wmin, 1e-5) / 15).astype(np.float16)
-        zeros = np.clip(np.round(-wmin / scales.astype(np.float32)), 0, 15).astype(np.int32)
-    s32 = scales.astype(np.float32)
+        scales = round_scale(np.maximum(wmax - wmin, 1e-5) / 15, scale_kind)
+        zeros = np.clip(np.round(-wmin / scales), 0, 15).astype(np.int32)
+    s32 = scales
     q = np.clip(np.round(wg / s32[:, :, None]) + zeros[:, :, None], 0, 15).astype(np.int32)
     q = q.reshape(out_f, groups * group)[:, :in_f]
     if perm is not None:
@@ -145,14 +160,28 @@ def quantize_linear(w, args, rng, perms, key):
         if key not in perms:
             perms[key] = rng.permutation(in_f)
         perm = perms[key]
-    q, scales, zeros = quantize(w, group, args.sym, perm)
+    q, scales, zeros = quantize(w, group, args.sym, perm, "bf16" if args.format == "ct" else "f16")
     groups = scales.shape[1]
     col_group = np.arange(in_f) // group
     if perm is not None:
         g_idx = np.empty(in_f, dtype=np.int32)
         g_idx[perm] = np.arange(in_f) // group
         col_group = g_idx
-    if args.format == "awq":
+    if args.format == "ct":
+        # Packed by compressed-tensors' own pack_to_int32 (the signed codes q - 8, shifted back
+        # by its + 8): a packer this project did not write.
+        import torch
+        from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+        packed = pack_to_int32(torch.from_numpy((q - 8).astype(np.int8)), 4)  # [out, in/8]
+        read_zeros = zeros
+        tensors = {"weight_packed": ("I32", list(packed.shape), packed.numpy().astype("<i4").tobytes()),
+                   "weight_scale": ("BF16", [out_f, groups], bf16_bytes(scales.astype(np.float32))),
+                   "weight_shape": ("I64", [2], np.array([out_f, in_f], dtype="<i8").tobytes())}
+        if not args.sym:
+            zp = pack_to_int32(torch.from_numpy((zeros - 8).astype(np.int8)), 4, packed_dim=0)
+            tensors["weight_zero_point"] = ("I32", list(zp.shape), zp.numpy().astype("<i4").tobytes())
+        qweight = packed
+    elif args.format == "awq":
         qweight = pack_rows(q.T.copy(), AWQ_ORDER)  # [in, out/8]
         read_zeros = zeros
         tensors = {"qweight": ("I32", [in_f, out_f // 8], qweight.tobytes()),
@@ -180,6 +209,15 @@ def quantize_linear(w, args, rng, perms, key):
 
 
 def quant_config(args):
+    if args.format == "ct":
+        group = ({"strategy": "group", "group_size": args.group_size} if args.group_size > 0
+                 else {"strategy": "channel", "group_size": None})
+        return {"quant_method": "compressed-tensors", "format": "pack-quantized",
+                "quantization_status": "compressed", "version": "0.17.0", "ignore": ["lm_head"],
+                "config_groups": {"group_0": {
+                    "targets": ["Linear"], "input_activations": None, "output_activations": None,
+                    "weights": dict(group, num_bits=4, type="int", symmetric=args.sym, dynamic=False,
+                                    actorder=None, observer="minmax")}}}
     if args.format == "awq":
         return {"quant_method": "awq", "bits": 4, "group_size": args.group_size, "zero_point": True,
                 "version": "gemm", "modules_to_not_convert": None}
@@ -285,7 +323,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("src", nargs="?")
     ap.add_argument("dst", nargs="?")
-    ap.add_argument("--format", choices=["awq", "gptq"])
+    ap.add_argument("--format", choices=["awq", "gptq", "ct"])
     ap.add_argument("--group-size", type=int, default=128)
     ap.add_argument("--sym", action="store_true")
     ap.add_argument("--desc-act", action="store_true")

@@ -21,7 +21,7 @@ pub(super) fn parse_quantization(f: &Fields<'_>) -> Result<Option<StoredQuant>, 
         .ok_or_else(|| q.missing("quant_method"))?;
     match method {
         "fp8" => parse_fp8(&q).map(|c| Some(StoredQuant::Fp8(c))),
-        "compressed-tensors" => parse_compressed(&q).map(|c| Some(StoredQuant::Fp8(c))),
+        "compressed-tensors" => parse_compressed(&q).map(Some),
         "awq" => parse_awq(&q).map(|c| Some(StoredQuant::Int4(c))),
         "gptq" => parse_gptq(&q).map(|c| Some(StoredQuant::Int4(c))),
         other => Err(q.unsupported(
@@ -156,16 +156,76 @@ fn parse_fp8(q: &Fields<'_>) -> Result<Fp8Checkpoint, ConfigError> {
     })
 }
 
-/// llm-compressor's `compressed-tensors` with `format: "float-quantized"` and one config group.
-fn parse_compressed(q: &Fields<'_>) -> Result<Fp8Checkpoint, ConfigError> {
+/// llm-compressor's `compressed-tensors` with one config group targeting `Linear`:
+/// `float-quantized` (FP8) or `pack-quantized` (INT4 weights, W4A16).
+fn parse_compressed(q: &Fields<'_>) -> Result<StoredQuant, ConfigError> {
     let format = q.str_opt("format")?.ok_or_else(|| q.missing("format"))?;
-    if format != "float-quantized" {
-        return Err(q.unsupported(
+    let g = single_group(q)?;
+    match format {
+        "float-quantized" => parse_compressed_fp8(q, &g).map(StoredQuant::Fp8),
+        "pack-quantized" => parse_pack_quantized(q, &g).map(StoredQuant::Int4),
+        other => Err(q.unsupported(
             "format",
-            format,
-            "only float-quantized (FP8) compressed-tensors checkpoints load so far",
+            other,
+            "only float-quantized (FP8) and pack-quantized (INT4) compressed-tensors checkpoints load",
+        )),
+    }
+}
+
+/// `pack-quantized` W4A16: 4-bit integer weights in groups (or one per output channel), bf16
+/// activations.
+fn parse_pack_quantized(q: &Fields<'_>, g: &Fields<'_>) -> Result<Int4Checkpoint, ConfigError> {
+    let w = g.nested("weights")?;
+    match w.usize_opt("num_bits")? {
+        Some(4) => {}
+        Some(n) => return Err(w.unsupported("num_bits", &n.to_string(), "only 4-bit weights")),
+        None => return Err(w.missing("num_bits")),
+    }
+    match w.str_opt("type")? {
+        Some("int") => {}
+        Some(t) => return Err(w.unsupported("type", t, "pack-quantized weights are integers")),
+        None => return Err(w.missing("type")),
+    }
+    let group_size = match w
+        .str_opt("strategy")?
+        .ok_or_else(|| w.missing("strategy"))?
+    {
+        "group" => group_size(&w, "group_size")?,
+        "channel" => None,
+        other => {
+            return Err(w.unsupported("strategy", other, "expected group or channel"));
+        }
+    };
+    if let Some(order) = w.get("actorder").filter(|v| !v.is_null())
+        && order.as_str() != Some("static")
+    {
+        return Err(w.unsupported(
+            "actorder",
+            &order.to_string(),
+            "only null or static activation order (no weight_g_idx) is implemented",
         ));
     }
+    if w.bool_opt("dynamic")?.unwrap_or(false) {
+        return Err(w.unsupported("dynamic", "true", "weights must have stored scales"));
+    }
+    if let Some(a) = g.get("input_activations").filter(|v| !v.is_null()) {
+        return Err(g.unsupported(
+            "input_activations",
+            &a.to_string(),
+            "INT4 weights with quantized activations (W4A8) are not implemented",
+        ));
+    }
+    Ok(Int4Checkpoint {
+        format: Int4Format::CompressedTensors,
+        group_size,
+        desc_act: false,
+        sym: w.bool_opt("symmetric")?.unwrap_or(true),
+        ignored: strings(q, "ignore")?,
+    })
+}
+
+/// The one entry of `config_groups`, checked to target `Linear`.
+fn single_group<'a>(q: &Fields<'a>) -> Result<Fields<'a>, ConfigError> {
     let groups = q.nested("config_groups")?;
     let names: Vec<&String> = groups.obj.keys().collect();
     let [name] = names.as_slice() else {
@@ -184,6 +244,11 @@ fn parse_compressed(q: &Fields<'_>) -> Result<Fp8Checkpoint, ConfigError> {
             "the group must target Linear",
         ));
     }
+    Ok(g)
+}
+
+/// `float-quantized`: FP8 weights and activations.
+fn parse_compressed_fp8(q: &Fields<'_>, g: &Fields<'_>) -> Result<Fp8Checkpoint, ConfigError> {
     let w = g.nested("weights")?;
     check_fp8_args(&w)?;
     let weights = match w

@@ -221,7 +221,13 @@ fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
 fn int4_models_on_cuda_match_the_cpu_reference() {
     // 5 tokens: the GEMV path; 40: dequantization + cuBLAS.
     let prompts: [Vec<u32>; 2] = [vec![1, 17, 42, 99, 3], (1..=40).collect()];
-    for name in ["int4-awq", "int4-gptq", "int4-gptq-sym"] {
+    for name in [
+        "int4-awq",
+        "int4-gptq",
+        "int4-gptq-sym",
+        "int4-ct-sym",
+        "int4-ct-asym",
+    ] {
         let (config, ckpt) = Checkpoint::load(&fixture(name)).expect("fixture");
         let mut cpu = CpuBackend::new(
             &config,

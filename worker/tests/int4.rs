@@ -1,4 +1,4 @@
-//! INT4 checkpoints (AWQ, GPTQ) on the CPU reference backend, against the fixtures
+//! INT4 checkpoints (AWQ, GPTQ, compressed-tensors pack-quantized) on the CPU reference backend, against the fixtures
 //! `scripts/make_int4_checkpoint.py` writes (see `tests/fixtures/int4-awq/README.md`): the configs
 //! are detected, each model's logits equal its dequantized twin's bit for bit (the twin is a plain
 //! float32 checkpoint the script dequantized with its own code), the twin's greedy tokens and
@@ -18,7 +18,13 @@ use worker::config::{ConfigError, ModelConfig};
 use worker::quant::int4::{self, AWQ_PACK_ORDER};
 use worker::quant::{Int4Format, Quantization, StoredQuant};
 
-const FIXTURES: [&str; 3] = ["int4-awq", "int4-gptq", "int4-gptq-sym"];
+const FIXTURES: [&str; 5] = [
+    "int4-awq",
+    "int4-gptq",
+    "int4-gptq-sym",
+    "int4-ct-sym",
+    "int4-ct-asym",
+];
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -112,6 +118,18 @@ fn int4_configs_are_detected() {
     );
     let sym = q("int4-gptq-sym");
     assert_eq!((sym.group_size, sym.sym), (Some(128), true));
+    let ct = q("int4-ct-sym");
+    assert_eq!(
+        (ct.format, ct.group_size, ct.sym, ct.ignored),
+        (
+            Int4Format::CompressedTensors,
+            Some(128),
+            true,
+            vec!["lm_head".to_owned()]
+        )
+    );
+    let ct = q("int4-ct-asym");
+    assert_eq!((ct.group_size, ct.sym), (Some(64), false));
     assert_eq!(
         ModelConfig::load(&fixture("int4-awq-twin"))
             .unwrap()
@@ -295,6 +313,23 @@ fn bad_int4_tensors_are_errors_naming_the_tensor() {
             "down_proj.g_idx`: value 9 at index 0: groups are 0..4",
         ),
         (
+            "int4-ct-asym",
+            "asymmetric pack-quantized without its zero points",
+            Box::new(|_, t| {
+                t.remove(&format!("{D1}.weight_zero_point"));
+            }),
+            "missing tensor `model.layers.1.mlp.down_proj.weight_zero_point`",
+        ),
+        (
+            "int4-ct-sym",
+            "a weight_scale laid out as AWQ's (transposed)",
+            Box::new(|_, t| {
+                let s = t.get_mut(&format!("{D1}.weight_scale")).unwrap();
+                s.1 = vec![s.1[1], s.1[0]];
+            }),
+            "down_proj.weight_scale`: shape [2, 128], expected [128, 2]",
+        ),
+        (
             "int4-gptq",
             "an integer norm",
             Box::new(|_, t| {
@@ -344,6 +379,23 @@ fn unsupported_int4_configs_name_the_field() {
         c[q]["checkpoint_format"] = "marlin".into()
     });
     assert_eq!(field(&format), "quantization_config.checkpoint_format");
+    let w = "quantization_config.config_groups.group_0.weights";
+    let order = config("int4-ct-sym", &|c| {
+        c[q]["config_groups"]["group_0"]["weights"]["actorder"] = "group".into()
+    });
+    assert_eq!(field(&order), format!("{w}.actorder"));
+    let w4a8 = config("int4-ct-sym", &|c| {
+        c[q]["config_groups"]["group_0"]["input_activations"] =
+            serde_json::json!({"num_bits": 8, "type": "int"})
+    });
+    assert_eq!(
+        field(&w4a8),
+        "quantization_config.config_groups.group_0.input_activations"
+    );
+    let tensor = config("int4-ct-sym", &|c| {
+        c[q]["config_groups"]["group_0"]["weights"]["strategy"] = "tensor".into()
+    });
+    assert_eq!(field(&tensor), format!("{w}.strategy"));
 }
 
 /// Packs `[out, in]` codes the way AutoAWQ does (an implementation written from its docs, apart

@@ -28,6 +28,11 @@ pub enum Int4Format {
     /// AutoGPTQ / GPTQModel (`quant_method: "gptq"`); `v1_zeros`: zero points stored minus one
     /// (`checkpoint_format: "gptq"`, the default) rather than as they are (`"gptq_v2"`).
     Gptq { v1_zeros: bool },
+    /// llm-compressor's `compressed-tensors` `pack-quantized` (W4A16): `weight_packed`
+    /// `[out, in / 8]` (eight input columns a word, in order, each stored as `q + 8` for the
+    /// signed code `q`), `weight_scale` `[out, groups]`, asymmetric: `weight_zero_point`
+    /// `[out / 8, groups]` packed along the output dimension the same way.
+    CompressedTensors,
 }
 
 /// The INT4 layout a checkpoint's `config.json` declares.
@@ -51,6 +56,7 @@ impl Int4Checkpoint {
         match self.format {
             Int4Format::Awq => "awq",
             Int4Format::Gptq { .. } => "gptq",
+            Int4Format::CompressedTensors => "compressed-tensors",
         }
     }
 
@@ -250,6 +256,24 @@ pub fn unpack_gptq_rows(words: &[i32], rows: usize, cols: usize) -> Vec<u8> {
             for j in 0..8 {
                 out[r * cols + 8 * c + j] = nibble(w, j);
             }
+        }
+    }
+    out
+}
+
+/// compressed-tensors' `[rows, cols / 8]` words (eight consecutive columns a word, in order) →
+/// `[rows, cols]` values.
+pub fn unpack_rows_in_order(words: &[i32], rows: usize, cols: usize) -> Vec<u8> {
+    unpack_gptq_rows(words, rows, cols)
+}
+
+/// compressed-tensors' zero points, `[rows / 8, cols]` words packed along the rows →
+/// `[rows, cols]`.
+pub fn unpack_cols_in_order(words: &[i32], rows: usize, cols: usize) -> Vec<u8> {
+    let mut out = vec![0u8; rows * cols];
+    for r in 0..rows {
+        for c in 0..cols {
+            out[r * cols + c] = nibble(words[(r / 8) * cols + c], r % 8);
         }
     }
     out

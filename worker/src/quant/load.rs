@@ -150,7 +150,8 @@ pub fn int4_layer(
 ) -> Result<Int4Weight, CheckpointError> {
     let name = |t: &str| format!("{module}.{t}");
     let gs = spec.group_for(cols);
-    let qweight = name("qweight");
+    let ct = spec.format == Int4Format::CompressedTensors;
+    let qweight = name(if ct { "weight_packed" } else { "qweight" });
     let shape_err = |reason: String| CheckpointError::BadQuantization {
         path: ckpt.dir().join("config.json"),
         tensor: qweight.clone(),
@@ -166,20 +167,31 @@ pub fn int4_layer(
             "group_size {gs} does not divide the layer's {cols} input features"
         )));
     }
-    if matches!(spec.format, Int4Format::Gptq { .. }) && !cols.is_multiple_of(8) {
+    if spec.format != Int4Format::Awq && !cols.is_multiple_of(8) {
         return Err(shape_err(format!(
-            "{cols} input features: GPTQ packs eight per int32, so they must be a multiple of 8"
+            "{cols} input features: the layout packs eight per int32, so they must be a multiple \
+             of 8"
         )));
     }
     let groups = cols.div_ceil(gs);
     let scale_types = [Dtype::F16, Dtype::BF16, Dtype::F32];
-    let scales_view = int4_tensor(
-        ckpt,
-        &name("scales"),
-        &scale_types,
-        &[groups, rows],
-        "one scale per group and output feature",
-    )?;
+    let scales_view = if ct {
+        int4_tensor(
+            ckpt,
+            &name("weight_scale"),
+            &scale_types,
+            &[rows, groups],
+            "one scale per output feature and group",
+        )?
+    } else {
+        int4_tensor(
+            ckpt,
+            &name("scales"),
+            &scale_types,
+            &[groups, rows],
+            "one scale per group and output feature",
+        )?
+    };
     let scales_t = scales_view.to_f32_vec();
     if let Some((i, v)) = scales_t.iter().enumerate().find(|(_, v)| !v.is_finite()) {
         return Err(bad_int4(
@@ -187,7 +199,8 @@ pub fn int4_layer(
             format!("value {v} at index {i}: scales must be finite"),
         ));
     }
-    let (codes, zeros_t, g_idx) = match spec.format {
+    // Zero points `[rows, groups]`.
+    let (codes, zeros, g_idx) = match spec.format {
         Int4Format::Awq => {
             let q = int4_tensor(
                 ckpt,
@@ -205,7 +218,11 @@ pub fn int4_layer(
             )?;
             (
                 int4::unpack_awq_transposed(&q.to_i32_vec(), cols, rows),
-                int4::unpack_awq_rows(&z.to_i32_vec(), groups, rows),
+                int4::transpose(
+                    &int4::unpack_awq_rows(&z.to_i32_vec(), groups, rows),
+                    groups,
+                    rows,
+                ),
                 None,
             )
         }
@@ -247,8 +264,34 @@ pub fn int4_layer(
             };
             (
                 int4::unpack_gptq_transposed(&q.to_i32_vec(), cols, rows),
-                zeros,
+                int4::transpose(&zeros, groups, rows),
                 g_idx,
+            )
+        }
+        Int4Format::CompressedTensors => {
+            let q = int4_tensor(
+                ckpt,
+                &qweight,
+                &[Dtype::I32],
+                &[rows, cols / 8],
+                "compressed-tensors pack-quantized",
+            )?;
+            let zeros = if spec.sym {
+                vec![8u8; rows * groups]
+            } else {
+                let z = int4_tensor(
+                    ckpt,
+                    &name("weight_zero_point"),
+                    &[Dtype::I32],
+                    &[rows / 8, groups],
+                    "asymmetric pack-quantized: zero points packed along the output features",
+                )?;
+                int4::unpack_cols_in_order(&z.to_i32_vec(), rows, groups)
+            };
+            (
+                int4::unpack_rows_in_order(&q.to_i32_vec(), rows, cols),
+                zeros,
+                None,
             )
         }
     };
@@ -257,8 +300,12 @@ pub fn int4_layer(
         cols,
         group_size: gs,
         codes,
-        scales: int4::transpose(&scales_t, groups, rows),
-        zeros: int4::transpose(&zeros_t, groups, rows),
+        scales: if ct {
+            scales_t
+        } else {
+            int4::transpose(&scales_t, groups, rows)
+        },
+        zeros,
         g_idx,
     })
 }

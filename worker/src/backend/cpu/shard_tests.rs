@@ -16,12 +16,16 @@ fn fixture() -> (ModelConfig, Checkpoint, serde_json::Value) {
     fixture_named("tiny-llama")
 }
 
-/// A fixture folder with tiny-llama's prompts and expected tokens.
+/// A fixture folder with tiny-llama's prompts and expected tokens (an INT4 fixture's: its twin's).
 fn fixture_named(name: &str) -> (ModelConfig, Checkpoint, serde_json::Value) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
     let (config, ckpt) = Checkpoint::load(&root.join(name)).expect("fixture");
-    let expected =
-        std::fs::read_to_string(root.join("tiny-llama/expected.json")).expect("expected.json");
+    let reference = if name.starts_with("int4-") {
+        root.join(format!("{name}-twin/expected.json"))
+    } else {
+        root.join("tiny-llama/expected.json")
+    };
+    let expected = std::fs::read_to_string(reference).expect("expected.json");
     (config, ckpt, serde_json::from_str(&expected).expect("json"))
 }
 
@@ -243,5 +247,33 @@ fn static_fp8_tp2_matches_tp1() {
             prompt.len()
         );
         assert_eq!(tokens, &solo_tokens, "prompt of {}", prompt.len());
+    }
+}
+
+/// INT4 shards (every layout, act order included): the CPU dequantizes a layer whole and then
+/// splits it, so TP=2 gives TP=1's logits up to the all-reduce's summation order, and
+/// HuggingFace's greedy tokens on the dequantized twin.
+#[test]
+fn int4_tp2_matches_tp1_and_transformers() {
+    for name in [
+        "int4-awq",
+        "int4-gptq",
+        "int4-gptq-sym",
+        "int4-ct-sym",
+        "int4-ct-asym",
+    ] {
+        let (config, ckpt, expected) = fixture_named(name);
+        let mut solo = CpuBackend::new(&config, &ckpt, OPTIONS).expect("backend");
+        let group = run_group(2, OPTIONS, name);
+        for ((prompt, want), (tokens, logits)) in cases(&expected).iter().zip(&group) {
+            let (_, solo_logits) = greedy(&mut solo, prompt, want.len());
+            let max_diff = logits
+                .iter()
+                .zip(&solo_logits)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            assert!(max_diff < 1e-4, "{name}: max diff {max_diff}");
+            assert_eq!(tokens, want, "{name}: prompt of {}", prompt.len());
+        }
     }
 }

@@ -262,7 +262,7 @@ fn upload_stacked(
 fn upload_product(
     gpu: &Gpu,
     staging: &mut Staging,
-    ckpt: &Checkpoint,
+    (config, ckpt): (&ModelConfig, &Checkpoint),
     parts: &[(String, Part)],
     (dtype, quant): (DType, &LinearQuant),
     (n, k): (usize, usize),
@@ -270,7 +270,7 @@ fn upload_product(
     match quant {
         LinearQuant::None => Ok((upload_stacked(gpu, staging, ckpt, parts, dtype)?, None)),
         LinearQuant::Int4(spec) => {
-            let w = int4_product(ckpt, parts, spec, (n, k))?;
+            let w = int4_product((config, ckpt), parts, spec, (n, k))?;
             let packed = int4::pack(&w).map_err(|e| {
                 BackendError::Weights(format!("{}: {e}", parts[0].0.trim_end_matches(".weight")))
             })?;
@@ -350,12 +350,11 @@ fn upload_product(
 /// and stacked: a shard's rows of q/k/v and gate/up, or its whole groups of o's and down's
 /// columns (a column shard must start and end on group boundaries).
 fn int4_product(
-    ckpt: &Checkpoint,
+    (config, ckpt): (&ModelConfig, &Checkpoint),
     parts: &[(String, Part)],
     spec: &Int4Checkpoint,
     (n, k): (usize, usize),
 ) -> Result<Int4Weight, BackendError> {
-    let config = crate::config::ModelConfig::load(ckpt.dir()).map_err(weights_err)?;
     let mut pieces = Vec::with_capacity(parts.len());
     for (name, part) in parts {
         let module = name.trim_end_matches(".weight");
@@ -365,7 +364,7 @@ fn int4_product(
                  run on the CPU backend only so far"
             )));
         }
-        let (rows, cols) = linear_shape_of(&config, name)
+        let (rows, cols) = linear_shape_of(config, name)
             .ok_or_else(|| BackendError::Weights(format!("{name}: not a decoder linear layer")))?;
         let w = int4_layer(ckpt, module, spec, rows, cols).map_err(weights_err)?;
         pieces.push(match part {
@@ -426,7 +425,7 @@ pub fn upload(
         };
         let h = config.hidden_size;
         let mut product = |parts: Vec<(String, Part)>, nk: (usize, usize)| {
-            upload_product(gpu, st, ckpt, &parts, (dtype, quant), nk)
+            upload_product(gpu, st, (config, ckpt), &parts, (dtype, quant), nk)
         };
         let (qkv, qkv_s) = product(
             qkv_parts(layer::Q_PROJ, layer::K_PROJ, layer::V_PROJ),
