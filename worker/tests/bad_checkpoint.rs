@@ -155,7 +155,20 @@ fn wrong_dtype() {
     match load_with(&config, &tensors) {
         Err(CheckpointError::UnsupportedDtype { tensor, dtype, .. }) => {
             assert_eq!(tensor, name);
-            assert_eq!(dtype, "I32");
+            assert_eq!(
+                dtype,
+                "I32 (only the packed tensors of INT4 linear layers may be integers)"
+            );
+        }
+        other => panic!("expected UnsupportedDtype, got {other:?}"),
+    }
+    // A dtype no layer may have.
+    let t = tensors.get_mut(&name).unwrap();
+    t.0 = StDtype::I64;
+    t.1 = vec![t.2.len() / 8];
+    match load_with(&config, &tensors) {
+        Err(CheckpointError::UnsupportedDtype { tensor, dtype, .. }) => {
+            assert_eq!((tensor, dtype), (name, "I64".to_owned()));
         }
         other => panic!("expected UnsupportedDtype, got {other:?}"),
     }

@@ -140,9 +140,13 @@ impl Int4Weight {
         }
     }
 
-    /// Input columns `range` (a shard of o or down); `None` unless the range starts and ends on
-    /// group boundaries of a layer without `g_idx`, so that the shard owns whole groups.
+    /// Input columns `range` (a shard of o or down); `None` unless the range is every column, or
+    /// starts and ends on group boundaries of a layer without `g_idx`, so that the shard owns
+    /// whole groups.
     pub fn col_slice(&self, range: std::ops::Range<usize>) -> Option<Self> {
+        if range == (0..self.cols) {
+            return Some(self.clone());
+        }
         let gs = self.group_size;
         let aligned = |c: usize| c.is_multiple_of(gs) || c == self.cols;
         if self.g_idx.is_some() || !aligned(range.start) || !aligned(range.end) {
@@ -288,4 +292,50 @@ pub fn transpose<T: Copy + Default>(x: &[T], a: usize, b: usize) -> Vec<T> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn weight(g_idx: Option<Vec<u32>>) -> Int4Weight {
+        Int4Weight {
+            rows: 2,
+            cols: 64,
+            group_size: 32,
+            codes: (0..128).map(|i| (i % 16) as u8).collect(),
+            scales: vec![0.5, 0.25, 1.0, 2.0],
+            zeros: vec![8, 0, 16, 3],
+            g_idx,
+        }
+    }
+
+    #[test]
+    fn column_shards_own_whole_groups() {
+        let w = weight(None);
+        let right = w.col_slice(32..64).expect("a whole group");
+        assert_eq!((right.cols, right.scales.clone()), (32, vec![0.25, 2.0]));
+        let full = w.dequantize();
+        let part = right.dequantize();
+        for r in 0..2 {
+            assert_eq!(&full[r * 64 + 32..r * 64 + 64], &part[r * 32..r * 32 + 32]);
+        }
+        assert!(w.col_slice(16..48).is_none(), "splits a group");
+        // Act order: only the whole width (TP=1) is a shard.
+        let g: Vec<u32> = (0..64).map(|c| c % 2).collect();
+        let act = weight(Some(g));
+        assert_eq!(act.col_slice(0..64), Some(act.clone()));
+        assert!(act.col_slice(0..32).is_none());
+    }
+
+    #[test]
+    fn zero_points_up_to_16_dequantize_exactly() {
+        let w = weight(None);
+        let d = w.dequantize();
+        // Row 1, group 0: z = 16, s = 1.0; code 0 reads as -16.
+        assert_eq!(d[64], (0.0 - 16.0) * 1.0);
+        // Row 0, group 1: z = 0, s = 0.25; code (32 % 16) = 0.
+        assert_eq!(d[32], 0.0);
+        assert_eq!(d[33], 0.25);
+    }
 }

@@ -5,7 +5,7 @@
 //! - FP8 ([`fp8`]): E4M3 weights with one scale per output channel (or per tensor, as a checkpoint
 //!   stores it), and E4M3 activations with one scale per token computed on the fly (or one static
 //!   scale per tensor from the checkpoint);
-//! - INT4 ([`int4`]): AWQ and GPTQ checkpoints' 4-bit weights with a scale and zero point per group
+//! - INT4 ([`int4`]): AWQ, GPTQ and compressed-tensors checkpoints' 4-bit weights with a scale and zero point per group
 //!   of input columns, bf16 activations.
 //!
 //! Embeddings, norms and the LM head stay in the checkpoint's precision, as vLLM keeps them.
@@ -85,7 +85,7 @@ pub enum QuantizationMismatch {
     NotQuantized { requested: Quantization },
     #[error(
         "--quantization {requested} does not match the checkpoint's quantization_config \
-         (quant_method \"{stored}\"); drop the flag or pass --quantization {stored}"
+         (quant_method \"{stored}\"); leave the flag out: a checkpoint runs its own scheme"
     )]
     Different {
         requested: Quantization,
@@ -145,7 +145,7 @@ pub enum LinearQuant {
         /// (per-channel weight scales, per-token dynamic activations).
         stored: Option<Fp8Checkpoint>,
     },
-    /// A checkpoint's INT4 weights (AWQ or GPTQ), activations as they are.
+    /// A checkpoint's INT4 weights (AWQ, GPTQ, compressed-tensors), activations as they are.
     Int4(Int4Checkpoint),
 }
 

@@ -31,6 +31,7 @@ use super::ops::{self, AddRmsNorm, Attention, Linear, NormFp8, RopeKv, SampleRow
 use super::step::{self, DECODE_SPLIT, HostStep, Limits};
 use super::tp::{CudaTp, DeviceGroup};
 use super::weights::{self, Fp8Layer, Fp8Scales, Int4Layer, LayerWeights, Weights};
+use super::workspace::{Caps, QuantBufs, Workspace};
 use crate::backend::switches::{GemvChoice, KernelSwitches};
 use crate::backend::{Backend, BackendError, DeviceSampling, ForwardBatch, Logits};
 use crate::checkpoint::Checkpoint;
@@ -67,121 +68,10 @@ pub const INVARIANT_CHUNK: usize = 256;
 /// Largest decode batch replayed from a CUDA graph.
 pub const MAX_GRAPH_BATCH: usize = 256;
 
-/// Workspace sizes.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Caps {
-    tokens: usize,
-    seqs: usize,
-    stride: usize,
-    splits: usize,
-}
-
-/// Activations and step inputs, at fixed addresses until they must grow.
-struct Workspace {
-    caps: Caps,
-    x: Buf,
-    normed: Buf,
-    qkv: Buf,
-    q: Buf,
-    attn: Buf,
-    proj: Buf,
-    gate_up: Buf,
-    act: Buf,
-    last: Buf,
-    logits: Buf,
-    sampled: Buf,
-    sample_params: Buf,
-    /// The sampling kernel's per-row counters and slice results (kept zeroed between steps).
-    sample_scratch: Buf,
-    ids: Buf,
-    positions: Buf,
-    slots: Buf,
-    seqs: Buf,
-    items_prefill: Buf,
-    items_decode: Buf,
-    tables: Buf,
-    sample_idx: Buf,
-    part_o: Buf,
-    part_ml: Buf,
-    /// FP8 linear layers: a product's input as E4M3 codes and its per-row scales (one element
-    /// each otherwise).
-    xq: Buf,
-    xs: Buf,
-    /// INT4 linear layers: the largest product's weights dequantized to bf16 (for steps past
-    /// [`INT4_GEMV_MAX_ROWS`] rows), and act order's permuted activations.
-    wdq: Buf,
-    xperm: Buf,
-}
-
-/// The quantization buffers a workspace needs.
-#[derive(Debug, Clone, Copy, Default)]
-struct QuantBufs {
-    fp8: bool,
-    /// Elements of the largest INT4 product's weight (0 without INT4).
-    int4_dequant: usize,
-    /// Whether some INT4 product permutes its input (GPTQ act order).
-    act_order: bool,
-}
-
 /// Steps of at most this many rows run INT4 products on the GEMV kernel, 8 rows a launch (the
 /// packed weights read once per launch); larger ones dequantize each weight to bf16 and take
 /// cuBLAS.
 pub const INT4_GEMV_MAX_ROWS: usize = 32;
-
-impl Workspace {
-    fn new(
-        gpu: &Gpu,
-        cfg: &ModelConfig,
-        dims: &LocalDims,
-        (dt, quant): (DType, QuantBufs),
-        caps: Caps,
-    ) -> Result<Self, BackendError> {
-        let fp8 = quant.fp8;
-        // Whole GEMM blocks of rows, for batch-invariant mode's padding rows.
-        let t = caps.tokens.next_multiple_of(INVARIANT_CHUNK);
-        let s = caps.seqs.next_multiple_of(INVARIANT_CHUNK);
-        let h = cfg.hidden_size;
-        let (qd, kvd, inter) = (dims.q_dim, dims.kv_dim, dims.inter);
-        let tile = ops::attention_tile_tokens(dt, cfg.head_dim, dims.heads / dims.kv_heads);
-        Ok(Self {
-            caps,
-            x: gpu.alloc(dt, t * h)?,
-            normed: gpu.alloc(dt, t * h)?,
-            qkv: gpu.alloc(dt, t * (qd + 2 * kvd))?,
-            q: gpu.alloc(dt, t * qd)?,
-            attn: gpu.alloc(dt, t * qd)?,
-            proj: gpu.alloc(dt, t * h)?,
-            gate_up: gpu.alloc(dt, t * 2 * inter)?,
-            act: gpu.alloc(dt, t * inter)?,
-            last: gpu.alloc(dt, s * h)?,
-            logits: gpu.alloc(DType::F32, s * cfg.vocab_size)?,
-            sampled: gpu.alloc(DType::U32, s)?,
-            sample_params: gpu.alloc(DType::U32, 8 * s)?,
-            sample_scratch: gpu.alloc(DType::U32, kernels::SAMPLE_SCRATCH_WORDS * s)?,
-            ids: gpu.alloc(DType::U32, t)?,
-            positions: gpu.alloc(DType::U32, t)?,
-            slots: gpu.alloc(DType::I64, t)?,
-            seqs: gpu.alloc(DType::I32, 4 * s)?,
-            items_prefill: gpu.alloc(DType::I32, 2 * (t.div_ceil(tile) + s))?,
-            items_decode: gpu.alloc(DType::I32, 2 * s)?,
-            tables: gpu.alloc(DType::U32, s * caps.stride)?,
-            sample_idx: gpu.alloc(DType::U32, s)?,
-            part_o: gpu.alloc(DType::F32, s * dims.heads * caps.splits * cfg.head_dim)?,
-            part_ml: gpu.alloc(DType::F32, s * dims.heads * caps.splits * 2)?,
-            xq: gpu.alloc(DType::U8, if fp8 { t * h.max(qd).max(inter) } else { 1 })?,
-            xs: gpu.alloc(DType::F32, if fp8 { t } else { 1 })?,
-            wdq: gpu.alloc(DType::Bf16, quant.int4_dequant.max(1))?,
-            xperm: gpu.alloc(
-                DType::Bf16,
-                if quant.act_order {
-                    t * h.max(qd).max(inter)
-                } else {
-                    1
-                },
-            )?,
-        })
-    }
-}
 
 /// One layer's products for a step (see [`CudaBackend::layer_products`]).
 struct LayerProducts<'a> {

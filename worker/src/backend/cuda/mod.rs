@@ -11,6 +11,7 @@ pub mod staging;
 pub mod step;
 mod tp;
 mod weights;
+mod workspace;
 
 pub use backend::{
     CudaBackend, CudaOptions, GEMV_CROSSOVER_ROWS, INVARIANT_CHUNK, MAX_GRAPH_BATCH,
