@@ -55,8 +55,9 @@ pub struct EngineFlags {
     #[arg(long, value_enum)]
     pub dtype: Option<DtypeFlag>,
     /// Quantize the linear layers: `fp8` (E4M3 weights with per-channel scales, per-token dynamic
-    /// activations; vLLM's meaning). FP8 checkpoints are detected from their config without it.
-    /// CPU (the reference) and CUDA (sm_89+, bf16, one rank per model so far).
+    /// activations; vLLM's meaning; CPU and CUDA sm_89+). `awq`, `gptq` (or `awq_marlin`,
+    /// `gptq_marlin`) only check that the checkpoint is one. Quantized checkpoints (FP8, AWQ,
+    /// GPTQ, compressed-tensors) are detected from their config without it.
     #[arg(long)]
     pub quantization: Option<Quantization>,
     /// CUDA: run every step eagerly (no CUDA graphs for decode steps).

@@ -339,13 +339,21 @@ fn unsupported_schemes_name_the_field() {
         field(&per_tensor_dynamic),
         "quantization_config.config_groups.group_0.input_activations.strategy"
     );
+    // pack-quantized is INT4: this group's 8-bit float weights are refused by name.
     let pack = config(&|c| {
         c["quantization_config"]["format"] = serde_json::json!("pack-quantized");
     });
-    assert_eq!(field(&pack), "quantization_config.format");
+    assert_eq!(
+        field(&pack),
+        "quantization_config.config_groups.group_0.weights.num_bits"
+    );
+    let other = config(&|c| {
+        c["quantization_config"]["format"] = serde_json::json!("marlin-24");
+    });
+    assert_eq!(field(&other), "quantization_config.format");
     // Through the checkpoint, the error keeps its type.
     let dir = edited("tiny-llama-fp8-dynamic", |c, _| {
-        c["quantization_config"]["quant_method"] = serde_json::json!("gptq");
+        c["quantization_config"]["quant_method"] = serde_json::json!("bitsandbytes");
     });
     assert!(matches!(
         Checkpoint::load(dir.path()),
