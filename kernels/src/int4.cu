@@ -52,6 +52,30 @@ __device__ __forceinline__ Int4Group int4_group(const GemvInt4Params& p, int row
     return gr;
 }
 
+// The loads of a warp's k-steps s0 + u GEMV_WARPS (u < U), all issued before any is used: per tile
+// the lane's 16 bytes (32 codes) of its weight row, and its 64 bytes of x. kok[u]: whether the
+// lane's 32 k are in range, 128 s + 32 t < k (k is a multiple of 32); lanes out of range or past
+// n / b load zeros.
+template <int NT, int U>
+__device__ __forceinline__ void int4_load_steps(const u32* const (&w)[NT], const bool (&wrow)[NT],
+                                                const bf16* x, bool xrow, int k, int t, int s0,
+                                                uint4 (&wv)[U][NT], uint4 (&xv)[U][4], bool (&kok)[U]) {
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int s = s0 + u * GEMV_WARPS;
+        kok[u] = 128 * s + 32 * t < k;
+#pragma unroll
+        for (int j = 0; j < NT; j++) wv[u][j] = kok[u] && wrow[j] ? ld_stream(w[j] + 16 * s) : zero;
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int s = s0 + u * GEMV_WARPS;
+#pragma unroll
+        for (int q = 0; q < 4; q++) xv[u][q] = kok[u] && xrow ? __ldg((const uint4*)(x + 128 * s) + q) : zero;
+    }
+}
+
 // Block i takes weight rows [8 NT i, 8 NT (i + 1)); each warp U k-steps of 128 in flight.
 template <int NT, int U>
 __device__ __forceinline__ void gemv_int4_impl(const GemvInt4Params& p) {
@@ -75,25 +99,10 @@ __device__ __forceinline__ void gemv_int4_impl(const GemvInt4Params& p) {
     float acc[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    const uint4 zero = make_uint4(0, 0, 0, 0);
     for (int s0 = warp; s0 < nsteps; s0 += GEMV_WARPS * U) {
         uint4 wv[U][NT], xv[U][4];
         bool kok[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int s = s0 + u * GEMV_WARPS;
-            // A lane's 32 k are in range iff 128 s + 32 t < k (k is a multiple of 32).
-            kok[u] = 128 * s + 32 * t < k;
-#pragma unroll
-            for (int j = 0; j < NT; j++) wv[u][j] = kok[u] && wrow[j] ? ld_stream(w[j] + 16 * s) : zero;
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int s = s0 + u * GEMV_WARPS;
-#pragma unroll
-            for (int q = 0; q < 4; q++)
-                xv[u][q] = kok[u] && xrow ? __ldg((const uint4*)(x + 128 * s) + q) : zero;
-        }
+        int4_load_steps<NT, U>(w, wrow, x, xrow, k, t, s0, wv, xv, kok);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             // Warp-uniform skip of steps past k (mma.sync needs every lane); in a partial step the
@@ -156,25 +165,11 @@ __device__ __forceinline__ void gemv_int4_g128_impl(const GemvInt4Params& p) {
     float acc[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    const uint4 zero = make_uint4(0, 0, 0, 0);
     const u32 ones = 0x3f803f80u; // bf16x2 {1, 1}
     for (int s0 = warp; s0 < nsteps; s0 += GEMV_WARPS * U) {
         uint4 wv[U][NT], xv[U][4];
         bool kok[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int s = s0 + u * GEMV_WARPS;
-            kok[u] = 128 * s + 32 * t < k;
-#pragma unroll
-            for (int j = 0; j < NT; j++) wv[u][j] = kok[u] && wrow[j] ? ld_stream(w[j] + 16 * s) : zero;
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int s = s0 + u * GEMV_WARPS;
-#pragma unroll
-            for (int q = 0; q < 4; q++)
-                xv[u][q] = kok[u] && xrow ? __ldg((const uint4*)(x + 128 * s) + q) : zero;
-        }
+        int4_load_steps<NT, U>(w, wrow, x, xrow, k, t, s0, wv, xv, kok);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int s = s0 + u * GEMV_WARPS;

@@ -8,27 +8,19 @@
 //! --include-ignored` (set `FIXTURES_DIR` when the fixtures are not at their source path).
 #![cfg(feature = "cuda")]
 
-use std::path::PathBuf;
+mod common;
 
+use common::{fixture, last_logits, rel_l2};
+use worker::backend::Backend;
 use worker::backend::cpu::{CpuBackend, CpuOptions};
 use worker::backend::cuda::{CudaBackend, CudaOptions, DType};
 use worker::backend::switches::KernelSwitches;
-use worker::backend::{Backend, ForwardBatch, SeqInput};
 use worker::checkpoint::Checkpoint;
 use worker::engine::{Engine, EngineConfig};
 use worker::kv::SeqId;
 use worker::quant::Quantization;
 use worker::request::Request;
 use worker::sampler::SamplingParams;
-
-fn fixture(name: &str) -> PathBuf {
-    std::env::var_os("FIXTURES_DIR")
-        .map_or_else(
-            || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures"),
-            PathBuf::from,
-        )
-        .join(name)
-}
 
 fn prompts() -> Vec<Vec<u32>> {
     let text = std::fs::read_to_string(fixture("tiny-llama/expected.json")).expect("expected");
@@ -61,30 +53,6 @@ fn cuda_options(eager: bool, quantization: Option<Quantization>) -> CudaOptions 
         kernels: KernelSwitches::default(),
         quantization,
     }
-}
-
-fn last_logits(b: &mut dyn Backend, prompt: &[u32]) -> Vec<f32> {
-    let positions: Vec<u32> = (0..prompt.len() as u32).collect();
-    let table: Vec<u32> = (1..=prompt.len().div_ceil(16) as u32).collect();
-    let seqs = [SeqInput {
-        query_start: 0,
-        query_len: prompt.len(),
-        context_len: prompt.len(),
-        block_table: &table,
-        sample: true,
-    }];
-    let batch = ForwardBatch {
-        token_ids: prompt,
-        positions: &positions,
-        seqs: &seqs,
-    };
-    b.forward(&batch).expect("forward").data
-}
-
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
-    (num / den).sqrt()
 }
 
 /// 24 greedy tokens of every prompt, all batched together.

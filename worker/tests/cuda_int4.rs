@@ -7,8 +7,9 @@
 //! --include-ignored` (set `FIXTURES_DIR` when the fixtures are not at their source path).
 #![cfg(feature = "cuda")]
 
-use std::path::PathBuf;
+mod common;
 
+use common::{fixture, last_logits, rel_l2};
 use half::bf16;
 use worker::backend::cpu::{CpuBackend, CpuOptions};
 use worker::backend::cuda::int4::{
@@ -16,18 +17,8 @@ use worker::backend::cuda::int4::{
 };
 use worker::backend::cuda::{CudaBackend, CudaOptions, DType, Gpu};
 use worker::backend::switches::KernelSwitches;
-use worker::backend::{Backend, ForwardBatch, SeqInput};
 use worker::checkpoint::Checkpoint;
 use worker::quant::int4::Int4Weight;
-
-fn fixture(name: &str) -> PathBuf {
-    std::env::var_os("FIXTURES_DIR")
-        .map_or_else(
-            || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures"),
-            PathBuf::from,
-        )
-        .join(name)
-}
 
 /// A small deterministic generator (splitmix64).
 struct Rng(u64);
@@ -190,30 +181,6 @@ fn int4_kernels_match_the_reference_at_odd_shapes() {
             }
         }
     }
-}
-
-fn last_logits(b: &mut dyn Backend, prompt: &[u32]) -> Vec<f32> {
-    let positions: Vec<u32> = (0..prompt.len() as u32).collect();
-    let table: Vec<u32> = (1..=prompt.len().div_ceil(16) as u32).collect();
-    let seqs = [SeqInput {
-        query_start: 0,
-        query_len: prompt.len(),
-        context_len: prompt.len(),
-        block_table: &table,
-        sample: true,
-    }];
-    let batch = ForwardBatch {
-        token_ids: prompt,
-        positions: &positions,
-        seqs: &seqs,
-    };
-    b.forward(&batch).expect("forward").data
-}
-
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
-    (num / den).sqrt()
 }
 
 #[test]

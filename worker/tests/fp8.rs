@@ -4,25 +4,19 @@
 //! the models run close to the float32 reference, and every kind of bad scale is a typed error
 //! naming the tensor.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+mod common;
 
+use std::path::Path;
+
+use common::{Tensors, edited, fixture, last_logits, rel_l2};
 use safetensors::Dtype as StDtype;
-use safetensors::tensor::TensorView as StView;
 use serde_json::Value;
 use worker::backend::cpu::{CpuBackend, CpuOptions};
-use worker::backend::{Backend, ForwardBatch, SeqInput};
 use worker::checkpoint::names::{LINEAR_WEIGHTS, layer_tensor};
 use worker::checkpoint::{Checkpoint, CheckpointError};
 use worker::config::{ConfigError, ModelConfig};
 use worker::quant::fp8::{amax, e4m3_from_f32, scale_for};
 use worker::quant::{ActivationScheme, Fp8Format, Quantization, ScaleGranularity, StoredQuant};
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures")
-        .join(name)
-}
 
 fn expected() -> Vec<(Vec<u32>, Vec<f32>)> {
     let text = std::fs::read_to_string(fixture("tiny-llama/expected.json")).unwrap();
@@ -43,7 +37,7 @@ fn expected() -> Vec<(Vec<u32>, Vec<f32>)> {
 }
 
 /// The last position's logits of `prompt` on the CPU backend.
-fn last_logits(dir: &Path, quantization: Option<Quantization>, prompt: &[u32]) -> Vec<f32> {
+fn cpu_last_logits(dir: &Path, quantization: Option<Quantization>, prompt: &[u32]) -> Vec<f32> {
     let (config, ckpt) = Checkpoint::load(dir).unwrap();
     let options = CpuOptions {
         block_size: 16,
@@ -51,27 +45,7 @@ fn last_logits(dir: &Path, quantization: Option<Quantization>, prompt: &[u32]) -
         quantization,
     };
     let mut backend = CpuBackend::new(&config, &ckpt, options).unwrap();
-    let positions: Vec<u32> = (0..prompt.len() as u32).collect();
-    let table: Vec<u32> = (1..=prompt.len().div_ceil(16) as u32).collect();
-    let seqs = [SeqInput {
-        query_start: 0,
-        query_len: prompt.len(),
-        context_len: prompt.len(),
-        block_table: &table,
-        sample: true,
-    }];
-    let batch = ForwardBatch {
-        token_ids: prompt,
-        positions: &positions,
-        seqs: &seqs,
-    };
-    backend.forward(&batch).unwrap().data
-}
-
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
-    (num / den).sqrt()
+    last_logits(&mut backend, prompt)
 }
 
 #[test]
@@ -157,9 +131,9 @@ fn stored_codes_equal_the_engine_quantizer() {
 #[test]
 fn fp8_models_run_close_to_float32() {
     for (prompt, reference) in expected() {
-        let base = last_logits(&fixture("tiny-llama"), None, &prompt);
+        let base = cpu_last_logits(&fixture("tiny-llama"), None, &prompt);
         assert!(rel_l2(&base, &reference) < 1e-4);
-        let at_load = last_logits(&fixture("tiny-llama"), Some(Quantization::Fp8), &prompt);
+        let at_load = cpu_last_logits(&fixture("tiny-llama"), Some(Quantization::Fp8), &prompt);
         let err = rel_l2(&at_load, &reference);
         assert!(err > 1e-4 && err < 0.1, "--quantization fp8: {err}");
         eprintln!(
@@ -171,46 +145,21 @@ fn fp8_models_run_close_to_float32() {
             "tiny-llama-fp8-static",
             "tiny-llama-autofp8",
         ] {
-            let got = last_logits(&fixture(name), None, &prompt);
+            let got = cpu_last_logits(&fixture(name), None, &prompt);
             let e = rel_l2(&got, &reference);
             assert!(e < 0.12, "{name}: relative L2 {e}");
             eprintln!("prompt of {}: {name} relative L2 {e:.4}", prompt.len());
             // `--quantization fp8` on an FP8 checkpoint changes nothing.
             assert_eq!(
                 got,
-                last_logits(&fixture(name), Some(Quantization::Fp8), &prompt)
+                cpu_last_logits(&fixture(name), Some(Quantization::Fp8), &prompt)
             );
         }
         // The same scheme (channel weights, per-token activations) from the bf16-scaled fixture
         // and quantized at load differ only by the scales' bf16 rounding.
-        let dynamic = last_logits(&fixture("tiny-llama-fp8-dynamic"), None, &prompt);
+        let dynamic = cpu_last_logits(&fixture("tiny-llama-fp8-dynamic"), None, &prompt);
         assert!(rel_l2(&dynamic, &at_load) < 0.05);
     }
-}
-
-type Tensors = HashMap<String, (StDtype, Vec<usize>, Vec<u8>)>;
-
-/// A copy of fixture `name` in a temporary folder, its tensors and config changed by `edit`.
-fn edited(name: &str, edit: impl FnOnce(&mut Value, &mut Tensors)) -> tempfile::TempDir {
-    let src = fixture(name);
-    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors: Tensors = st
-        .tensors()
-        .into_iter()
-        .map(|(n, v)| (n, (v.dtype(), v.shape().to_vec(), v.data().to_vec())))
-        .collect();
-    let mut config: Value =
-        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
-    edit(&mut config, &mut tensors);
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
-    let views: Vec<(String, StView<'_>)> = tensors
-        .iter()
-        .map(|(n, (d, s, b))| (n.clone(), StView::new(*d, s.clone(), b).unwrap()))
-        .collect();
-    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
-    dir
 }
 
 fn build(dir: &Path) -> Result<(), String> {

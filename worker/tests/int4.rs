@@ -5,14 +5,14 @@
 //! logits are HuggingFace transformers' (its `expected.json`), and every kind of bad INT4 tensor or
 //! option is a typed error naming it.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+mod common;
 
+use std::path::Path;
+
+use common::{Tensors, edited, fixture, last_logits};
 use safetensors::Dtype as StDtype;
-use safetensors::tensor::TensorView as StView;
 use serde_json::Value;
 use worker::backend::cpu::{CpuBackend, CpuOptions};
-use worker::backend::{Backend, ForwardBatch, SeqInput};
 use worker::checkpoint::Checkpoint;
 use worker::config::{ConfigError, ModelConfig};
 use worker::quant::int4::{self, AWQ_PACK_ORDER};
@@ -25,12 +25,6 @@ const FIXTURES: [&str; 5] = [
     "int4-ct-sym",
     "int4-ct-asym",
 ];
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures")
-        .join(name)
-}
 
 fn backend(dir: &Path, quantization: Option<Quantization>) -> Result<CpuBackend, String> {
     let (config, ckpt) = Checkpoint::load(dir).map_err(|e| e.to_string())?;
@@ -48,25 +42,6 @@ fn refused(r: Result<CpuBackend, String>, what: &str) -> String {
         Ok(_) => panic!("{what}: built"),
         Err(e) => e,
     }
-}
-
-/// The last position's logits of `prompt`.
-fn last_logits(b: &mut CpuBackend, prompt: &[u32]) -> Vec<f32> {
-    let positions: Vec<u32> = (0..prompt.len() as u32).collect();
-    let table: Vec<u32> = (1..=prompt.len().div_ceil(16) as u32).collect();
-    let seqs = [SeqInput {
-        query_start: 0,
-        query_len: prompt.len(),
-        context_len: prompt.len(),
-        block_table: &table,
-        sample: true,
-    }];
-    let batch = ForwardBatch {
-        token_ids: prompt,
-        positions: &positions,
-        seqs: &seqs,
-    };
-    b.forward(&batch).unwrap().data
 }
 
 fn argmax(x: &[f32]) -> u32 {
@@ -219,31 +194,6 @@ fn quantization_flag_is_checked_against_the_checkpoint() {
     assert!(e.contains("--quantization fp8 does not match"), "{e}");
     let e = err("int4-awq-twin", Quantization::Awq);
     assert!(e.contains("this one is not quantized"), "{e}");
-}
-
-type Tensors = HashMap<String, (StDtype, Vec<usize>, Vec<u8>)>;
-
-/// A copy of fixture `name` in a temporary folder, its tensors and config changed by `edit`.
-fn edited(name: &str, edit: impl FnOnce(&mut Value, &mut Tensors)) -> tempfile::TempDir {
-    let src = fixture(name);
-    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors: Tensors = st
-        .tensors()
-        .into_iter()
-        .map(|(n, v)| (n, (v.dtype(), v.shape().to_vec(), v.data().to_vec())))
-        .collect();
-    let mut config: Value =
-        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
-    edit(&mut config, &mut tensors);
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
-    let views: Vec<(String, StView<'_>)> = tensors
-        .iter()
-        .map(|(n, (d, s, b))| (n.clone(), StView::new(*d, s.clone(), b).unwrap()))
-        .collect();
-    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
-    dir
 }
 
 type Edit = Box<dyn FnOnce(&mut Value, &mut Tensors)>;
