@@ -15,6 +15,11 @@ pub struct ServeScaleFlags {
     /// bound gRPC port].
     #[arg(long)]
     pub name: Option<String>,
+    /// What this server's shared-memory segment names start with (`PREFIX.PID...`). At start,
+    /// `serve` removes the leftovers of dead gateways that used the same prefix, and only those:
+    /// deployments (or test runs) sharing a host keep apart by giving each its own.
+    #[arg(long, default_value = "ringserve")]
+    pub shm_prefix: String,
     /// Seconds a live worker's heartbeat may be old before it is declared hung (killed, its
     /// requests resumed elsewhere, restarted).
     #[arg(long, default_value_t = 1.0)]
@@ -45,6 +50,19 @@ impl ServeScaleFlags {
             slack_ratio: self.affinity_slack_ratio,
             max_entries: self.affinity_max_entries,
         })
+    }
+
+    /// The segment-name prefix: 1 to 64 characters of `[A-Za-z0-9_-]` (no `.`, so one prefix is
+    /// never the start of another's names).
+    pub fn shm_prefix(&self) -> anyhow::Result<String> {
+        let p = &self.shm_prefix;
+        let ok = (1..=64).contains(&p.len())
+            && p.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_-".contains(&b));
+        if !ok {
+            bail!("--shm-prefix {p:?}: use 1 to 64 characters of A-Z, a-z, 0-9, `_` and `-`");
+        }
+        Ok(p.clone())
     }
 
     /// The heartbeat limit.

@@ -402,6 +402,7 @@ pub fn serve(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
         drain_timeout: Duration::from_secs_f64(args.drain_timeout.max(0.0)),
         failover_timeout: Duration::from_secs_f64(args.failover_timeout.max(0.0)),
         name: args.scale.name.clone(),
+        shm_prefix: args.scale.shm_prefix()?,
         affinity: args.scale.affinity()?,
         security,
     };

@@ -48,12 +48,28 @@ fn shm_exists(name: &str) -> bool {
 #[test]
 fn the_next_serve_reaps_a_killed_gateways_segments_and_socket_but_not_a_live_ones() {
     let model = tiny_llama().to_str().unwrap().to_owned();
-    let mut killed = Server::start(&[null_args(&model), vec!["--workers", "2"]].concat(), 2);
-    let live = Server::start(&null_args(&model), 1);
+    // A prefix and a socket folder of this test's own: servers of other tests running beside it
+    // reap only their own prefix's leftovers and sockets in their own folder.
+    let prefix = format!("rs-reap-{}", std::process::id());
+    let runtime_dir = temp_dir("reap-sockets");
+    let env = [("RINGSERVE_RUNTIME_DIR", runtime_dir.as_path())];
+    let args = |extra: &[&'static str], prefix: &str| -> Vec<String> {
+        let mut a: Vec<String> = null_args(&model).iter().map(|s| s.to_string()).collect();
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a.extend(["--shm-prefix".to_owned(), prefix.to_owned()]);
+        a
+    };
+    let start = |a: Vec<String>, workers: usize| {
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        Server::start_with_env(&a, workers, &env)
+    };
+    let mut killed = start(args(&["--workers", "2"], &prefix), 2);
+    let live = start(args(&[], &prefix), 1);
     let killed_segments = killed.leftover_segments();
     let live_segments = live.leftover_segments();
     assert_eq!(killed_segments.len(), 4, "{killed_segments:?}");
     assert_eq!(live_segments.len(), 2, "{live_segments:?}");
+    assert!(killed.rings.starts_with(&format!("{prefix}.")));
 
     signal(killed.child.id(), "KILL");
     killed.wait_exit(Duration::from_secs(10)).unwrap();
@@ -67,7 +83,12 @@ fn the_next_serve_reaps_a_killed_gateways_segments_and_socket_but_not_a_live_one
 
     // Join sockets younger than 2 s are never reaped (their gateway may be starting).
     std::thread::sleep(Duration::from_millis(2500));
-    let next = Server::start(&null_args(&model), 1);
+    // A server of another prefix leaves this prefix's segments alone (it does reap the socket:
+    // sockets are told apart by their folder).
+    let other = start(args(&[], &format!("{prefix}-other")), 1);
+    assert_eq!(killed.leftover_segments().len(), 4);
+    drop(other);
+    let next = start(args(&[], &prefix), 1);
     assert!(
         killed.leftover_segments().is_empty(),
         "left: {:?}",
@@ -85,6 +106,25 @@ fn the_next_serve_reaps_a_killed_gateways_segments_and_socket_but_not_a_live_one
             assert_eq!(ids_of(&out).len(), 4);
         }
     });
+    drop((live, next));
+    let _ = std::fs::remove_dir_all(&runtime_dir);
+}
+
+#[test]
+fn a_bad_shm_prefix_is_refused_by_name() {
+    let model = tiny_llama();
+    for bad in ["", "a.b", "a/b", &"x".repeat(65)] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ringserve"))
+            .arg("serve")
+            .arg("--model")
+            .arg(&model)
+            .args(["--device", "null", "--shm-prefix", bad])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{bad:?} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--shm-prefix"), "{bad:?}: {err}");
+    }
 }
 
 /// A child process killed when the test ends, whatever happened.

@@ -53,6 +53,9 @@ pub struct ServerConfig {
     /// The name workers join by (`ringserve worker --join NAME`); default `ringserve-PORT` with
     /// the bound gRPC port.
     pub name: Option<String>,
+    /// What this server's ring segment names start with (`ringbuf::unique_name(shm_prefix)`); at
+    /// start only dead gateways' segments with this prefix are reaped.
+    pub shm_prefix: String,
     /// How prefix affinity trades cache hits against load balance.
     pub affinity: AffinityConfig,
     /// The API key and TLS settings of the gRPC server.
@@ -194,14 +197,11 @@ async fn shutdown_signal() {
     }
 }
 
-/// What every gateway's ring names start with (`ringbuf::unique_name(RING_NAME_BASE)`).
-const RING_NAME_BASE: &str = "ringserve";
-
 /// Removes what gateways of this user that died without cleaning up (SIGKILL, OOM) left behind:
-/// ring segments whose creator is dead and join sockets nobody listens on. A live gateway's
-/// segments and socket are never touched. Logs what it removed.
-pub fn reap_leftovers() {
-    match ringbuf::reap(&format!("{RING_NAME_BASE}.")) {
+/// ring segments named `shm_prefix.*` whose creator is dead and join sockets nobody listens on.
+/// A live gateway's segments and socket are never touched. Logs what it removed.
+pub fn reap_leftovers(shm_prefix: &str) {
+    match ringbuf::reap(&format!("{shm_prefix}.")) {
         Ok(names) if !names.is_empty() => {
             tracing::warn!(count = names.len(), segments = ?names, "removed shared-memory segments of dead gateways");
         }
@@ -220,7 +220,7 @@ pub fn reap_leftovers() {
 
 /// Runs the gateway until SIGTERM/SIGINT, then drains and cleans up.
 pub async fn run(mut config: ServerConfig) -> Result<(), ServerError> {
-    reap_leftovers();
+    reap_leftovers(&config.shm_prefix);
     let slots = worker_slots(config.workers, config.worker.tensor_parallel_size)?;
     // Checked before anything starts, so bad certificates are one clear error.
     let mut grpc = tonic::transport::Server::builder();
@@ -295,7 +295,7 @@ pub async fn run(mut config: ServerConfig) -> Result<(), ServerError> {
     let join_listener = JoinListener::bind(&name)?;
     let join_path = join_listener.path().display().to_string();
 
-    config.worker.ring_prefix = ringbuf::unique_name(RING_NAME_BASE);
+    config.worker.ring_prefix = ringbuf::unique_name(&config.shm_prefix);
     let prefix = config.worker.ring_prefix.clone();
     let (stop_tx, stop_rx) = watch::channel(false);
     let join_ctx = Arc::new(JoinContext::new(
