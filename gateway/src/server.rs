@@ -140,16 +140,22 @@ pub enum ServerError {
     Other(String),
 }
 
-/// End-of-sequence ids from `config.json` and `generation_config.json` (a number or a list).
+/// End-of-sequence ids from `config.json` and `generation_config.json` (a number or a list), or
+/// from a `.gguf` file's metadata.
 pub fn model_eos_ids(dir: &std::path::Path) -> Vec<u32> {
+    let mut configs = Vec::new();
+    if gguf::is_gguf_path(dir) {
+        configs.extend(gguf::GgufFile::open(dir).and_then(|f| f.hf_config()).ok());
+    } else {
+        for file in ["config.json", "generation_config.json"] {
+            let Ok(text) = std::fs::read_to_string(dir.join(file)) else {
+                continue;
+            };
+            configs.extend(serde_json::from_str::<serde_json::Value>(&text).ok());
+        }
+    }
     let mut ids = Vec::new();
-    for file in ["config.json", "generation_config.json"] {
-        let Ok(text) = std::fs::read_to_string(dir.join(file)) else {
-            continue;
-        };
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
-            continue;
-        };
+    for v in configs {
         let found: Vec<u32> = match v.get("eos_token_id") {
             Some(serde_json::Value::Number(n)) => {
                 n.as_u64().map(|n| n as u32).into_iter().collect()

@@ -29,9 +29,13 @@ pub struct TextModel {
 }
 
 impl TextModel {
-    /// Loads `tokenizer.json` (and `tokenizer_config.json` when present) from `dir`. Returns `None`
-    /// when the folder has no tokenizer (token-id prompts only).
+    /// Loads `tokenizer.json` (and `tokenizer_config.json` when present) from `dir`, or the
+    /// vocabulary and chat template of a `.gguf` file. Returns `None` when the folder has no
+    /// tokenizer (token-id prompts only).
     pub fn load(dir: &Path) -> Result<Option<Self>, TokenizerError> {
+        if gguf::is_gguf_path(dir) {
+            return Self::load_gguf(dir).map(Some);
+        }
         let tok_path = dir.join("tokenizer.json");
         if !tok_path.exists() {
             return Ok(None);
@@ -52,17 +56,40 @@ impl TextModel {
             }
             Err(_) => None,
         };
+        Ok(Some(Self::new(tokenizer, chat)))
+    }
+
+    /// The tokenizer and chat template a GGUF file's metadata holds (`gguf::hf`).
+    fn load_gguf(path: &Path) -> Result<Self, TokenizerError> {
+        let load = |message: String| TokenizerError::Load {
+            path: path.display().to_string(),
+            message,
+        };
+        let file = gguf::GgufFile::open(path).map_err(|e| load(e.to_string()))?;
+        let json = file.hf_tokenizer().map_err(|e| load(e.to_string()))?;
+        let tokenizer: Tokenizer = json
+            .to_string()
+            .parse()
+            .map_err(|e: tokenizers::Error| load(e.to_string()))?;
+        let config = file
+            .hf_tokenizer_config()
+            .map_err(|e| load(e.to_string()))?;
+        let chat = ChatTemplate::from_tokenizer_config(&config)?;
+        Ok(Self::new(tokenizer, chat))
+    }
+
+    fn new(tokenizer: Tokenizer, chat: Option<ChatTemplate>) -> Self {
         let vocab = tokenizer.get_vocab_size(true);
         let grammar = BackgroundCompiler::start(
             tokenizer.clone(),
             vocab,
             vec![vocab.saturating_sub(1) as u32],
         );
-        Ok(Some(Self {
+        Self {
             tokenizer,
             chat,
             grammar,
-        }))
+        }
     }
 
     /// Token ids of a text prompt (with the tokenizer's special tokens, e.g. BOS).

@@ -54,6 +54,9 @@ pub enum ConfigError {
     /// Fields that are each valid but do not fit together.
     #[error("{path}: inconsistent config: {reason}")]
     InconsistentConfig { path: PathBuf, reason: String },
+    /// A GGUF file's header or metadata cannot describe a model.
+    #[error(transparent)]
+    Gguf(#[from] gguf::GgufError),
 }
 
 /// Which HuggingFace architecture a checkpoint declares.
@@ -172,8 +175,13 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
-    /// Reads `dir/config.json` and, when present, `dir/generation_config.json`.
+    /// Reads `dir/config.json` and, when present, `dir/generation_config.json`; or, when `dir` is a
+    /// `.gguf` file, the config its metadata describes.
     pub fn load(dir: &Path) -> Result<Self, ConfigError> {
+        if gguf::is_gguf_path(dir) {
+            let file = gguf::GgufFile::open(dir)?;
+            return Self::from_json(dir, &file.hf_config()?, None);
+        }
         let path = dir.join("config.json");
         let config = read_json(&path)?;
         let gen_path = dir.join("generation_config.json");

@@ -50,8 +50,20 @@ pub fn open_model(
     })
 }
 
-/// `dir/tokenizer.json`, or `None` when the folder has none.
+/// `dir/tokenizer.json`, or `None` when the folder has none; a `.gguf` file's own vocabulary.
 pub fn load_tokenizer(dir: &Path) -> Result<Option<Tokenizer>, OpenError> {
+    if gguf::is_gguf_path(dir) {
+        let tokenizer = gguf::GgufFile::open(dir).and_then(|f| f.hf_tokenizer());
+        let json = tokenizer.map_err(|e| OpenError::Checkpoint(e.into()))?;
+        return json
+            .to_string()
+            .parse::<Tokenizer>()
+            .map(Some)
+            .map_err(|e| OpenError::Tokenizer {
+                path: dir.to_path_buf(),
+                message: e.to_string(),
+            });
+    }
     let path = dir.join("tokenizer.json");
     if !path.exists() {
         return Ok(None);

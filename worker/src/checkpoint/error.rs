@@ -13,6 +13,9 @@ pub enum CheckpointError {
     /// be read or parsed, or the config describes no model this engine runs.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// A GGUF file is malformed or holds what this engine cannot run.
+    #[error(transparent)]
+    Gguf(#[from] gguf::GgufError),
     /// A file could not be opened, read or mapped.
     #[error("{path}: {source}")]
     Io {

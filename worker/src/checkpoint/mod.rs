@@ -1,7 +1,8 @@
-//! Memory-mapped safetensors weights of a HuggingFace model folder.
+//! Memory-mapped safetensors weights of a HuggingFace model folder, or a GGUF file's weights.
 //!
 //! [`Checkpoint::open`] maps `model.safetensors`, or every shard listed in
 //! `model.safetensors.index.json`, without copying; a [`TensorView`] borrows straight from the map.
+//! A `.gguf` file's weights are dequantized to f32 at open and held under their HF names.
 //! [`Checkpoint::validate`] checks every tensor a Llama-family model needs (presence, shape, dtype)
 //! up front, so a backend can then read weights without error paths of its own.
 
@@ -113,11 +114,29 @@ struct TensorEntry {
     range: Range<usize>,
 }
 
-/// One mapped safetensors file.
+/// One mapped safetensors file, or one tensor dequantized from a GGUF file.
 #[derive(Debug)]
 struct MappedFile {
     path: PathBuf,
-    map: Mmap,
+    map: Backing,
+}
+
+/// Where a [`MappedFile`]'s bytes live.
+#[derive(Debug)]
+enum Backing {
+    Map(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Backing {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Self::Map(m) => m,
+            Self::Owned(v) => v,
+        }
+    }
 }
 
 /// The weights of a model folder, memory-mapped.
@@ -136,8 +155,12 @@ pub const SINGLE_FILE: &str = "model.safetensors";
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 
 impl Checkpoint {
-    /// Maps `dir/model.safetensors`, or every shard of `dir/model.safetensors.index.json`.
+    /// Maps `dir/model.safetensors`, or every shard of `dir/model.safetensors.index.json`; or, when
+    /// `dir` is a `.gguf` file, reads its weights ([`Checkpoint::from_gguf`]).
     pub fn open(dir: &Path) -> Result<Self, CheckpointError> {
+        if gguf::is_gguf_path(dir) {
+            return Self::from_gguf(&gguf::GgufFile::open(dir)?);
+        }
         let single = dir.join(SINGLE_FILE);
         let index = dir.join(INDEX_FILE);
         let mut ckpt = Self {
@@ -177,6 +200,35 @@ impl Checkpoint {
         Ok(ckpt)
     }
 
+    /// The weights of a GGUF file under their HF names, dequantized to f32 (llama's q/k rows back
+    /// in HF order: `gguf::hf`).
+    pub fn from_gguf(file: &gguf::GgufFile) -> Result<Self, CheckpointError> {
+        let path = file.path().to_path_buf();
+        let mut ckpt = Self {
+            dir: path.clone(),
+            files: Vec::new(),
+            tensors: HashMap::new(),
+            origin: path.clone(),
+        };
+        for t in file.hf_tensors()? {
+            let bytes: Vec<u8> = t.data.iter().flat_map(|v| v.to_le_bytes()).collect();
+            ckpt.tensors.insert(
+                t.name,
+                TensorEntry {
+                    file: ckpt.files.len(),
+                    dtype: safetensors::Dtype::F32,
+                    shape: t.shape,
+                    range: 0..bytes.len(),
+                },
+            );
+            ckpt.files.push(MappedFile {
+                path: path.clone(),
+                map: Backing::Owned(bytes),
+            });
+        }
+        Ok(ckpt)
+    }
+
     /// Reads the config and maps and validates the weights: what a backend needs, in one call.
     pub fn load(dir: &Path) -> Result<(ModelConfig, Self), CheckpointError> {
         let config = ModelConfig::load(dir)?;
@@ -185,7 +237,7 @@ impl Checkpoint {
         Ok((config, ckpt))
     }
 
-    /// The model folder.
+    /// The model folder (or GGUF file).
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -349,7 +401,7 @@ impl Checkpoint {
         }
         self.files.push(MappedFile {
             path: path.to_path_buf(),
-            map,
+            map: Backing::Map(map),
         });
         Ok(())
     }

@@ -1,0 +1,525 @@
+//! What a GGUF file holds, as a HuggingFace model folder would hold it: `config.json`,
+//! `tokenizer.json` and `tokenizer_config.json` as JSON values, the weights under their HF names.
+//!
+//! Architectures `llama` (Mistral-style files included) and `qwen2`. llama.cpp's converter stores
+//! llama's q/k projection rows permuted for its interleaved RoPE (the two halves of each head
+//! interleaved pairwise); [`hf_tensors`](GgufFile::hf_tensors) puts them back in HF order. qwen2
+//! files are stored unpermuted.
+
+use serde_json::{Map, Value as Json, json};
+
+use crate::reader::{GgufError, GgufFile, TensorInfo, Value};
+
+/// One weight under its HF name, row-major, dequantized.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HfTensor {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+/// A GGUF architecture this module maps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Arch {
+    Llama,
+    Qwen2,
+}
+
+impl Arch {
+    fn key(self) -> &'static str {
+        match self {
+            Self::Llama => "llama",
+            Self::Qwen2 => "qwen2",
+        }
+    }
+}
+
+/// The pre-tokenizer of `tokenizer.ggml.pre` values whose splitting this module reproduces.
+fn pre_tokenizer(pre: &str) -> Option<Json> {
+    let byte_level = |use_regex: bool| {
+        json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true,
+               "use_regex": use_regex})
+    };
+    let split = |pattern: &str| {
+        json!({"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated",
+               "invert": false})
+    };
+    Some(match pre {
+        // GPT-2's own regex, inside ByteLevel.
+        "default" | "gpt2" => byte_level(true),
+        // Every digit alone, then GPT-2's regex.
+        "smollm" => json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": true}, byte_level(true)]}),
+        // Llama 3's and Qwen2's regexes (numbers in runs of up to three digits, or one by one).
+        "llama3" | "llama-bpe" | "llama-v3" => json!({"type": "Sequence", "pretokenizers": [
+            split(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"),
+            byte_level(false)]}),
+        "qwen2" => json!({"type": "Sequence", "pretokenizers": [
+            split(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"),
+            byte_level(false)]}),
+        _ => return None,
+    })
+}
+
+/// `tokenizer.ggml.token_type` values.
+const TOKEN_CONTROL: u64 = 3;
+const TOKEN_USER_DEFINED: u64 = 4;
+
+impl GgufFile {
+    fn arch(&self) -> Result<Arch, GgufError> {
+        let key = "general.architecture";
+        match self.get(key).and_then(Value::as_str) {
+            Some("llama") => Ok(Arch::Llama),
+            Some("qwen2") => Ok(Arch::Qwen2),
+            Some(other) => Err(GgufError::Unsupported {
+                path: self.path().to_path_buf(),
+                what: format!("architecture `{other}`"),
+                reason: "llama (and Mistral-style llama files) and qwen2 are".into(),
+            }),
+            None => Err(self.metadata_error(key, "missing (or not a string)")),
+        }
+    }
+
+    fn u64_key(&self, key: &str) -> Result<Option<u64>, GgufError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .map(Some)
+                .ok_or_else(|| self.metadata_error(key, format!("{v:?} is not an integer"))),
+        }
+    }
+
+    fn u64_req(&self, key: &str) -> Result<u64, GgufError> {
+        self.u64_key(key)?
+            .ok_or_else(|| self.metadata_error(key, "missing"))
+    }
+
+    fn f64_key(&self, key: &str) -> Result<Option<f64>, GgufError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| self.metadata_error(key, format!("{v:?} is not a number"))),
+        }
+    }
+
+    fn strings(&self, key: &str) -> Result<Vec<&str>, GgufError> {
+        let arr = self
+            .get(key)
+            .and_then(Value::as_array)
+            .ok_or_else(|| self.metadata_error(key, "missing (or not an array)"))?;
+        arr.iter()
+            .enumerate()
+            .map(|(i, v)| {
+                v.as_str()
+                    .ok_or_else(|| self.metadata_error(key, format!("element {i} is not a string")))
+            })
+            .collect()
+    }
+
+    fn token_id(&self, key: &str, vocab: usize) -> Result<Option<u32>, GgufError> {
+        match self.u64_key(key)? {
+            Some(id) if id < vocab as u64 => Ok(Some(id as u32)),
+            Some(id) => {
+                Err(self.metadata_error(key, format!("{id} is past the vocabulary ({vocab})")))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// The model's `config.json`, for the engine's config parser (which checks it further).
+    pub fn hf_config(&self) -> Result<Json, GgufError> {
+        let arch = self.arch()?;
+        let k = |name: &str| format!("{}.{name}", arch.key());
+        let heads = self.u64_req(&k("attention.head_count"))?;
+        let hidden = self.u64_req(&k("embedding_length"))?;
+        let kv_heads = self
+            .u64_key(&k("attention.head_count_kv"))?
+            .unwrap_or(heads);
+        let vocab = match self.u64_key(&k("vocab_size"))? {
+            Some(v) => v,
+            None => self.strings("tokenizer.ggml.tokens")?.len() as u64,
+        };
+        let mut c = Map::new();
+        let arch_name = match arch {
+            Arch::Llama => "LlamaForCausalLM",
+            Arch::Qwen2 => "Qwen2ForCausalLM",
+        };
+        c.insert("architectures".into(), json!([arch_name]));
+        c.insert("model_type".into(), json!(arch.key()));
+        c.insert("vocab_size".into(), json!(vocab));
+        c.insert("hidden_size".into(), json!(hidden));
+        c.insert(
+            "intermediate_size".into(),
+            json!(self.u64_req(&k("feed_forward_length"))?),
+        );
+        c.insert(
+            "num_hidden_layers".into(),
+            json!(self.u64_req(&k("block_count"))?),
+        );
+        c.insert("num_attention_heads".into(), json!(heads));
+        c.insert("num_key_value_heads".into(), json!(kv_heads));
+        let key_len = self.u64_key(&k("attention.key_length"))?;
+        let value_len = self.u64_key(&k("attention.value_length"))?;
+        if key_len != value_len && key_len.is_some() && value_len.is_some() {
+            return Err(self.metadata_error(
+                &k("attention.value_length"),
+                format!("{value_len:?} differs from key_length {key_len:?}"),
+            ));
+        }
+        let head_dim = match key_len.or(value_len) {
+            Some(d) => d,
+            None if heads > 0 => hidden / heads,
+            None => 0,
+        };
+        c.insert("head_dim".into(), json!(head_dim));
+        if let Some(rot) = self.u64_key(&k("rope.dimension_count"))?
+            && rot != head_dim
+        {
+            return Err(GgufError::Unsupported {
+                path: self.path().to_path_buf(),
+                what: format!(
+                    "`{}` = {rot} (RoPE on part of a head)",
+                    k("rope.dimension_count")
+                ),
+                reason: format!("heads are rotated whole, {head_dim} dimensions"),
+            });
+        }
+        if let Some(eps) = self.f64_key(&k("attention.layer_norm_rms_epsilon"))? {
+            c.insert("rms_norm_eps".into(), json!(eps));
+        }
+        c.insert(
+            "rope_theta".into(),
+            json!(self.f64_key(&k("rope.freq_base"))?.unwrap_or(10_000.0)),
+        );
+        if let Some(ctx) = self.u64_key(&k("context_length"))? {
+            c.insert("max_position_embeddings".into(), json!(ctx));
+        }
+        let scaling_key = k("rope.scaling.type");
+        match self.get(&scaling_key).map(|v| v.as_str()) {
+            None | Some(Some("none")) => {}
+            Some(Some("linear")) => {
+                let factor_key = k("rope.scaling.factor");
+                let factor = self
+                    .f64_key(&factor_key)?
+                    .ok_or_else(|| self.metadata_error(&factor_key, "missing"))?;
+                c.insert(
+                    "rope_scaling".into(),
+                    json!({"rope_type": "linear", "factor": factor}),
+                );
+            }
+            Some(other) => {
+                return Err(GgufError::Unsupported {
+                    path: self.path().to_path_buf(),
+                    what: format!("`{scaling_key}` = {other:?}"),
+                    reason: "none and linear are".into(),
+                });
+            }
+        }
+        if self.tensor("rope_freqs.weight").is_some() {
+            return Err(GgufError::Unsupported {
+                path: self.path().to_path_buf(),
+                what: "tensor `rope_freqs.weight` (per-frequency RoPE factors, e.g. Llama 3.1)"
+                    .into(),
+                reason: "only none and linear RoPE scaling are read from GGUF files".into(),
+            });
+        }
+        c.insert(
+            "tie_word_embeddings".into(),
+            json!(self.tensor("output.weight").is_none()),
+        );
+        let n_tokens = self.strings("tokenizer.ggml.tokens").map(|t| t.len()).ok();
+        let vocab_len = n_tokens.unwrap_or(vocab as usize);
+        if let Some(bos) = self.token_id("tokenizer.ggml.bos_token_id", vocab_len)? {
+            c.insert("bos_token_id".into(), json!(bos));
+        }
+        let mut eos = Vec::new();
+        for key in [
+            "tokenizer.ggml.eos_token_id",
+            "tokenizer.ggml.eot_token_id",
+            "tokenizer.ggml.eom_token_id",
+        ] {
+            if let Some(id) = self.token_id(key, vocab_len)?
+                && !eos.contains(&id)
+            {
+                eos.push(id);
+            }
+        }
+        if !eos.is_empty() {
+            c.insert("eos_token_id".into(), json!(eos));
+        }
+        Ok(Json::Object(c))
+    }
+
+    /// The model's `tokenizer.json` (GPT-2-style byte-level BPE vocabularies), for the
+    /// `tokenizers` crate.
+    pub fn hf_tokenizer(&self) -> Result<Json, GgufError> {
+        let model_key = "tokenizer.ggml.model";
+        let model = self
+            .get(model_key)
+            .and_then(Value::as_str)
+            .ok_or_else(|| self.metadata_error(model_key, "missing (or not a string)"))?;
+        if model != "gpt2" {
+            return Err(GgufError::Unsupported {
+                path: self.path().to_path_buf(),
+                what: format!("`{model_key}` = {model:?}"),
+                reason: "byte-level BPE vocabularies (gpt2) are read from GGUF files; \
+                         SentencePiece-style ones (llama) are not yet"
+                    .into(),
+            });
+        }
+        let pre_key = "tokenizer.ggml.pre";
+        let pre_name = self
+            .get(pre_key)
+            .and_then(Value::as_str)
+            .unwrap_or("default");
+        let pre = pre_tokenizer(pre_name).ok_or_else(|| GgufError::Unsupported {
+            path: self.path().to_path_buf(),
+            what: format!("`{pre_key}` = {pre_name:?}"),
+            reason: "default, gpt2, smollm, llama3/llama-bpe and qwen2 are".into(),
+        })?;
+        let tokens = self.strings("tokenizer.ggml.tokens")?;
+        let types: Vec<u64> = match self.get("tokenizer.ggml.token_type") {
+            None => vec![1; tokens.len()],
+            Some(v) => {
+                let key = "tokenizer.ggml.token_type";
+                let arr = v
+                    .as_array()
+                    .ok_or_else(|| self.metadata_error(key, "not an array"))?;
+                if arr.len() != tokens.len() {
+                    return Err(self.metadata_error(
+                        key,
+                        format!("{} entries for {} tokens", arr.len(), tokens.len()),
+                    ));
+                }
+                arr.iter().map(|v| v.as_u64().unwrap_or(1)).collect()
+            }
+        };
+        let mut vocab = Map::with_capacity(tokens.len());
+        let mut added = Vec::new();
+        for (id, (&token, &ty)) in tokens.iter().zip(&types).enumerate() {
+            if vocab.insert(token.to_owned(), json!(id)).is_some() {
+                return Err(self.metadata_error(
+                    "tokenizer.ggml.tokens",
+                    format!("token {token:?} appears twice (again at id {id})"),
+                ));
+            }
+            if ty == TOKEN_CONTROL || ty == TOKEN_USER_DEFINED {
+                added.push(json!({"id": id, "content": token, "single_word": false,
+                    "lstrip": false, "rstrip": false, "normalized": false,
+                    "special": ty == TOKEN_CONTROL}));
+            }
+        }
+        let merges_key = "tokenizer.ggml.merges";
+        let merges = self
+            .strings(merges_key)?
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| match m.split_once(' ') {
+                Some((a, b)) if !a.is_empty() && !b.is_empty() && !b.contains(' ') => {
+                    Ok(json!([a, b]))
+                }
+                _ => Err(self.metadata_error(
+                    merges_key,
+                    format!("merge {i} ({m:?}) is not two tokens split by one space"),
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let add_bos = self
+            .get("tokenizer.ggml.add_bos_token")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        let post = match self.token_id("tokenizer.ggml.bos_token_id", tokens.len())? {
+            Some(bos) if add_bos => {
+                let t = tokens[bos as usize];
+                json!({"type": "TemplateProcessing",
+                    "single": [{"SpecialToken": {"id": t, "type_id": 0}},
+                               {"Sequence": {"id": "A", "type_id": 0}}],
+                    "pair": [{"SpecialToken": {"id": t, "type_id": 0}},
+                             {"Sequence": {"id": "A", "type_id": 0}},
+                             {"SpecialToken": {"id": t, "type_id": 1}},
+                             {"Sequence": {"id": "B", "type_id": 1}}],
+                    "special_tokens": {t: {"id": t, "ids": [bos], "tokens": [t]}}})
+            }
+            _ => Json::Null,
+        };
+        Ok(json!({
+            "version": "1.0",
+            "truncation": null,
+            "padding": null,
+            "added_tokens": added,
+            "normalizer": null,
+            "pre_tokenizer": pre,
+            "post_processor": post,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true,
+                        "use_regex": true},
+            "model": {"type": "BPE", "dropout": null, "unk_token": null,
+                      "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                      "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                      "vocab": vocab, "merges": merges},
+        }))
+    }
+
+    /// The model's `tokenizer_config.json`: the chat template and the BOS/EOS spellings it uses.
+    pub fn hf_tokenizer_config(&self) -> Result<Json, GgufError> {
+        let mut c = Map::new();
+        if let Some(t) = self.get("tokenizer.chat_template") {
+            let t = t
+                .as_str()
+                .ok_or_else(|| self.metadata_error("tokenizer.chat_template", "not a string"))?;
+            c.insert("chat_template".into(), json!(t));
+        }
+        let tokens = self.strings("tokenizer.ggml.tokens")?;
+        for (field, key) in [
+            ("bos_token", "tokenizer.ggml.bos_token_id"),
+            ("eos_token", "tokenizer.ggml.eos_token_id"),
+        ] {
+            if let Some(id) = self.token_id(key, tokens.len())? {
+                c.insert(field.into(), json!(tokens[id as usize]));
+            }
+        }
+        Ok(Json::Object(c))
+    }
+
+    /// Every weight under its HF name and shape, dequantized to f32, llama's q/k rows in HF order.
+    /// A tensor this mapping does not know is an error naming it.
+    pub fn hf_tensors(&self) -> Result<Vec<HfTensor>, GgufError> {
+        let arch = self.arch()?;
+        let k = |name: &str| format!("{}.{name}", arch.key());
+        let heads = self.u64_req(&k("attention.head_count"))? as usize;
+        let kv_heads = self
+            .u64_key(&k("attention.head_count_kv"))?
+            .map_or(heads, |v| v as usize);
+        let mut out = Vec::with_capacity(self.tensors().len());
+        for info in self.tensors() {
+            let name = hf_name(&info.name).ok_or_else(|| GgufError::Unsupported {
+                path: self.path().to_path_buf(),
+                what: format!("tensor `{}`", info.name),
+                reason: "it has no counterpart in a Llama/Qwen2 HF checkpoint".into(),
+            })?;
+            let mut data = self.read_f32(info);
+            let shape = info.shape();
+            if arch == Arch::Llama {
+                let group = if info.name.contains(".attn_q.") {
+                    Some(heads)
+                } else if info.name.contains(".attn_k.") {
+                    Some(kv_heads)
+                } else {
+                    None
+                };
+                if let Some(n_head) = group {
+                    data = unpermute_rows(self, info, &data, n_head)?;
+                }
+            }
+            out.push(HfTensor { name, shape, data });
+        }
+        Ok(out)
+    }
+}
+
+/// The HF name of a GGUF tensor name (`blk.N.attn_q.weight` → `model.layers.N.self_attn.q_proj.weight`).
+fn hf_name(gguf: &str) -> Option<String> {
+    let fixed = match gguf {
+        "token_embd.weight" => Some("model.embed_tokens.weight"),
+        "output_norm.weight" => Some("model.norm.weight"),
+        "output.weight" => Some("lm_head.weight"),
+        _ => None,
+    };
+    if let Some(f) = fixed {
+        return Some(f.to_owned());
+    }
+    let rest = gguf.strip_prefix("blk.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let (module, param) = rest.rsplit_once('.')?;
+    if !matches!(param, "weight" | "bias") {
+        return None;
+    }
+    let hf = match (module, param) {
+        ("attn_norm", "weight") => "input_layernorm",
+        ("ffn_norm", "weight") => "post_attention_layernorm",
+        ("attn_q", _) => "self_attn.q_proj",
+        ("attn_k", _) => "self_attn.k_proj",
+        ("attn_v", _) => "self_attn.v_proj",
+        ("attn_output", _) => "self_attn.o_proj",
+        ("ffn_gate", "weight") => "mlp.gate_proj",
+        ("ffn_up", "weight") => "mlp.up_proj",
+        ("ffn_down", "weight") => "mlp.down_proj",
+        _ => return None,
+    };
+    Some(format!("model.layers.{layer}.{hf}.{param}"))
+}
+
+/// Undoes llama.cpp's q/k permutation: within each of `n_head` heads of `head_dim` rows, stored row
+/// `2i + j` is HF row `j * head_dim / 2 + i` (j = 0, 1 the two RoPE halves).
+fn unpermute_rows(
+    file: &GgufFile,
+    info: &TensorInfo,
+    data: &[f32],
+    n_head: usize,
+) -> Result<Vec<f32>, GgufError> {
+    let shape = info.shape();
+    let rows = shape[0];
+    let cols: usize = shape[1..].iter().product();
+    if n_head == 0 || !rows.is_multiple_of(n_head) || !(rows / n_head).is_multiple_of(2) {
+        return Err(GgufError::Malformed {
+            path: file.path().to_path_buf(),
+            what: format!("tensor `{}`", info.name),
+            reason: format!("{rows} rows are not {n_head} heads of an even size"),
+        });
+    }
+    let head_dim = rows / n_head;
+    let half = head_dim / 2;
+    let mut out = vec![0f32; data.len()];
+    for h in 0..n_head {
+        for i in 0..half {
+            for j in 0..2 {
+                let src = (h * head_dim + 2 * i + j) * cols;
+                let dst = (h * head_dim + j * half + i) * cols;
+                out[dst..dst + cols].copy_from_slice(&data[src..src + cols]);
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_map_to_hf() {
+        assert_eq!(
+            hf_name("blk.12.attn_q.weight").as_deref(),
+            Some("model.layers.12.self_attn.q_proj.weight")
+        );
+        assert_eq!(
+            hf_name("blk.0.attn_k.bias").as_deref(),
+            Some("model.layers.0.self_attn.k_proj.bias")
+        );
+        assert_eq!(
+            hf_name("blk.3.ffn_down.weight").as_deref(),
+            Some("model.layers.3.mlp.down_proj.weight")
+        );
+        assert_eq!(hf_name("output.weight").as_deref(), Some("lm_head.weight"));
+        for bad in [
+            "blk.x.attn_q.weight",
+            "blk.1.attn_norm.bias",
+            "rope_freqs.weight",
+            "blk.1",
+        ] {
+            assert_eq!(hf_name(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn every_known_pre_tokenizer_is_json_the_tokenizers_crate_would_read() {
+        for pre in ["default", "gpt2", "smollm", "llama3", "llama-bpe", "qwen2"] {
+            let p = pre_tokenizer(pre).unwrap();
+            assert!(p.get("type").is_some(), "{pre}");
+        }
+        assert!(pre_tokenizer("deepseek-coder").is_none());
+    }
+}
