@@ -469,9 +469,9 @@ pub struct ClientArgs {
     /// Print generated token ids instead of text.
     #[arg(long)]
     pub print_ids: bool,
-    /// Tokens to generate at most.
-    #[arg(long)]
-    pub max_tokens: Option<u32>,
+    /// Tokens to generate at most (the stream also ends at the model's end-of-sequence token).
+    #[arg(long, default_value_t = 256)]
+    pub max_tokens: u32,
     /// Sampling temperature (0: greedy; default 1).
     #[arg(long)]
     pub temperature: Option<f32>,
@@ -499,7 +499,7 @@ pub fn client(args: ClientArgs) -> anyhow::Result<()> {
         chat: args.chat,
         system: args.system,
         token_ids: args.token_ids,
-        max_tokens: args.max_tokens,
+        max_tokens: Some(args.max_tokens),
         temperature: args.temperature,
         top_p: args.top_p,
         top_k: args.top_k,

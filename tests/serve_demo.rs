@@ -82,6 +82,30 @@ fn serve_without_a_model_serves_the_demo_model() {
         assert_eq!(ids_of(&msgs).len(), 8);
     });
     assert!(cache.path().join("ringserve").exists());
+    // The README's `client "Once upon a time"` ends: 256 tokens at most unless asked for more.
+    let out = Command::new(env!("CARGO_BIN_EXE_ringserve"))
+        .args([
+            "client",
+            "--addr",
+            &server.url,
+            "--print-ids",
+            "Once upon a time",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = String::from_utf8_lossy(&out.stdout);
+    let n = printed
+        .split([' ', ',', '\n'])
+        .filter(|t| !t.is_empty())
+        .count();
+    assert!((1..=256).contains(&n), "{n} tokens: {printed}");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains(&format!("completion_tokens={n}")), "{log}");
 }
 
 #[test]

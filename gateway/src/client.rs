@@ -102,6 +102,8 @@ pub fn build_request(opts: &ClientOptions) -> Result<GenerateRequest, ClientErro
         }),
         max_tokens: opts.max_tokens,
         stop: opts.stop.clone(),
+        // Text for people: no `<|im_end|>` and the like (OpenAI's and vLLM's default too).
+        skip_special_tokens: true,
         ..Default::default()
     })
 }
