@@ -26,6 +26,13 @@
 
 __device__ __forceinline__ u32 int4_pair(u32 word, int i) { return ((word >> (4 * i)) & 0x000F000Fu) | 0x43004300u; }
 
+// Pair i of a packed word as bf16x2 {code 2i - 8, code 2i + 1 - 8}, exact.
+__device__ __forceinline__ u32 int4_centred(u32 word, int i) {
+    const u32 v = int4_pair(word, i), c = 0x43084308u; // bf16x2 {136, 136}
+    const __nv_bfloat162 r = __hsub2(*(const __nv_bfloat162*)&v, *(const __nv_bfloat162*)&c);
+    return *(const u32*)&r;
+}
+
 // Pair i of a packed word, dequantized: {w(code 2i), w(code 2i + 1)} as bf16x2.
 __device__ __forceinline__ u32 int4_dequant(u32 word, int i, __nv_bfloat162 zz, __nv_bfloat162 s_hi,
                                             __nv_bfloat162 s_lo) {
@@ -137,11 +144,13 @@ __device__ __forceinline__ void gemv_int4_impl(const GemvInt4Params& p) {
 }
 
 // The same product for group sizes that are multiples of 128, where a warp's 128-wide k-step lies
-// in one group of every row: the mmas take the bf16 values 128 + q straight from the packed bits
-// (two instructions a pair), and the step's group is applied to the f32 sums afterwards,
-// sum_k x (q - z) s = s (sum_k x (128 + q) - (128 + z) sum_k x), with sum_k x from one more mma
-// against ones, shared by the warp's tiles. The products x (128 + q) are exact in f32; the
-// cancellation costs about 7 of f32's 24 bits, far below the bf16 output's rounding.
+// in one group of every row: the mmas take the bf16 values q - 8 (128 + q from the packed bits,
+// less 136: exact), and the step's group is applied to the f32 sums afterwards,
+// sum_k x (q - z) s = s (sum_k x (q - 8) - (z - 8) sum_k x), with sum_k x from one more mma
+// against ones, shared by the warp's tiles. Centring the codes on 0 keeps the sums small (with
+// 128 + q the common-mode term 135 sum_k x would dominate them, and the tensor cores' f32
+// accumulation truncates). The weights are never rounded to bf16 here, so the result is the
+// product with the exact (q - z) s, not the bf16-rounded weights the other variant multiplies.
 template <int NT, int U>
 __device__ __forceinline__ void gemv_int4_g128_impl(const GemvInt4Params& p) {
     __shared__ __align__(16) float red[GEMV_WARPS * NT * 64]; // [warp][tile][batch 8][row 8]
@@ -190,15 +199,15 @@ __device__ __forceinline__ void gemv_int4_g128_impl(const GemvInt4Params& p) {
                     const u32 word = words[m >> 1];
                     const int i = 2 * (m & 1);
                     const uint4 xq = xv[u][m >> 1];
-                    gemv_mma(st, (m & 1) ? xq.z : xq.x, (m & 1) ? xq.w : xq.y, int4_pair(word, i),
-                             int4_pair(word, i + 1));
+                    gemv_mma(st, (m & 1) ? xq.z : xq.x, (m & 1) ? xq.w : xq.y, int4_centred(word, i),
+                             int4_centred(word, i + 1));
                 }
 #pragma unroll
                 for (int c = 0; c < 2; c++) {
                     const size_t o = (size_t)er[j][c] * p.groups + grp;
                     const u32 sz = __ldg(p.sz + o);
                     const float sc = __uint_as_float(sz << 16) + __uint_as_float(sz & 0xffff0000u);
-                    const float zz = 128.f + (float)__ldg(p.z + o);
+                    const float zz = (float)__ldg(p.z + o) - 8.f;
                     acc[j][c] = fmaf(sc, st[c] - zz * xs[0], acc[j][c]);
                 }
             }

@@ -165,7 +165,14 @@ fn int4_kernels_match_the_reference_at_odd_shapes() {
                     for r in 0..n {
                         let (mut want, mut mag) = (0f64, 0f64);
                         for c in 0..k {
-                            let wv = f64::from(bf16::from_f32(deq[r * k + c]).to_f32());
+                            // The exact variant multiplies bf16-rounded weights; the per-step one
+                            // applies the scales to f32 sums, so its weights are never rounded.
+                            let w = deq[r * k + c];
+                            let wv = if per_step {
+                                f64::from(w)
+                            } else {
+                                f64::from(bf16::from_f32(w).to_f32())
+                            };
                             want += f64::from(x[b * k + c]) * wv;
                             mag += (f64::from(x[b * k + c]) * wv).abs();
                         }

@@ -73,8 +73,7 @@ pub struct KernelSwitches {
     pub gemm_tune: bool,
     /// INT4 layers with groups of 128 (or a multiple) run the GEMV variant that applies scales
     /// and zero points once per 128-wide k-step (`gemv_int4_g128_*`) instead of per weight. Off
-    /// by default: written after the last GPU call of its session, it has not yet run on a GPU
-    /// (docs/quantization.md).
+    /// by default: checked correct on the H200 (run 24) but not yet measured (docs/quantization.md).
     pub int4_g128: bool,
 }
 
