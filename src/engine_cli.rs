@@ -124,9 +124,12 @@ pub enum OnErrorFlag {
 /// `ringserve generate`: offline batch generation over JSONL.
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
-    /// A HuggingFace model folder.
+    /// A HuggingFace model folder, a `.gguf` file or a Hub id (as `serve --model`).
     #[arg(long)]
     pub model: PathBuf,
+    /// The GGUF file of a Hub repository given as --model.
+    #[arg(long)]
+    pub gguf_file: Option<String>,
     /// Requests, one JSON object per line.
     #[arg(long)]
     pub input: PathBuf,
@@ -143,7 +146,8 @@ pub struct GenerateArgs {
     pub engine: EngineFlags,
 }
 
-pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
+pub fn generate(mut args: GenerateArgs) -> anyhow::Result<()> {
+    args.model = crate::resolve_model(&args.model, args.gguf_file.as_deref())?;
     let mut opened = open_model(
         &args.model,
         &args.engine.backend_options()?,
@@ -187,9 +191,12 @@ pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
 /// `ringserve bench engine`: offline engine throughput, prefill and decode separately.
 #[derive(Args, Debug)]
 pub struct BenchEngineArgs {
-    /// A HuggingFace model folder (default: the built-in demo model).
+    /// A HuggingFace model folder, a `.gguf` file or a Hub id (default: the built-in demo model).
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// The GGUF file of a Hub repository given as --model.
+    #[arg(long)]
+    pub gguf_file: Option<String>,
     /// Requests per batch (comma-separated).
     #[arg(long, value_delimiter = ',', default_values_t = [1, 8, 32])]
     pub batch_sizes: Vec<usize>,
@@ -215,8 +222,8 @@ pub fn bench_engine(args: BenchEngineArgs) -> anyhow::Result<()> {
     let mut config = args.engine.engine_config();
     // Distinct prompts never hit the cache; turning it off keeps the numbers about compute.
     config.enable_prefix_caching = false;
-    let model = match args.model {
-        Some(dir) => dir,
+    let model = match &args.model {
+        Some(dir) => crate::resolve_model(dir, args.gguf_file.as_deref())?,
         None => worker::demo::cached_demo_model_dir().context("preparing the demo model")?,
     };
     let mut opened = open_model(&model, &args.engine.backend_options()?, config)

@@ -188,6 +188,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// A local path for `--model`: a folder or `.gguf` file as given, or a Hub id (`org/name`,
+/// `org/name@revision`, `org/name:QUANT`) fetched into — or, with `HF_HUB_OFFLINE=1`, found in —
+/// the HuggingFace cache. `gguf_file` (`--gguf-file`) names the GGUF file of a repository.
+fn resolve_model(model: &std::path::Path, gguf_file: Option<&str>) -> anyhow::Result<PathBuf> {
+    let name = model
+        .to_str()
+        .with_context(|| format!("--model {}: not UTF-8", model.display()))?;
+    let path = hub::resolve(name, gguf_file, &hub::HubOptions::from_env())
+        .with_context(|| format!("--model {name}"))?;
+    if path.as_path() != model {
+        tracing::info!(model = name, path = %path.display(), "model resolved");
+    }
+    Ok(path)
+}
+
 /// The demo model's folder, written on first use under the user's cache directory.
 fn demo_model_dir() -> anyhow::Result<PathBuf> {
     worker::demo::cached_demo_model_dir().context("preparing the demo model")

@@ -165,9 +165,14 @@ impl ServingEngineFlags {
 /// `ringserve serve`: the gateway and its worker processes.
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// A HuggingFace model folder (default: the built-in demo model, on the CPU).
+    /// A HuggingFace model folder, a `.gguf` file, or a Hub id (`org/name`, `org/name@revision`,
+    /// `org/name:QUANT` for a GGUF repository's file), fetched into the HuggingFace cache (default:
+    /// the built-in demo model, on the CPU).
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// The GGUF file of a Hub repository given as --model (or of a local folder).
+    #[arg(long)]
+    pub gguf_file: Option<String>,
     /// Worker processes (default: 1, or one group of --tensor-parallel-size, or one per --gpus
     /// GPU). With tensor parallelism they form workers / T groups of T ranks.
     #[arg(long)]
@@ -233,9 +238,12 @@ impl std::str::FromStr for ListenAddr {
 /// `ringserve worker`: one engine on one device, serving a gateway's rings.
 #[derive(Args, Debug)]
 pub struct WorkerArgs {
-    /// A HuggingFace model folder.
+    /// A HuggingFace model folder, a `.gguf` file or a Hub id (as `serve --model`).
     #[arg(long)]
     pub model: PathBuf,
+    /// The GGUF file of a Hub repository given as --model.
+    #[arg(long)]
+    pub gguf_file: Option<String>,
     /// Prefix of the ring names (`PREFIX-req`, `PREFIX-resp`); attached, or created if absent.
     /// Required, except on ranks 1.. of a tensor-parallel group (they have no gateway rings).
     #[arg(long, conflicts_with = "join")]
@@ -261,9 +269,9 @@ pub struct WorkerArgs {
 }
 
 /// The model folder to serve: `--model`, or the demo model (created on first use).
-fn model_dir(model: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+fn model_dir(model: Option<PathBuf>, gguf_file: Option<&str>) -> anyhow::Result<PathBuf> {
     match model {
-        Some(dir) => Ok(dir),
+        Some(dir) => crate::resolve_model(&dir, gguf_file),
         None => crate::demo_model_dir(),
     }
 }
@@ -358,7 +366,7 @@ pub fn serve(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
         &args.gpus,
     )?;
     let given = args.model.as_ref().map(|m| m.display().to_string());
-    let dir = model_dir(args.model)?;
+    let dir = model_dir(args.model, args.gguf_file.as_deref())?;
     let dir = dir
         .canonicalize()
         .with_context(|| format!("model folder {}", dir.display()))?;
@@ -411,8 +419,9 @@ pub fn serve(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn worker(args: WorkerArgs) -> anyhow::Result<()> {
+pub fn worker(mut args: WorkerArgs) -> anyhow::Result<()> {
     args.engine.check()?;
+    args.model = crate::resolve_model(&args.model, args.gguf_file.as_deref())?;
     let e = &args.engine;
     let opts = WorkerOptions {
         model: args.model.clone(),

@@ -120,7 +120,10 @@ fn malformed_files_are_typed_errors_naming_the_fault() {
     assert!(e.to_string().contains("version 4"), "{e}");
 
     // A tensor reaching past the end of the file.
-    let e = err("past-end", write_gguf(3, &[arch.clone()], &t(0, 32), &data));
+    let e = err(
+        "past-end",
+        write_gguf(3, std::slice::from_ref(&arch), &t(0, 32), &data),
+    );
     assert!(
         matches!(&e, GgufError::Truncated { what, .. } if what.contains("`w`")),
         "{e}"
@@ -141,7 +144,7 @@ fn malformed_files_are_typed_errors_naming_the_fault() {
     assert!(e.to_string().contains("alignment"), "{e}");
 
     // Cut anywhere in the header: truncated, never a panic.
-    let good = write_gguf(3, &[arch.clone()], &t(0, 0), &data);
+    let good = write_gguf(3, std::slice::from_ref(&arch), &t(0, 0), &data);
     for cut in [3, 7, 15, 23, 30, 45, 60, 70] {
         let e = err("cut", good[..cut].to_vec());
         assert!(
