@@ -169,13 +169,17 @@ impl GgufFile {
                 format!("{value_len:?} differs from key_length {key_len:?}"),
             ));
         }
+        // Without a key length the config parser derives (and checks) hidden / heads itself.
         let head_dim = match key_len.or(value_len) {
-            Some(d) => d,
-            None if heads > 0 => hidden / heads,
+            Some(d) => {
+                c.insert("head_dim".into(), json!(d));
+                d
+            }
+            None if heads > 0 && hidden.is_multiple_of(heads) => hidden / heads,
             None => 0,
         };
-        c.insert("head_dim".into(), json!(head_dim));
         if let Some(rot) = self.u64_key(&k("rope.dimension_count"))?
+            && head_dim > 0
             && rot != head_dim
         {
             return Err(GgufError::Unsupported {
