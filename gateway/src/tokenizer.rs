@@ -14,6 +14,9 @@ pub enum TokenizerError {
     Load { path: String, message: String },
     #[error(transparent)]
     Chat(#[from] ChatError),
+    /// A GGUF file's metadata holds no tokenizer this reads (the error names file and key).
+    #[error(transparent)]
+    Gguf(#[from] gguf::GgufError),
 }
 
 /// A tokenizer plus the model's chat template, when the model folder has them.
@@ -61,19 +64,16 @@ impl TextModel {
 
     /// The tokenizer and chat template a GGUF file's metadata holds (`gguf::hf`).
     fn load_gguf(path: &Path) -> Result<Self, TokenizerError> {
-        let load = |message: String| TokenizerError::Load {
-            path: path.display().to_string(),
-            message,
-        };
-        let file = gguf::GgufFile::open(path).map_err(|e| load(e.to_string()))?;
-        let json = file.hf_tokenizer().map_err(|e| load(e.to_string()))?;
-        let tokenizer: Tokenizer = json
-            .to_string()
-            .parse()
-            .map_err(|e: tokenizers::Error| load(e.to_string()))?;
-        let config = file
-            .hf_tokenizer_config()
-            .map_err(|e| load(e.to_string()))?;
+        let file = gguf::GgufFile::open(path)?;
+        let tokenizer: Tokenizer =
+            file.hf_tokenizer()?
+                .to_string()
+                .parse()
+                .map_err(|e: tokenizers::Error| TokenizerError::Load {
+                    path: path.display().to_string(),
+                    message: e.to_string(),
+                })?;
+        let config = file.hf_tokenizer_config()?;
         let chat = ChatTemplate::from_tokenizer_config(&config)?;
         Ok(Self::new(tokenizer, chat))
     }

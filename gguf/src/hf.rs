@@ -3,7 +3,7 @@
 //!
 //! Architectures `llama` (Mistral-style files included) and `qwen2`. llama.cpp's converter stores
 //! llama's q/k projection rows permuted for its interleaved RoPE (the two halves of each head
-//! interleaved pairwise); [`hf_tensors`](GgufFile::hf_tensors) puts them back in HF order. qwen2
+//! interleaved pairwise); [`read_hf`](GgufFile::read_hf) puts them back in HF order. qwen2
 //! files are stored unpermuted.
 
 use serde_json::{Map, Value as Json, json};
@@ -16,6 +16,16 @@ pub struct HfTensor {
     pub name: String,
     pub shape: Vec<usize>,
     pub data: Vec<f32>,
+}
+
+/// How one weight of the file is read: its HF name and shape, its tensor, and (llama's q and k)
+/// the heads whose rows are un-permuted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HfTensorPlan {
+    pub name: String,
+    pub shape: Vec<usize>,
+    index: usize,
+    unpermute_heads: Option<usize>,
 }
 
 /// A GGUF architecture this module maps.
@@ -387,9 +397,10 @@ impl GgufFile {
         Ok(Json::Object(c))
     }
 
-    /// Every weight under its HF name and shape, dequantized to f32, llama's q/k rows in HF order.
-    /// A tensor this mapping does not know is an error naming it.
-    pub fn hf_tensors(&self) -> Result<Vec<HfTensor>, GgufError> {
+    /// Every weight of the file under its HF name and shape, in file order, to read one at a
+    /// time with [`read_hf`](Self::read_hf) (so a loader holds one dequantized tensor beyond what
+    /// it keeps). A tensor this mapping does not know is an error naming it.
+    pub fn hf_tensor_plan(&self) -> Result<Vec<HfTensorPlan>, GgufError> {
         let arch = self.arch()?;
         let k = |name: &str| format!("{}.{name}", arch.key());
         let heads = self.u64_req(&k("attention.head_count"))? as usize;
@@ -397,29 +408,40 @@ impl GgufFile {
             .u64_key(&k("attention.head_count_kv"))?
             .map_or(heads, |v| v as usize);
         let mut out = Vec::with_capacity(self.tensors().len());
-        for info in self.tensors() {
+        for (index, info) in self.tensors().iter().enumerate() {
             let name = hf_name(&info.name).ok_or_else(|| GgufError::Unsupported {
                 path: self.path().to_path_buf(),
                 what: format!("tensor `{}`", info.name),
                 reason: "it has no counterpart in a Llama/Qwen2 HF checkpoint".into(),
             })?;
-            let mut data = self.read_f32(info);
-            let shape = info.shape();
-            if arch == Arch::Llama {
-                let group = if info.name.contains(".attn_q.") {
-                    Some(heads)
-                } else if info.name.contains(".attn_k.") {
-                    Some(kv_heads)
-                } else {
-                    None
-                };
-                if let Some(n_head) = group {
-                    data = unpermute_rows(self, info, &data, n_head)?;
-                }
-            }
-            out.push(HfTensor { name, shape, data });
+            let unpermute_heads = match arch {
+                Arch::Llama if info.name.contains(".attn_q.") => Some(heads),
+                Arch::Llama if info.name.contains(".attn_k.") => Some(kv_heads),
+                _ => None,
+            };
+            out.push(HfTensorPlan {
+                name,
+                shape: info.shape(),
+                index,
+                unpermute_heads,
+            });
         }
         Ok(out)
+    }
+
+    /// One weight of [`hf_tensor_plan`](Self::hf_tensor_plan), dequantized to f32, llama's q/k
+    /// rows in HF order.
+    pub fn read_hf(&self, plan: &HfTensorPlan) -> Result<HfTensor, GgufError> {
+        let info = &self.tensors()[plan.index];
+        let mut data = self.read_f32(info);
+        if let Some(n_head) = plan.unpermute_heads {
+            data = unpermute_rows(self, info, &data, n_head)?;
+        }
+        Ok(HfTensor {
+            name: plan.name.clone(),
+            shape: plan.shape.clone(),
+            data,
+        })
     }
 }
 

@@ -210,7 +210,8 @@ impl Checkpoint {
             tensors: HashMap::new(),
             origin: path.clone(),
         };
-        for t in file.hf_tensors()? {
+        for plan in file.hf_tensor_plan()? {
+            let t = file.read_hf(&plan)?;
             let bytes: Vec<u8> = t.data.iter().flat_map(|v| v.to_le_bytes()).collect();
             ckpt.tensors.insert(
                 t.name,
