@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 mapfile -t lines < <(awk '/^<!-- smollm2 -->$/ {on=1; next} on && /^```sh$/ {inside=1; next}
     inside && /^```$/ {exit} inside {sub(/[[:space:]]+#.*$/, ""); print}' README.md)
 [ "${#lines[@]}" -eq 3 ] || { echo "README: expected 3 lines in the smollm2 block, found ${#lines[@]}" >&2; exit 1; }
+# Built first, so that the wait below is for serve, not for `cargo run`'s build.
+cargo build --release --quiet
 echo "+ ${lines[0]}"; bash -c "${lines[0]}"
 echo "+ ${lines[1]} &"
 log=$(mktemp)
