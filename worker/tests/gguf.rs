@@ -132,3 +132,25 @@ fn bad_gguf_models_are_errors_naming_what_is_wrong() {
     let e = ModelConfig::load(&p).unwrap_err().to_string();
     assert!(e.contains("not divisible by num_attention_heads 3"), "{e}");
 }
+
+#[test]
+fn every_mapped_pre_tokenizer_splits_as_hf_transformers_does() {
+    let dir = fixture("gguf-tokenizers");
+    let want: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let texts = want["texts"].as_array().unwrap();
+    let pres = want["ids"].as_object().unwrap();
+    assert_eq!(pres.len(), 4);
+    for (pre, per_text) in pres {
+        let tokenizer = worker::open::load_tokenizer(&dir.join(format!("{pre}.gguf")))
+            .unwrap()
+            .unwrap();
+        for (text, hf) in texts.iter().zip(per_text.as_array().unwrap()) {
+            let text = text.as_str().unwrap();
+            let ours = tokenizer.encode(text, false).unwrap().get_ids().to_vec();
+            assert_eq!(ours, ids(hf), "pre-tokenizer {pre}: {text:?}");
+            let back = tokenizer.decode(&ours, false).unwrap();
+            assert_eq!(back, text, "pre-tokenizer {pre}: decoding");
+        }
+    }
+}
