@@ -11,10 +11,10 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{Server, collect, ids_of, runtime};
+use common::{Server, collect, greedy, ids_of, runtime};
 use protos::v1::{
-    ChatMessage, ChatMessages, FinishReason, GenerateRequest, SamplingParams, TokenizeRequest,
-    generate_request, tokenize_request,
+    ChatMessage, ChatMessages, FinishReason, GenerateRequest, TokenizeRequest, generate_request,
+    tokenize_request,
 };
 use serde_json::Value;
 
@@ -52,18 +52,6 @@ fn ids(v: &Value) -> Vec<u32> {
         .iter()
         .map(|x| x.as_u64().unwrap() as u32)
         .collect()
-}
-
-fn greedy(prompt: generate_request::Prompt, max_tokens: u32) -> GenerateRequest {
-    GenerateRequest {
-        prompt: Some(prompt),
-        sampling: Some(SamplingParams {
-            temperature: Some(0.0),
-            ..Default::default()
-        }),
-        max_tokens: Some(max_tokens),
-        ..Default::default()
-    }
 }
 
 #[test]
@@ -111,9 +99,12 @@ fn smollm2_gguf_serves_hf_transformers_greedy_tokens_for_text_and_chat() {
                 .into_inner()
                 .token_ids;
             assert_eq!(prompt_ids, ids(&case["prompt_ids"]), "{case}");
-            let msgs = collect(&mut client, greedy(prompt, max_tokens))
-                .await
-                .unwrap();
+            // Stops at EOS, as transformers does.
+            let request = GenerateRequest {
+                ignore_eos: false,
+                ..greedy(prompt, max_tokens)
+            };
+            let msgs = collect(&mut client, request).await.unwrap();
             // Both list the EOS they stopped at (as vLLM does); the stream ends there with `stop`.
             let hf = ids(&case["greedy"]);
             let stopped = hf.last() == Some(&eos);

@@ -6,24 +6,11 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{Server, collect, ids_of, runtime, write_demo};
+use common::{Server, collect, greedy, ids_of, runtime, write_demo};
 use protos::v1::{
-    ChatMessage, ChatMessages, FinishReason, GenerateRequest, SamplingParams, TokenIds,
-    TokenizeRequest, generate_request, tokenize_request,
+    ChatMessage, ChatMessages, FinishReason, GenerateRequest, TokenIds, TokenizeRequest,
+    generate_request, tokenize_request,
 };
-
-fn greedy(prompt: generate_request::Prompt, max_tokens: u32) -> GenerateRequest {
-    GenerateRequest {
-        prompt: Some(prompt),
-        sampling: Some(SamplingParams {
-            temperature: Some(0.0),
-            ..Default::default()
-        }),
-        max_tokens: Some(max_tokens),
-        ignore_eos: true,
-        ..Default::default()
-    }
-}
 
 /// `ringserve generate` on one text prompt (greedy): its token ids and text.
 fn offline(model: &Path, prompt: &str, max_tokens: u32) -> (Vec<u32>, String) {

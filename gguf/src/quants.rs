@@ -200,10 +200,7 @@ fn decode_block(ty: GgmlType, b: &[u8], y: &mut [f32]) {
             let scales = &b[4..16];
             let qs = &b[16..16 + QK_K / 2];
             for i in 0..QK_K / 64 {
-                let (s0, m0) = scale_min_k4(2 * i, scales);
-                let (s1, m1) = scale_min_k4(2 * i + 1, scales);
-                let (d0, d1) = (d * f32::from(s0), d * f32::from(s1));
-                let (n0, n1) = (dmin * f32::from(m0), dmin * f32::from(m1));
+                let ([d0, d1], [n0, n1]) = k_scales(d, dmin, scales, i);
                 let q = &qs[32 * i..32 * i + 32];
                 let y = &mut y[64 * i..64 * i + 64];
                 for l in 0..32 {
@@ -220,10 +217,7 @@ fn decode_block(ty: GgmlType, b: &[u8], y: &mut [f32]) {
             let qh = &b[16..16 + QK_K / 8];
             let qs = &b[16 + QK_K / 8..16 + QK_K / 8 + QK_K / 2];
             for i in 0..QK_K / 64 {
-                let (s0, m0) = scale_min_k4(2 * i, scales);
-                let (s1, m1) = scale_min_k4(2 * i + 1, scales);
-                let (d0, d1) = (d * f32::from(s0), d * f32::from(s1));
-                let (n0, n1) = (dmin * f32::from(m0), dmin * f32::from(m1));
+                let ([d0, d1], [n0, n1]) = k_scales(d, dmin, scales, i);
                 let q = &qs[32 * i..32 * i + 32];
                 let y = &mut y[64 * i..64 * i + 64];
                 for l in 0..32 {
@@ -263,6 +257,16 @@ fn decode_block(ty: GgmlType, b: &[u8], y: &mut [f32]) {
             }
         }
     }
+}
+
+/// The scales and mins of sub-blocks 2i and 2i + 1 of a K-quant block: `d · scale`, `dmin · min`.
+fn k_scales(d: f32, dmin: f32, scales: &[u8], i: usize) -> ([f32; 2], [f32; 2]) {
+    let (s0, m0) = scale_min_k4(2 * i, scales);
+    let (s1, m1) = scale_min_k4(2 * i + 1, scales);
+    (
+        [d * f32::from(s0), d * f32::from(s1)],
+        [dmin * f32::from(m0), dmin * f32::from(m1)],
+    )
 }
 
 /// The 6-bit (scale, min) of sub-block `j` (0..8) from K-quants' 12 packed bytes: sub-blocks 0-3

@@ -287,12 +287,10 @@ pub fn signal(pid: u32, sig: &str) {
     assert!(ok, "kill -{sig} {pid}");
 }
 
-/// A greedy token-id request.
-pub fn greedy_ids(prompt: &[u32], max_tokens: u32) -> GenerateRequest {
+/// A greedy request for `prompt` that runs to `max_tokens` (EOS ignored).
+pub fn greedy(prompt: generate_request::Prompt, max_tokens: u32) -> GenerateRequest {
     GenerateRequest {
-        prompt: Some(generate_request::Prompt::TokenIds(TokenIds {
-            ids: prompt.to_vec(),
-        })),
+        prompt: Some(prompt),
         sampling: Some(SamplingParams {
             temperature: Some(0.0),
             ..Default::default()
@@ -301,6 +299,16 @@ pub fn greedy_ids(prompt: &[u32], max_tokens: u32) -> GenerateRequest {
         ignore_eos: true,
         ..Default::default()
     }
+}
+
+/// A greedy token-id request.
+pub fn greedy_ids(prompt: &[u32], max_tokens: u32) -> GenerateRequest {
+    greedy(
+        generate_request::Prompt::TokenIds(TokenIds {
+            ids: prompt.to_vec(),
+        }),
+        max_tokens,
+    )
 }
 
 /// Runs a request to its end; returns every message.

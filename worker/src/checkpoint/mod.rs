@@ -232,8 +232,14 @@ impl Checkpoint {
 
     /// Reads the config and maps and validates the weights: what a backend needs, in one call.
     pub fn load(dir: &Path) -> Result<(ModelConfig, Self), CheckpointError> {
-        let config = ModelConfig::load(dir)?;
-        let ckpt = Self::open(dir)?;
+        let (config, ckpt) = if gguf::is_gguf_path(dir) {
+            // One parse of the file for both.
+            let file = gguf::GgufFile::open(dir)?;
+            let config = ModelConfig::from_json(dir, &file.hf_config()?, None)?;
+            (config, Self::from_gguf(&file)?)
+        } else {
+            (ModelConfig::load(dir)?, Self::open(dir)?)
+        };
         ckpt.validate(&config)?;
         Ok((config, ckpt))
     }
