@@ -1,13 +1,17 @@
 //! Ring benchmarks: this crate's shared-memory ring across two processes and between two threads,
-//! against `rtrb` and crossbeam's `ArrayQueue` between two threads, in the same run; one group per
-//! record size (8, 64, 512, 4096 B) with batches of 1 and 32, and a ping-pong round-trip group
-//! (spinning and with futex waits).
+//! against `rtrb` and crossbeam's `ArrayQueue` between two threads, in the same run, every
+//! contestant's two sides pinned to the same two separate CPUs; one group per record size (8, 64,
+//! 512, 4096 B) with batches of 1 and 32, a ping-pong round-trip group (spinning and with futex
+//! waits, beside rtrb and a bare shared word across processes), and the stress test (one pair of
+//! processes, random sizes, checksums) as a group of its own.
 //!
 //! `cargo bench --bench ring` (criterion). The cross-process child is this binary re-executed with
 //! `--ring-child`.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
-use ringbuf::bench::{BATCHES, CAPACITY, Launcher, Peer, WaitMode, quantile};
+use ringbuf::bench::{
+    BATCHES, CAPACITY, Launcher, Peer, Pinning, WaitMode, pin_current_thread, quantile,
+};
 use std::hint::black_box;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -17,12 +21,27 @@ const CHILD_FLAG: &str = "--ring-child";
 /// begin/acknowledge handshake) vanish, so the samples measure throughput, not set-up.
 const BLOCK: u64 = 4096;
 
+/// Pins this thread to `pin.this` and returns the CPU for the other side's thread.
+fn pin_sides(pin: Option<Pinning>) -> Option<usize> {
+    let pin = pin?;
+    pin_current_thread(pin.this).expect("pin the measuring thread");
+    Some(pin.peer)
+}
+
+fn pin_peer(cpu: Option<usize>) {
+    if let Some(cpu) = cpu {
+        pin_current_thread(cpu).expect("pin the peer thread");
+    }
+}
+
 /// Moves `iters` items of `N` bytes through an rtrb ring between two threads, `batch` at a time.
-fn rtrb_run<const N: usize>(iters: u64, batch: usize) -> Duration {
+fn rtrb_run<const N: usize>(iters: u64, batch: usize, pin: Option<Pinning>) -> Duration {
+    let peer = pin_sides(pin);
     let (mut tx, mut rx) = rtrb::RingBuffer::<[u8; N]>::new(CAPACITY / N);
     let start = Arc::new(Barrier::new(2));
     let go = Arc::clone(&start);
     let consumer = std::thread::spawn(move || {
+        pin_peer(peer);
         go.wait();
         let mut left = iters;
         let mut sum = 0u8;
@@ -68,12 +87,14 @@ fn rtrb_run<const N: usize>(iters: u64, batch: usize) -> Duration {
 }
 
 /// Moves `iters` items of `N` bytes through a crossbeam `ArrayQueue` between two threads.
-fn crossbeam_run<const N: usize>(iters: u64) -> Duration {
+fn crossbeam_run<const N: usize>(iters: u64, pin: Option<Pinning>) -> Duration {
+    let peer = pin_sides(pin);
     let queue = Arc::new(crossbeam_queue::ArrayQueue::<[u8; N]>::new(CAPACITY / N));
     let rx = Arc::clone(&queue);
     let start = Arc::new(Barrier::new(2));
     let go = Arc::clone(&start);
     let consumer = std::thread::spawn(move || {
+        pin_peer(peer);
         go.wait();
         let mut sum = 0u8;
         let mut left = iters;
@@ -100,19 +121,20 @@ fn crossbeam_run<const N: usize>(iters: u64) -> Duration {
     t.elapsed()
 }
 
-fn size_group<const N: usize>(c: &mut Criterion, launcher: &Launcher) {
+fn size_group<const N: usize>(c: &mut Criterion, launcher: &Launcher, pin: Option<Pinning>) {
     let mut group = c.benchmark_group(format!("ring_{N}B"));
     group.throughput(Throughput::Elements(BLOCK));
-    let mut xproc = Peer::process(launcher, WaitMode::Spin).expect("start cross-process peer");
-    let mut inproc = Peer::thread(WaitMode::Spin).expect("start in-process peer");
+    let mut xproc = Peer::process(launcher, WaitMode::Spin, pin).expect("start cross-process peer");
+    let mut inproc = Peer::thread(WaitMode::Spin, pin).expect("start in-process peer");
     for batch in BATCHES {
         group.bench_function(
             BenchmarkId::new("ringbuf_xproc", format!("batch{batch}")),
             |b| {
                 b.iter_custom(|iters| {
                     xproc
-                        .throughput(N, batch, iters * BLOCK)
+                        .throughput(N, batch, iters * BLOCK, WaitMode::Spin)
                         .expect("cross-process run")
+                        .took
                 })
             },
         );
@@ -121,26 +143,29 @@ fn size_group<const N: usize>(c: &mut Criterion, launcher: &Launcher) {
             |b| {
                 b.iter_custom(|iters| {
                     inproc
-                        .throughput(N, batch, iters * BLOCK)
+                        .throughput(N, batch, iters * BLOCK, WaitMode::Spin)
                         .expect("in-process run")
+                        .took
                 })
             },
         );
         group.bench_function(BenchmarkId::new("rtrb", format!("batch{batch}")), |b| {
-            b.iter_custom(|iters| rtrb_run::<N>(iters * BLOCK, batch))
+            b.iter_custom(|iters| rtrb_run::<N>(iters * BLOCK, batch, pin))
         });
     }
     group.bench_function(BenchmarkId::new("crossbeam_arrayqueue", "batch1"), |b| {
-        b.iter_custom(|iters| crossbeam_run::<N>(iters * BLOCK))
+        b.iter_custom(|iters| crossbeam_run::<N>(iters * BLOCK, pin))
     });
     group.finish();
 }
 
 /// Round trips between two threads over two rtrb rings (the in-process reference).
-fn rtrb_ping_pong(iters: u64, samples: &mut Vec<u64>) -> Duration {
+fn rtrb_ping_pong(iters: u64, samples: &mut Vec<u64>, pin: Option<Pinning>) -> Duration {
+    let peer = pin_sides(pin);
     let (mut ping_tx, mut ping_rx) = rtrb::RingBuffer::<[u8; 64]>::new(64);
     let (mut pong_tx, mut pong_rx) = rtrb::RingBuffer::<[u8; 64]>::new(64);
     let echo = std::thread::spawn(move || {
+        pin_peer(peer);
         for _ in 0..iters {
             let item = loop {
                 match ping_rx.pop() {
@@ -184,7 +209,7 @@ fn print_quantiles(name: &str, samples: &mut [u64]) {
     );
 }
 
-fn ping_pong(c: &mut Criterion, launcher: &Launcher) {
+fn ping_pong(c: &mut Criterion, launcher: &Launcher, pin: Option<Pinning>) {
     let mut group = c.benchmark_group("pingpong_64B");
     for mode in [WaitMode::Spin, WaitMode::Futex] {
         let label = if mode == WaitMode::Spin {
@@ -192,7 +217,7 @@ fn ping_pong(c: &mut Criterion, launcher: &Launcher) {
         } else {
             "futex"
         };
-        let mut peer = Peer::process(launcher, mode).expect("start cross-process peer");
+        let mut peer = Peer::process(launcher, mode, pin).expect("start cross-process peer");
         let mut all = Vec::new();
         group.bench_function(BenchmarkId::new("ringbuf_xproc", label), |b| {
             b.iter_custom(|iters| {
@@ -206,19 +231,54 @@ fn ping_pong(c: &mut Criterion, launcher: &Launcher) {
     }
     let mut all = Vec::new();
     group.bench_function(BenchmarkId::new("rtrb_inproc", "spin"), |b| {
-        b.iter_custom(|iters| rtrb_ping_pong(iters, &mut all))
+        b.iter_custom(|iters| rtrb_ping_pong(iters, &mut all, pin))
     });
     print_quantiles("rtrb_inproc/spin", &mut all);
+    let mut all = Vec::new();
+    group.bench_function(BenchmarkId::new("shared_word_xproc", "spin"), |b| {
+        b.iter_custom(|iters| {
+            let samples = ringbuf::bench::word_ping_pong(launcher, iters as usize, pin)
+                .expect("shared-word ping-pong");
+            let total = Duration::from_nanos(samples.iter().sum());
+            all.extend(samples);
+            total
+        })
+    });
+    print_quantiles("shared_word_xproc/spin", &mut all);
+    group.finish();
+}
+
+/// The stress test as a criterion group: one pair of processes, random record sizes 8 B – 4 KiB,
+/// every byte checked; each sample is a 1-second run, reported per record.
+fn stress(c: &mut Criterion, launcher: &Launcher) {
+    let mut group = c.benchmark_group("stress_random_8B_4KiB");
+    group.throughput(Throughput::Elements(1));
+    let config = ringbuf::bench::stress::StressConfig {
+        pairs: 1,
+        duration: Duration::from_secs(1),
+        ..ringbuf::bench::stress::StressConfig::new()
+    };
+    group.bench_function("ringbuf_xproc_1pair", |b| {
+        b.iter_custom(|iters| {
+            let report =
+                ringbuf::bench::stress::run(launcher, &config, |_| {}).expect("stress run");
+            assert!(report.clean(), "{}", report.to_text());
+            let per_record = report.elapsed.as_secs_f64() / report.records().max(1) as f64;
+            Duration::from_secs_f64(per_record * iters as f64)
+        })
+    });
     group.finish();
 }
 
 fn benches(c: &mut Criterion) {
     let launcher = Launcher::current_exe(&[CHILD_FLAG]).expect("benchmark executable");
-    size_group::<8>(c, &launcher);
-    size_group::<64>(c, &launcher);
-    size_group::<512>(c, &launcher);
-    size_group::<4096>(c, &launcher);
-    ping_pong(c, &launcher);
+    let pin = Pinning::separate();
+    size_group::<8>(c, &launcher, pin);
+    size_group::<64>(c, &launcher, pin);
+    size_group::<512>(c, &launcher, pin);
+    size_group::<4096>(c, &launcher, pin);
+    ping_pong(c, &launcher, pin);
+    stress(c, &launcher);
 }
 
 /// Criterion without its plots: the workspace builds plotters without font rendering (for

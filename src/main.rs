@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 
 mod engine_cli;
+mod ring_cli;
 mod scale_cli;
 mod security_cli;
 mod serve_cli;
@@ -114,19 +115,10 @@ enum Command {
 
 #[derive(Subcommand)]
 enum BenchCommand {
-    /// Shared-memory ring across two processes: throughput per record size and batch, and
-    /// ping-pong round-trip latency (spinning and with futex waits).
-    Ring {
-        /// Records per throughput measurement.
-        #[arg(long, default_value_t = 2_000_000)]
-        records: u64,
-        /// Round trips per latency measurement.
-        #[arg(long, default_value_t = 100_000)]
-        round_trips: usize,
-        /// Measurements per cell (the best is shown).
-        #[arg(long, default_value_t = 3)]
-        repeats: usize,
-    },
+    /// Shared-memory ring across two processes: throughput per record size, batch and wait mode
+    /// (with each side's full/empty stalls, futex sleeps and wakes), and ping-pong round-trip
+    /// latency; or, with --stress, many pairs of processes under checksummed random load.
+    Ring(ring_cli::BenchRingArgs),
     /// The child process of `bench ring` (started by it).
     #[command(hide = true)]
     RingChild { args: Vec<String> },
@@ -158,20 +150,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(args) => serve_cli::serve(*args, cli.log_format),
         Command::Worker(args) => serve_cli::worker(args),
         Command::Client(args) => serve_cli::client(args),
-        Command::Bench(BenchCommand::Ring {
-            records,
-            round_trips,
-            repeats,
-        }) => {
-            let launcher = ringbuf::bench::Launcher::current_exe(&["bench", "ring-child"])?;
-            let config = ringbuf::bench::ReportConfig {
-                records,
-                round_trips,
-                repeats,
-            };
-            print!("{}", ringbuf::bench::report(&launcher, config)?);
-            Ok(())
-        }
+        Command::Bench(BenchCommand::Ring(args)) => ring_cli::bench_ring(args),
         Command::Bench(BenchCommand::RingChild { args }) => {
             ringbuf::bench::child_main(&args)?;
             Ok(())

@@ -186,6 +186,86 @@ pub fn plot_compare(systems: &[System<'_>], title: &str, out: &Path) -> Result<(
     Ok(())
 }
 
+/// The ring stress test over time (`bench ring --stress --plot`): records/s of all pairs (top) and
+/// the round trip's p50, p99 and max per interval on a log scale (bottom).
+pub fn plot_ring_stress(
+    report: &ringbuf::bench::stress::StressReport,
+    title: &str,
+    out: &Path,
+) -> Result<(), PlotError> {
+    load_font()?;
+    let root = BitMapBackend::new(out, (1200, 800)).into_drawing_area();
+    root.fill(&WHITE).map_err(draw_err)?;
+    let root = root.titled(title, ("sans-serif", 24)).map_err(draw_err)?;
+    let panels = root.split_evenly((2, 1));
+    let series = &report.series;
+    let max_t = series.last().map_or(1.0, |p| p.t).max(1.0);
+    let max_rate = series
+        .iter()
+        .map(|p| p.records_per_s / 1e6)
+        .fold(0.1, f64::max)
+        * 1.1;
+    let mut top = ChartBuilder::on(&panels[0])
+        .margin(20)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.0..max_t, 0.0..max_rate)
+        .map_err(draw_err)?;
+    top.configure_mesh()
+        .x_desc("seconds")
+        .y_desc("M records/s (all pairs)")
+        .draw()
+        .map_err(draw_err)?;
+    top.draw_series(LineSeries::new(
+        series.iter().map(|p| (p.t, p.records_per_s / 1e6)),
+        BLUE.stroke_width(2),
+    ))
+    .map_err(draw_err)?;
+    let lat: Vec<_> = series.iter().filter(|p| p.latency.count > 0).collect();
+    let us = |ns: u64| (ns as f64 / 1e3).max(0.01);
+    let max_us = lat.iter().map(|p| us(p.latency.max)).fold(1.0, f64::max) * 2.0;
+    let min_us = lat.iter().map(|p| us(p.latency.p50)).fold(max_us, f64::min) / 2.0;
+    let mut bottom = ChartBuilder::on(&panels[1])
+        .margin(20)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.0..max_t, (min_us..max_us).log_scale())
+        .map_err(draw_err)?;
+    bottom
+        .configure_mesh()
+        .x_desc("seconds")
+        .y_desc("round trip under load (µs)")
+        .draw()
+        .map_err(draw_err)?;
+    type Pick = fn(&ringbuf::bench::stress::Percentiles) -> u64;
+    let lines: [(&str, Pick, RGBColor); 3] = [
+        ("p50", |q| q.p50, BLUE),
+        ("p99", |q| q.p99, RED),
+        ("max", |q| q.max, BLACK),
+    ];
+    for (name, pick, color) in lines {
+        bottom
+            .draw_series(LineSeries::new(
+                lat.iter().map(|p| (p.t, us(pick(&p.latency)))),
+                color.stroke_width(2),
+            ))
+            .map_err(draw_err)?
+            .label(name)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+    }
+    bottom
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(draw_err)?;
+    root.present().map_err(draw_err)?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

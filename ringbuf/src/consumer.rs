@@ -7,7 +7,7 @@ use crate::layout::{
 };
 use crate::liveness::{self, PeerState};
 use crate::memory::Memory;
-use crate::ring::{self, Claim, WaitConfig};
+use crate::ring::{self, Claim, Mapped, SideStats, WaitConfig};
 use crate::sync::Ordering;
 use std::ops::Deref;
 use std::sync::Arc;
@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 /// The one reader of a ring. Not `Clone`: a second reader must claim the role (and gets
 /// [`Error::RoleTaken`] while this one lives).
 pub struct Consumer<M: Memory = crate::DefaultMemory> {
-    mem: Arc<M>,
+    mem: Mapped<M>,
     claim: Claim,
     cap: u64,
     mask: u64,
@@ -30,6 +30,7 @@ pub struct Consumer<M: Memory = crate::DefaultMemory> {
     releases: u32,
     poisoned: Option<&'static str>,
     config: WaitConfig,
+    stats: SideStats,
     /// This process is registered for the asymmetric barrier (see `barrier`).
     light: bool,
 }
@@ -75,8 +76,9 @@ impl<M: Memory> Consumer<M> {
             releases: 0,
             poisoned: None,
             config: WaitConfig::default(),
+            stats: SideStats::default(),
             light: barrier::registered(),
-            mem,
+            mem: Mapped::new(mem),
         };
         if tail > MAX_POSITION
             || !head.is_multiple_of(8)
@@ -125,11 +127,12 @@ impl<M: Memory> Consumer<M> {
     /// Returns how many records `f` saw.
     #[inline]
     pub fn pop_batch(&mut self, max: usize, mut f: impl FnMut(Record<'_>)) -> Result<usize> {
+        ring::check_poison(self.mem.header(), &mut self.poisoned)?;
         let mut pos = self.head;
         let mut n = 0;
         let mut outcome = Ok(());
         while n < max {
-            match self.next_record(pos) {
+            match self.next_checked(pos) {
                 Ok(Some(next)) => {
                     f(Record {
                         kind: next.kind,
@@ -188,7 +191,7 @@ impl<M: Memory> Consumer<M> {
 
     /// A handle that publishes this side's heartbeat from another thread.
     pub fn heartbeat_handle(&self) -> crate::ring::Heartbeat<M> {
-        crate::ring::Heartbeat::new(Arc::clone(&self.mem), Role::Consumer)
+        crate::ring::Heartbeat::new(Arc::clone(self.mem.arc()), Role::Consumer)
     }
 
     /// The producer's liveness.
@@ -199,6 +202,12 @@ impl<M: Memory> Consumer<M> {
             side.heartbeat.load(Ordering::Relaxed),
             self.config.heartbeat_limit,
         )
+    }
+
+    /// This side's slow-path counters (reloads of the producer's tail, empty-ring stalls, sleeps,
+    /// wakes) since it claimed the role.
+    pub fn stats(&self) -> SideStats {
+        self.stats
     }
 
     fn corrupt(&mut self, what: &'static str) -> Error {
@@ -258,16 +267,46 @@ impl<M: Memory> Consumer<M> {
             .cons
             .cached_peer
             .store(tail, Ordering::Relaxed);
+        self.stats.refreshes += 1;
+        self.stats.stalls += u64::from(pos == tail);
         Ok(pos != tail)
     }
 
     /// Validates the record at `pos` (skipping a padding record), without releasing anything.
     #[inline]
-    fn next_record(&mut self, mut pos: u64) -> Result<Option<Next>> {
+    fn next_record(&mut self, pos: u64) -> Result<Option<Next>> {
         ring::check_poison(self.mem.header(), &mut self.poisoned)?;
+        self.next_checked(pos)
+    }
+
+    /// [`next_record`](Self::next_record) once the poison flag was checked: the common case (a
+    /// data record, published, in bounds) inline, padding and errors out of line.
+    #[inline(always)]
+    fn next_checked(&mut self, pos: u64) -> Result<Option<Next>> {
         if !self.available(pos)? {
             return Ok(None);
         }
+        let off = pos & self.mask;
+        let (len, kind, flags) = self.read_header(off);
+        let total = record_size(u64::from(len & !PAD_BIT));
+        if len & PAD_BIT != 0
+            || u64::from(len) > self.max_payload
+            || off + total > self.cap
+            || pos + total > self.cached_tail
+        {
+            return self.next_slow(pos);
+        }
+        Ok(Some(Next {
+            pos,
+            len,
+            kind,
+            flags,
+        }))
+    }
+
+    /// The record at `pos` when it is padding (skipped) or fails a check (an error).
+    #[inline(never)]
+    fn next_slow(&mut self, mut pos: u64) -> Result<Option<Next>> {
         let mut off = pos & self.mask;
         let (mut len, mut kind, mut flags) = self.read_header(off);
         if len & PAD_BIT != 0 {
@@ -326,6 +365,7 @@ impl<M: Memory> Consumer<M> {
         let sleeping = hdr.prod_side.sleeping.load(Ordering::Relaxed);
         if sleeping & 1 == 1 && sleeping != self.last_woken {
             self.last_woken = sleeping;
+            self.stats.wakes += 1;
             // SYNC: Release pairs with the producer's Acquire load of our doorbell in `Producer::wait_room`.
             hdr.cons_side.doorbell.fetch_add(1, Ordering::Release);
             self.mem.wake(&hdr.cons_side.doorbell);
@@ -368,6 +408,7 @@ impl<M: Memory> Consumer<M> {
                     _ => {
                         self.heartbeat();
                         let nap = (deadline - now).min(self.config.liveness_poll);
+                        self.stats.sleeps += 1;
                         self.mem
                             .wait(&self.mem.header().prod_side.doorbell, bell, nap);
                         None

@@ -26,7 +26,7 @@ pub use memory::{HeapMemory, Memory};
 #[cfg(not(loom))]
 pub use private::PrivateShm;
 pub use producer::{Batch, Producer, WriteGrant};
-pub use ring::{Heartbeat, Ring, WaitConfig};
+pub use ring::{Heartbeat, Ring, SideStats, WaitConfig};
 #[cfg(not(loom))]
 pub use shm::{Segment, attach, create, reap, unique_name};
 

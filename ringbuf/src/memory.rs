@@ -110,14 +110,17 @@ mod heap {
     // SAFETY: `base` is 4096-aligned and zeroed; all-zero bytes are a valid `Header` (atomics and
     // padding only); the data area follows at DATA_OFFSET with `capacity` bytes; capacity was checked.
     unsafe impl Memory for HeapMemory {
+        #[inline]
         fn header(&self) -> &Header {
             // SAFETY: see the impl's SAFETY comment; the allocation outlives `&self`.
             unsafe { &*self.base.cast::<Header>() }
         }
+        #[inline]
         fn data(&self) -> *mut u8 {
             // SAFETY: DATA_OFFSET is within the allocation of DATA_OFFSET + capacity bytes.
             unsafe { self.base.add(DATA_OFFSET) }
         }
+        #[inline]
         fn capacity(&self) -> u64 {
             self.capacity
         }
@@ -178,12 +181,15 @@ mod heap {
 
     // SAFETY: `data` is a u64-aligned allocation of `capacity` bytes owned by this value.
     unsafe impl Memory for HeapMemory {
+        #[inline]
         fn header(&self) -> &Header {
             &self.header
         }
+        #[inline]
         fn data(&self) -> *mut u8 {
             self.data
         }
+        #[inline]
         fn capacity(&self) -> u64 {
             self.capacity
         }

@@ -7,16 +7,19 @@ use crate::layout::{
 };
 use crate::liveness::{self, PeerState};
 use crate::memory::Memory;
-use crate::ring::{self, Claim, WaitConfig};
+use crate::ring::{self, Claim, Mapped, SideStats, WaitConfig};
 use crate::sync::Ordering;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Most spin hints a producer waits before reloading the head of a ring that stayed full.
+const FULL_BACKOFF_MAX: u32 = 64;
+
 /// The one writer of a ring. Not `Clone`: a second writer must claim the role (and gets
 /// [`Error::RoleTaken`] while this one lives).
 pub struct Producer<M: Memory = crate::DefaultMemory> {
-    mem: Arc<M>,
+    mem: Mapped<M>,
     claim: Claim,
     cap: u64,
     mask: u64,
@@ -36,6 +39,9 @@ pub struct Producer<M: Memory = crate::DefaultMemory> {
     publishes: u32,
     poisoned: Option<&'static str>,
     config: WaitConfig,
+    stats: SideStats,
+    /// Reloads in a row that found the ring full (the backoff before the next one doubles).
+    full_streak: u32,
     /// This process is registered for the asymmetric barrier (see `barrier`).
     light: bool,
 }
@@ -64,8 +70,10 @@ impl<M: Memory> Producer<M> {
             publishes: 0,
             poisoned: None,
             config: WaitConfig::default(),
+            stats: SideStats::default(),
+            full_streak: 0,
             light: barrier::registered(),
-            mem,
+            mem: Mapped::new(mem),
         };
         if tail > MAX_POSITION
             || !tail.is_multiple_of(8)
@@ -124,15 +132,11 @@ impl<M: Memory> Producer<M> {
     /// Like [`try_push`](Self::try_push) with a record kind.
     #[inline]
     pub fn try_push_kind(&mut self, kind: u16, payload: &[u8]) -> Result<bool> {
-        Ok(match self.reserve(payload.len())? {
-            Some(mut grant) => {
-                grant.copy_from_slice(payload);
-                grant.set_kind(kind);
-                grant.commit();
-                true
-            }
-            None => false,
-        })
+        if !self.write_record(kind, payload)? {
+            return Ok(false);
+        }
+        self.publish();
+        Ok(true)
     }
 
     /// Starts a batch: records committed through it are published together by [`Batch::commit`]
@@ -180,7 +184,7 @@ impl<M: Memory> Producer<M> {
 
     /// A handle that publishes this side's heartbeat from another thread.
     pub fn heartbeat_handle(&self) -> crate::ring::Heartbeat<M> {
-        crate::ring::Heartbeat::new(Arc::clone(&self.mem), crate::error::Role::Producer)
+        crate::ring::Heartbeat::new(Arc::clone(self.mem.arc()), crate::error::Role::Producer)
     }
 
     /// The consumer's liveness.
@@ -191,6 +195,12 @@ impl<M: Memory> Producer<M> {
             side.heartbeat.load(Ordering::Relaxed),
             self.config.heartbeat_limit,
         )
+    }
+
+    /// This side's slow-path counters (reloads of the consumer's head, full-ring stalls, sleeps,
+    /// wakes) since it claimed the role.
+    pub fn stats(&self) -> SideStats {
+        self.stats
     }
 
     /// Bytes published and not yet released by the consumer (as last seen).
@@ -211,6 +221,29 @@ impl<M: Memory> Producer<M> {
 
     fn corrupt(&mut self, what: &'static str) -> Error {
         ring::poison(self.mem.header(), &mut self.poisoned, what)
+    }
+
+    /// Writes one record of `kind` holding a copy of `payload` after `pending`, unpublished.
+    /// `Ok(false)`: the ring is full.
+    #[inline(always)]
+    fn write_record(&mut self, kind: u16, payload: &[u8]) -> Result<bool> {
+        ring::check_poison(self.mem.header(), &mut self.poisoned)?;
+        let total = self.record_total(payload.len())?;
+        let Some(pos) = self.place(total)? else {
+            return Ok(false);
+        };
+        let off = (pos & self.mask) as usize;
+        // SAFETY: `place` checked that the `total` bytes at `off` (8-aligned) lie in the data area
+        // beyond the published tail, where the consumer does not read; header plus payload fit in
+        // `total`, and `payload` (our memory) cannot overlap the ring's data area.
+        unsafe {
+            let dst = self.mem.data().add(off);
+            copy_payload(payload, dst.add(RECORD_HEADER));
+            crate::sync::store_word(dst, encode_record(payload.len() as u32, kind, 0));
+        }
+        self.pending = pos + total;
+        self.pending_records += 1;
+        Ok(true)
     }
 
     #[inline]
@@ -267,8 +300,16 @@ impl<M: Memory> Producer<M> {
     }
 
     /// Reloads the consumer's head (the ring looked full); whether `end` now fits.
+    ///
+    /// While the ring stays full, each reload first pauses for a doubling number of spin hints
+    /// (up to [`FULL_BACKOFF_MAX`]): a producer polling the consumer's head line as fast as it can
+    /// takes that line away from the consumer on every poll, so each of the consumer's releases
+    /// waits for the line to come back, and the full ring drains slower the faster it is polled.
     #[inline(never)]
     fn refresh_head(&mut self, end: u64) -> Result<bool> {
+        for _ in 0..(1u32 << self.full_streak) >> 1 {
+            crate::sync::spin_hint();
+        }
         ring::check_poison(self.mem.header(), &mut self.poisoned)?;
         // SYNC: Acquire pairs with the consumer's Release store of `cons.pos` (Consumer::release):
         // the consumer has finished reading every byte below `head`, so we may overwrite it.
@@ -282,7 +323,15 @@ impl<M: Memory> Producer<M> {
             .prod
             .cached_peer
             .store(head, Ordering::Relaxed);
-        Ok(end - head <= self.cap)
+        let fits = end - head <= self.cap;
+        self.full_streak = if fits {
+            0
+        } else {
+            (self.full_streak + 1).min(FULL_BACKOFF_MAX.trailing_zeros() + 1)
+        };
+        self.stats.refreshes += 1;
+        self.stats.stalls += u64::from(!fits);
+        Ok(fits)
     }
 
     /// Stores `pending` as the new tail and wakes the consumer if it sleeps.
@@ -306,6 +355,7 @@ impl<M: Memory> Producer<M> {
         let sleeping = hdr.cons_side.sleeping.load(Ordering::Relaxed);
         if sleeping & 1 == 1 && sleeping != self.last_woken {
             self.last_woken = sleeping;
+            self.stats.wakes += 1;
             // SYNC: Release pairs with the consumer's Acquire load of the doorbell before it flags
             // itself asleep: if it read this bump, it cannot have been the flag we just saw.
             hdr.prod_side.doorbell.fetch_add(1, Ordering::Release);
@@ -353,6 +403,7 @@ impl<M: Memory> Producer<M> {
                     _ => {
                         self.heartbeat();
                         let nap = (deadline - now).min(self.config.liveness_poll);
+                        self.stats.sleeps += 1;
                         self.mem
                             .wait(&self.mem.header().cons_side.doorbell, bell, nap);
                         None
@@ -474,14 +525,13 @@ impl<M: Memory> Batch<'_, M> {
     /// Copies `payload` into the batch as a record of kind 0. `Ok(false)`: the ring is full.
     #[inline]
     pub fn try_push(&mut self, payload: &[u8]) -> Result<bool> {
-        Ok(match self.reserve(payload.len())? {
-            Some(mut grant) => {
-                grant.copy_from_slice(payload);
-                grant.commit();
-                true
-            }
-            None => false,
-        })
+        self.producer.write_record(0, payload)
+    }
+
+    /// Like [`try_push`](Self::try_push) with a record kind.
+    #[inline]
+    pub fn try_push_kind(&mut self, kind: u16, payload: &[u8]) -> Result<bool> {
+        self.producer.write_record(kind, payload)
     }
 
     /// Records committed to this batch so far.
@@ -524,5 +574,34 @@ impl<M: Memory> std::fmt::Debug for Producer<M> {
             .field("sleep_gen", &self.sleep_gen)
             .field("poisoned", &self.poisoned)
             .finish_non_exhaustive()
+    }
+}
+
+/// Copies `src` to `dst`, inlining the short copies that tokens and control records need (a call to
+/// `memcpy` costs as much as the rest of a push at 8 bytes).
+///
+/// # Safety
+/// `dst` must be valid for writes of `src.len()` bytes and must not overlap `src`.
+#[inline(always)]
+unsafe fn copy_payload(src: &[u8], dst: *mut u8) {
+    let (n, s) = (src.len(), src.as_ptr());
+    // SAFETY: every read lies in `src` (offsets below `n`) and every write in `dst..dst + n`
+    // (the caller's guarantee); the pairs overlap each other only where they write the same bytes.
+    unsafe {
+        if (8..=16).contains(&n) {
+            let (head, tail) = (s.cast::<u64>().read_unaligned(), s.add(n - 8).cast::<u64>());
+            dst.cast::<u64>().write_unaligned(head);
+            dst.add(n - 8)
+                .cast::<u64>()
+                .write_unaligned(tail.read_unaligned());
+        } else if (4..8).contains(&n) {
+            let (head, tail) = (s.cast::<u32>().read_unaligned(), s.add(n - 4).cast::<u32>());
+            dst.cast::<u32>().write_unaligned(head);
+            dst.add(n - 4)
+                .cast::<u32>()
+                .write_unaligned(tail.read_unaligned());
+        } else {
+            std::ptr::copy_nonoverlapping(s, dst, n);
+        }
     }
 }

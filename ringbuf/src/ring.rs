@@ -36,6 +36,62 @@ impl Default for WaitConfig {
     }
 }
 
+/// Counts of one side's slow-path events since it claimed its role: where a ring's time goes when
+/// it is not moving records. Plain counters in the side's own memory, bumped only off the fast path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SideStats {
+    /// Reloads of the peer's position (the cached copy said full, or empty).
+    pub refreshes: u64,
+    /// Reloads that found the ring still full (producer) or still empty (consumer).
+    pub stalls: u64,
+    /// Futex sleeps this side entered while waiting.
+    pub sleeps: u64,
+    /// Futex wake-ups this side issued to a sleeping peer.
+    pub wakes: u64,
+}
+
+impl SideStats {
+    /// Size of [`to_bytes`](Self::to_bytes).
+    pub const BYTES: usize = 32;
+
+    /// The four counters, little-endian (to carry them in a record).
+    pub fn to_bytes(&self) -> [u8; Self::BYTES] {
+        let mut out = [0u8; Self::BYTES];
+        for (chunk, v) in
+            out.chunks_exact_mut(8)
+                .zip([self.refreshes, self.stalls, self.sleeps, self.wakes])
+        {
+            chunk.copy_from_slice(&v.to_le_bytes());
+        }
+        out
+    }
+
+    /// Reads what [`to_bytes`](Self::to_bytes) wrote; `None` if `bytes` is shorter.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        let word = |i: usize| -> Option<u64> {
+            Some(u64::from_le_bytes(
+                bytes.get(i * 8..i * 8 + 8)?.try_into().ok()?,
+            ))
+        };
+        Some(SideStats {
+            refreshes: word(0)?,
+            stalls: word(1)?,
+            sleeps: word(2)?,
+            wakes: word(3)?,
+        })
+    }
+
+    /// Counts accumulated since `earlier` (a snapshot of the same side).
+    pub fn since(&self, earlier: &SideStats) -> SideStats {
+        SideStats {
+            refreshes: self.refreshes.wrapping_sub(earlier.refreshes),
+            stalls: self.stalls.wrapping_sub(earlier.stalls),
+            sleeps: self.sleeps.wrapping_sub(earlier.sleeps),
+            wakes: self.wakes.wrapping_sub(earlier.wakes),
+        }
+    }
+}
+
 /// Polls `ready` until it holds or `limit` has passed (reading the clock every 32 polls).
 #[inline]
 pub(crate) fn spin(limit: Duration, mut ready: impl FnMut() -> Result<bool>) -> Result<bool> {
@@ -118,6 +174,57 @@ pub(crate) fn check_poison(
 fn poisoned(local: &mut Option<&'static str>) -> Error {
     let what = *local.get_or_insert("ring (poisoned by the peer)");
     Error::Corrupt { what }
+}
+
+/// A ring's memory with its header and data-area addresses read once. Through `Arc<M>` the hot
+/// paths reload both from the shared allocation after every write to the data area (the compiler
+/// cannot tell the writes apart from writes to it); fields of the `Producer`/`Consumer` itself stay
+/// in registers. Derefs to `M` for everything else.
+pub(crate) struct Mapped<M: Memory> {
+    mem: Arc<M>,
+    header: std::ptr::NonNull<crate::layout::Header>,
+    data: *mut u8,
+}
+
+// SAFETY: the two pointers point into the memory `mem` owns, which is `Send + Sync` (a `Memory`
+// bound) and lives as long as this value; they are only read through, as `M`'s own accessors are.
+unsafe impl<M: Memory> Send for Mapped<M> {}
+// SAFETY: as above; `&Mapped` hands out only `&Header` (atomics) and the raw data pointer.
+unsafe impl<M: Memory> Sync for Mapped<M> {}
+
+impl<M: Memory> Mapped<M> {
+    pub(crate) fn new(mem: Arc<M>) -> Self {
+        let header = std::ptr::NonNull::from(mem.header());
+        let data = mem.data();
+        Mapped { mem, header, data }
+    }
+
+    /// The shared header (as `M::header`, without the reload).
+    #[inline]
+    pub(crate) fn header(&self) -> &crate::layout::Header {
+        // SAFETY: `header` came from `mem.header()`, which `Memory` guarantees is an aligned,
+        // initialised `Header` for as long as `mem` lives, and `mem` lives as long as `self`.
+        unsafe { self.header.as_ref() }
+    }
+
+    /// Start of the data area (as `M::data`).
+    #[inline]
+    pub(crate) fn data(&self) -> *mut u8 {
+        self.data
+    }
+
+    /// The shared handle on the memory.
+    pub(crate) fn arc(&self) -> &Arc<M> {
+        &self.mem
+    }
+}
+
+impl<M: Memory> std::ops::Deref for Mapped<M> {
+    type Target = M;
+    #[inline]
+    fn deref(&self) -> &M {
+        &self.mem
+    }
 }
 
 /// A handle on one ring: from it, claim the producer or the consumer role (each at most once

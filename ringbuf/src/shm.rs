@@ -30,14 +30,17 @@ unsafe impl Sync for Segment {}
 // create/attach against the mapping's real size), which lives as long as `shm`; a zero-filled or
 // initialised header is a valid `Header` (atomics only); capacity is a checked power of two.
 unsafe impl Memory for Segment {
+    #[inline]
     fn header(&self) -> &Header {
         // SAFETY: see the impl's SAFETY comment.
         unsafe { &*self.base.cast::<Header>() }
     }
+    #[inline]
     fn data(&self) -> *mut u8 {
         // SAFETY: DATA_OFFSET < mapping length.
         unsafe { self.base.add(DATA_OFFSET) }
     }
+    #[inline]
     fn capacity(&self) -> u64 {
         self.capacity
     }

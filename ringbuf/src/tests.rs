@@ -274,3 +274,59 @@ fn a_heartbeat_handle_beats_from_another_thread() {
     c.heartbeat_handle().beat();
     assert!(matches!(p.peer_state(), PeerState::Alive { .. }));
 }
+
+#[test]
+fn stats_count_stalls_sleeps_and_wakes() {
+    let ring = Ring::heap(64).unwrap();
+    let mut p = ring.producer().unwrap();
+    let mut c = ring.consumer().unwrap();
+    assert_eq!(p.stats(), SideStats::default());
+    // Empty: the consumer's reload finds nothing.
+    assert!(c.try_pop().unwrap().is_none());
+    assert_eq!((c.stats().refreshes, c.stats().stalls), (1, 1));
+    assert!(p.try_push(&[1; 24]).unwrap());
+    assert!(p.try_push(&[2; 24]).unwrap());
+    // Full: the producer reloads the head and finds no room, twice in a row (the second after
+    // its back-off).
+    assert!(!p.try_push(&[3; 8]).unwrap());
+    assert!(!p.try_push(&[3; 8]).unwrap());
+    assert_eq!((p.stats().refreshes, p.stats().stalls), (2, 2));
+    drop(c.try_pop().unwrap());
+    assert!(p.try_push(&[3; 8]).unwrap());
+    assert_eq!((p.stats().refreshes, p.stats().stalls), (3, 2));
+    let before = c.stats();
+    assert_eq!(before.since(&before), SideStats::default());
+    assert_eq!(SideStats::from_bytes(&before.to_bytes()), Some(before));
+    assert_eq!(SideStats::from_bytes(&[0; 31]), None);
+
+    // A consumer that sleeps is woken once by the publish that ends its sleep.
+    while c.try_pop().unwrap().is_some() {}
+    let cfg = WaitConfig {
+        spin: Duration::ZERO,
+        ..WaitConfig::default()
+    };
+    c.set_wait_config(cfg);
+    let waiter = std::thread::spawn(move || {
+        let got = c
+            .pop_wait(Duration::from_secs(10))
+            .unwrap()
+            .map(|g| g.to_vec());
+        (got, c.stats())
+    });
+    // Publish only once the consumer is asleep (its sleep count is private: poll the shared flag).
+    while ring
+        .memory()
+        .header()
+        .cons_side
+        .sleeping
+        .load(std::sync::atomic::Ordering::Relaxed)
+        .is_multiple_of(2)
+    {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(p.try_push(b"wake").unwrap());
+    let (got, stats) = waiter.join().unwrap();
+    assert_eq!(got.as_deref(), Some(&b"wake"[..]));
+    assert!(stats.sleeps >= 1, "{stats:?}");
+    assert_eq!(p.stats().wakes, 1);
+}
