@@ -3,7 +3,7 @@
 use crate::barrier;
 use crate::error::{Error, Result, Role};
 use crate::layout::{
-    MAX_POSITION, PAD_BIT, RECORD_HEADER, decode_record, max_payload, record_size,
+    MAX_POSITION, PAD_BIT, RECORD_HEADER, RUN_BIT, decode_record, max_payload, record_size,
 };
 use crate::liveness::{self, PeerState};
 use crate::memory::Memory;
@@ -23,6 +23,8 @@ pub struct Consumer<M: Memory = crate::DefaultMemory> {
     max_payload: u64,
     /// Released head (the last value stored to `cons.pos`).
     head: u64,
+    /// Records of the run at `head` already delivered (0 unless a run was read in part).
+    run_index: u64,
     /// Our copy of the producer's tail; refreshed only when we have read everything up to it.
     cached_tail: u64,
     last_woken: u32,
@@ -53,6 +55,20 @@ struct Next {
     len: u32,
     kind: u16,
     flags: u16,
+    /// Records behind the header: 1, or a run's count (its records' flags are 0).
+    count: u64,
+}
+
+impl Next {
+    /// Bytes the record (or the whole run) occupies.
+    #[inline]
+    fn total(&self) -> u64 {
+        if self.count == 1 {
+            record_size(u64::from(self.len))
+        } else {
+            RECORD_HEADER as u64 + self.count * u64::from(self.len).next_multiple_of(8)
+        }
+    }
 }
 
 impl<M: Memory> Consumer<M> {
@@ -70,6 +86,7 @@ impl<M: Memory> Consumer<M> {
             mask: cap - 1,
             max_payload: max_payload(cap),
             head,
+            run_index: 0,
             cached_tail: head,
             last_woken: hdr.prod_side.sleeping.load(Ordering::Relaxed),
             sleep_gen: 0,
@@ -119,8 +136,10 @@ impl<M: Memory> Consumer<M> {
     /// Borrows the next committed record, if any; it is released when the grant drops.
     #[inline]
     pub fn try_pop(&mut self) -> Result<Option<ReadGrant<'_, M>>> {
-        let next = self.next_record(self.head)?;
-        Ok(next.map(|n| self.grant(n)))
+        match self.next_record(self.head)? {
+            Some(next) => self.grant(next).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// Hands up to `max` committed records to `f`, then releases them all with one store.
@@ -129,18 +148,33 @@ impl<M: Memory> Consumer<M> {
     pub fn pop_batch(&mut self, max: usize, mut f: impl FnMut(Record<'_>)) -> Result<usize> {
         ring::check_poison(self.mem.header(), &mut self.poisoned)?;
         let mut pos = self.head;
+        let mut first = self.run_index;
         let mut n = 0;
         let mut outcome = Ok(());
         while n < max {
             match self.next_checked(pos) {
                 Ok(Some(next)) => {
-                    f(Record {
-                        kind: next.kind,
-                        flags: next.flags,
-                        payload: self.payload(next),
-                    });
-                    pos = next.pos + record_size(u64::from(next.len));
-                    n += 1;
+                    if first >= next.count {
+                        outcome = Err(self.corrupt("run length"));
+                        break;
+                    }
+                    let mut i = first;
+                    while i < next.count && n < max {
+                        f(Record {
+                            kind: next.kind,
+                            flags: next.flags,
+                            payload: self.payload(next, i),
+                        });
+                        i += 1;
+                        n += 1;
+                    }
+                    if i < next.count {
+                        // Stopped inside a run: release what precedes it, remember how far.
+                        first = i;
+                        break;
+                    }
+                    pos = next.pos + next.total();
+                    first = 0;
                 }
                 Ok(None) => break,
                 Err(e) => {
@@ -152,6 +186,7 @@ impl<M: Memory> Consumer<M> {
         if pos != self.head {
             self.release(pos);
         }
+        self.run_index = first;
         outcome.map(|()| n)
     }
 
@@ -215,32 +250,34 @@ impl<M: Memory> Consumer<M> {
     }
 
     #[inline]
-    fn grant(&mut self, next: Next) -> ReadGrant<'_, M> {
-        let payload = self.payload(next);
+    fn grant(&mut self, next: Next) -> Result<ReadGrant<'_, M>> {
+        let index = self.run_index;
+        if index >= next.count {
+            return Err(self.corrupt("run length"));
+        }
+        let payload = self.payload(next, index);
         let (ptr, len) = (payload.as_ptr(), payload.len());
-        ReadGrant {
-            next: next.pos + record_size(u64::from(next.len)),
+        Ok(ReadGrant {
+            next: (index + 1 == next.count).then(|| next.pos + next.total()),
             kind: next.kind,
             flags: next.flags,
             ptr,
             len,
             consumer: self,
-        }
+        })
     }
 
+    /// The payload of record `index` of `next` (0 for a plain record).
     #[inline]
-    fn payload(&self, next: Next) -> &[u8] {
-        let off = next.pos & self.mask;
-        self.mem.track_read(off, record_size(u64::from(next.len)));
-        // SAFETY: `next_record` checked that the record lies inside the data area and below the
-        // tail the producer published (Acquire), so its bytes are initialised, complete, and not
-        // written by a well-behaved producer until we release them.
-        unsafe {
-            std::slice::from_raw_parts(
-                self.mem.data().add(off as usize + RECORD_HEADER),
-                next.len as usize,
-            )
-        }
+    fn payload(&self, next: Next, index: u64) -> &[u8] {
+        let stride = u64::from(next.len).next_multiple_of(8);
+        let off = (next.pos & self.mask) + RECORD_HEADER as u64 + index * stride;
+        self.mem.track_read(off, stride);
+        // SAFETY: `next_record` checked that the record (or the whole run, `count` records of
+        // `stride` bytes after the header, `index < count`) lies inside the data area and below
+        // the tail the producer published (Acquire), so its bytes are initialised, complete, and
+        // not written by a well-behaved producer until we release them.
+        unsafe { std::slice::from_raw_parts(self.mem.data().add(off as usize), next.len as usize) }
     }
 
     /// Whether bytes beyond `pos` are published (refreshing the cached tail if needed).
@@ -288,8 +325,8 @@ impl<M: Memory> Consumer<M> {
         }
         let off = pos & self.mask;
         let (len, kind, flags) = self.read_header(off);
-        let total = record_size(u64::from(len & !PAD_BIT));
-        if len & PAD_BIT != 0
+        let total = record_size(u64::from(len & !(PAD_BIT | RUN_BIT)));
+        if len & (PAD_BIT | RUN_BIT) != 0
             || u64::from(len) > self.max_payload
             || off + total > self.cap
             || pos + total > self.cached_tail
@@ -301,10 +338,11 @@ impl<M: Memory> Consumer<M> {
             len,
             kind,
             flags,
+            count: 1,
         }))
     }
 
-    /// The record at `pos` when it is padding (skipped) or fails a check (an error).
+    /// The record at `pos` when it is padding (skipped), a run, or fails a check (an error).
     #[inline(never)]
     fn next_slow(&mut self, mut pos: u64) -> Result<Option<Next>> {
         let mut off = pos & self.mask;
@@ -325,19 +363,32 @@ impl<M: Memory> Consumer<M> {
                 return Err(self.corrupt("padding record"));
             }
         }
-        let total = record_size(u64::from(len));
-        if u64::from(len) > self.max_payload
+        let mut next = Next {
+            pos,
+            len,
+            kind,
+            flags,
+            count: 1,
+        };
+        if len & RUN_BIT != 0 {
+            // A run of `flags` records of `len & !RUN_BIT` bytes: at least two, flags 0.
+            next.len = len & !RUN_BIT;
+            next.count = u64::from(flags);
+            next.flags = 0;
+            if next.count < 2 {
+                return Err(self.corrupt("run length"));
+            }
+        }
+        // A run's count is below 2^16 and a length below 2^29, so `total` cannot overflow.
+        let total = next.total();
+        if u64::from(next.len) > self.max_payload
+            || total > self.max_payload + RECORD_HEADER as u64
             || off + total > self.cap
             || pos + total > self.cached_tail
         {
             return Err(self.corrupt("record length"));
         }
-        Ok(Some(Next {
-            pos,
-            len,
-            kind,
-            flags,
-        }))
+        Ok(Some(next))
     }
 
     #[inline]
@@ -442,7 +493,8 @@ pub struct ReadGrant<'a, M: Memory = crate::DefaultMemory> {
     len: usize,
     kind: u16,
     flags: u16,
-    next: u64,
+    /// Where the head moves on release; `None` inside a run (the run's next record follows).
+    next: Option<u64>,
 }
 
 impl<M: Memory> ReadGrant<'_, M> {
@@ -472,11 +524,13 @@ impl<M: Memory> Deref for ReadGrant<'_, M> {
 impl<M: Memory> Drop for ReadGrant<'_, M> {
     #[inline]
     fn drop(&mut self) {
-        let off = (self.next - record_size(self.len as u64)) & self.consumer.mask;
-        self.consumer
-            .mem
-            .track_read(off, record_size(self.len as u64));
-        self.consumer.release(self.next);
+        match self.next {
+            Some(next) => {
+                self.consumer.run_index = 0;
+                self.consumer.release(next);
+            }
+            None => self.consumer.run_index += 1,
+        }
     }
 }
 

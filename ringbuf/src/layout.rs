@@ -23,8 +23,8 @@ use crossbeam_utils::CachePadded;
 
 /// `"RSRING"` + two zero bytes, little-endian: identifies a ringserve ring segment.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"RSRING\0\0");
-/// Layout version; bump on any change to this file.
-pub const VERSION: u32 = 1;
+/// Layout version; bump on any change to this file or to the record format. 2: runs.
+pub const VERSION: u32 = 2;
 /// Offset of the data area from the start of the segment (one page).
 pub const DATA_OFFSET: usize = 4096;
 /// Smallest capacity of a shared-memory ring.
@@ -37,6 +37,12 @@ pub const MIN_HEAP_CAPACITY: usize = 32;
 pub const RECORD_HEADER: usize = 8;
 /// Bit 31 of `len` marks a padding record that fills the data area up to the wrap.
 pub(crate) const PAD_BIT: u32 = 1 << 31;
+/// Bit 30 of `len` marks a run: `flags` (2 or more) records of `len` payload bytes, kind `kind`
+/// and flags 0, one after another at 8-byte strides behind the one header. A batch writes equal
+/// records this way, so their headers and per-record checks are paid once per run.
+pub(crate) const RUN_BIT: u32 = 1 << 30;
+/// Most records one run holds (its count lives in the 16-bit `flags` field).
+pub(crate) const MAX_RUN: u64 = u16::MAX as u64;
 /// Positions never exceed this (2^62 bytes: decades at any rate), so sums of positions cannot overflow.
 pub(crate) const MAX_POSITION: u64 = 1 << 62;
 

@@ -3,7 +3,8 @@
 use crate::barrier;
 use crate::error::{Error, Result, Role};
 use crate::layout::{
-    MAX_POSITION, PAD_BIT, RECORD_HEADER, encode_record, max_payload, record_size,
+    MAX_POSITION, MAX_RUN, PAD_BIT, RECORD_HEADER, RUN_BIT, encode_record, max_payload,
+    record_size,
 };
 use crate::liveness::{self, PeerState};
 use crate::memory::Memory;
@@ -12,6 +13,18 @@ use crate::sync::Ordering;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The unpublished record at the end of a batch that equal records extend (see `RUN_BIT`).
+#[derive(Clone, Copy, Debug)]
+struct Run {
+    /// Position of its header.
+    pos: u64,
+    /// Payload bytes of each record.
+    len: u32,
+    kind: u16,
+    /// Records in it so far (1: still a plain record).
+    count: u64,
+}
 
 /// Most spin hints a producer waits before reloading the head of a ring that stayed full.
 const FULL_BACKOFF_MAX: u32 = 64;
@@ -42,6 +55,8 @@ pub struct Producer<M: Memory = crate::DefaultMemory> {
     stats: SideStats,
     /// Reloads in a row that found the ring full (the backoff before the next one doubles).
     full_streak: u32,
+    /// The last record of the current batch, which an equal record may join as a run.
+    run: Option<Run>,
     /// This process is registered for the asymmetric barrier (see `barrier`).
     light: bool,
 }
@@ -72,6 +87,7 @@ impl<M: Memory> Producer<M> {
             config: WaitConfig::default(),
             stats: SideStats::default(),
             full_streak: 0,
+            run: None,
             light: barrier::registered(),
             mem: Mapped::new(mem),
         };
@@ -132,7 +148,7 @@ impl<M: Memory> Producer<M> {
     /// Like [`try_push`](Self::try_push) with a record kind.
     #[inline]
     pub fn try_push_kind(&mut self, kind: u16, payload: &[u8]) -> Result<bool> {
-        if !self.write_record(kind, payload)? {
+        if !self.write_record(kind, payload, false)? {
             return Ok(false);
         }
         self.publish();
@@ -223,11 +239,20 @@ impl<M: Memory> Producer<M> {
         ring::poison(self.mem.header(), &mut self.poisoned, what)
     }
 
-    /// Writes one record of `kind` holding a copy of `payload` after `pending`, unpublished.
-    /// `Ok(false)`: the ring is full.
+    /// Writes one record of `kind` holding a copy of `payload` after `pending`, unpublished; in a
+    /// batch (`join`), as one more record of the run the batch's last record started when it
+    /// has the same length and kind. `Ok(false)`: the ring is full.
     #[inline(always)]
-    fn write_record(&mut self, kind: u16, payload: &[u8]) -> Result<bool> {
+    fn write_record(&mut self, kind: u16, payload: &[u8], join: bool) -> Result<bool> {
         ring::check_poison(self.mem.header(), &mut self.poisoned)?;
+        if join
+            && let Some(run) = self.run
+            && run.len as usize == payload.len()
+            && run.kind == kind
+            && self.extend_run(run, payload)?
+        {
+            return Ok(true);
+        }
         let total = self.record_total(payload.len())?;
         let Some(pos) = self.place(total)? else {
             return Ok(false);
@@ -243,12 +268,56 @@ impl<M: Memory> Producer<M> {
         }
         self.pending = pos + total;
         self.pending_records += 1;
+        self.run = join.then_some(Run {
+            pos,
+            len: payload.len() as u32,
+            kind,
+            count: 1,
+        });
+        Ok(true)
+    }
+
+    /// Appends `payload` to `run` (the batch's last record) without a header of its own, if it
+    /// fits before the end of the data area and the run stays within a record's size limit.
+    #[inline(always)]
+    fn extend_run(&mut self, run: Run, payload: &[u8]) -> Result<bool> {
+        let stride = (payload.len() as u64).next_multiple_of(8);
+        let run_off = run.pos & self.mask;
+        let run_total = self.pending - run.pos;
+        // `run_off + run_total` may be exactly the end of the data area, where `pending`'s offset
+        // wraps to 0: the run must not.
+        let off = run_off + run_total;
+        if run.count >= MAX_RUN
+            || off + stride > self.cap
+            || run_total + stride > self.max_payload + RECORD_HEADER as u64
+            || !self.has_room(stride)?
+        {
+            return Ok(false);
+        }
+        self.mem.track_write(off, stride);
+        self.mem.track_write(run.pos & self.mask, RECORD_HEADER as u64);
+        let count = run.count + 1;
+        // SAFETY: `has_room` and the checks above put the `stride` bytes at `off` (8-aligned)
+        // inside the data area beyond the published tail, as is the run's header at `run.pos`
+        // (unpublished: the run started in this batch); `payload` cannot overlap the ring.
+        unsafe {
+            copy_payload(payload, self.mem.data().add(off as usize));
+            crate::sync::store_word(
+                self.mem.data().add((run.pos & self.mask) as usize),
+                encode_record(run.len | RUN_BIT, run.kind, count as u16),
+            );
+        }
+        self.pending += stride;
+        self.pending_records += 1;
+        self.run = Some(Run { count, ..run });
         Ok(true)
     }
 
     #[inline]
     fn reserve_inner(&mut self, len: usize, publish: bool) -> Result<Option<WriteGrant<'_, M>>> {
         ring::check_poison(self.mem.header(), &mut self.poisoned)?;
+        // A reserved record's kind and flags are set later: it never joins a run, and ends one.
+        self.run = None;
         let total = self.record_total(len)?;
         let Some(pos) = self.place(total)? else {
             return Ok(None);
@@ -346,6 +415,7 @@ impl<M: Memory> Producer<M> {
         hdr.prod.pos.store(self.pending, Ordering::Release);
         self.tail = self.pending;
         self.pending_records = 0;
+        self.run = None;
         // SYNC: StoreLoad barrier pairs with the consumer's `barrier::waiter` in `Consumer::wait_data`
         // (eventcount): either its re-check sees our new tail, or we see its `sleeping` flag below.
         barrier::publisher(
@@ -523,15 +593,17 @@ impl<M: Memory> Batch<'_, M> {
     }
 
     /// Copies `payload` into the batch as a record of kind 0. `Ok(false)`: the ring is full.
+    /// A record with the length and kind of the batch's previous one joins it in a run (one
+    /// header for many records; the consumer still sees each record on its own).
     #[inline]
     pub fn try_push(&mut self, payload: &[u8]) -> Result<bool> {
-        self.producer.write_record(0, payload)
+        self.producer.write_record(0, payload, true)
     }
 
     /// Like [`try_push`](Self::try_push) with a record kind.
     #[inline]
     pub fn try_push_kind(&mut self, kind: u16, payload: &[u8]) -> Result<bool> {
-        self.producer.write_record(kind, payload)
+        self.producer.write_record(kind, payload, true)
     }
 
     /// Records committed to this batch so far.
@@ -560,6 +632,7 @@ impl<M: Memory> Drop for Batch<'_, M> {
         let p = &mut *self.producer;
         p.pending = p.tail;
         p.pending_records = 0;
+        p.run = None;
     }
 }
 

@@ -31,7 +31,17 @@ struct Model {
     cap: u64,
     tail: u64,
     head: u64,
-    records: VecDeque<(u16, Vec<u8>, u64)>,
+    /// Kind, payload, and where the head moves once it is read (`None`: not yet, it is a run's
+    /// record other than the last).
+    records: VecDeque<(u16, Vec<u8>, Option<u64>)>,
+}
+
+/// A run being built in a batch: its records' length, how many, and where it starts.
+#[derive(Clone, Copy)]
+struct ModelRun {
+    len: usize,
+    count: u64,
+    start: u64,
 }
 
 impl Model {
@@ -45,6 +55,19 @@ impl Model {
             to_end + total
         };
         (at + need - self.head <= self.cap).then_some(at + need)
+    }
+
+    /// Where the run would end if a record of `len` bytes joined it at `at` (its current end).
+    fn extend(&self, run: ModelRun, at: u64, len: usize) -> Option<u64> {
+        let stride = (len as u64).next_multiple_of(8);
+        let fits_before_end = run.start % self.cap + (at - run.start) + stride <= self.cap;
+        let run_total = at - run.start + stride;
+        (run.len == len
+            && run.count < u64::from(u16::MAX)
+            && fits_before_end
+            && run_total <= self.cap / 2
+            && at + stride - self.head <= self.cap)
+            .then_some(at + stride)
     }
 }
 
@@ -81,22 +104,42 @@ fn run(cap: usize, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 );
                 if let Some(end) = expect {
                     m.tail = end;
-                    m.records.push_back((kind, data, end));
+                    m.records.push_back((kind, data, Some(end)));
                 }
             }
             Op::Batch { lens, commit } => {
                 let mut batch = p.batch();
                 let mut at = m.tail;
-                let mut staged = Vec::new();
+                let mut staged: Vec<(u16, Vec<u8>, Option<u64>)> = Vec::new();
+                // Equal records of a batch join the run the first of them started.
+                let mut run: Option<ModelRun> = None;
                 for len in lens {
                     seed += 1;
                     let data = fill(seed, len);
                     let pushed = batch.try_push(&data).unwrap();
+                    if let Some(end) = run.and_then(|r| m.extend(r, at, len)) {
+                        prop_assert!(pushed, "a record joining a run at {} was refused", at);
+                        at = end;
+                        if let Some(last) = staged.last_mut() {
+                            last.2 = None;
+                        }
+                        staged.push((0, data, Some(end)));
+                        run = run.map(|r| ModelRun {
+                            count: r.count + 1,
+                            ..r
+                        });
+                        continue;
+                    }
                     let expect = m.place(at, len);
                     prop_assert_eq!(pushed, expect.is_some());
                     if let Some(end) = expect {
+                        run = Some(ModelRun {
+                            len,
+                            count: 1,
+                            start: end - record_size(len as u64),
+                        });
                         at = end;
-                        staged.push((0, data, end));
+                        staged.push((0, data, Some(end)));
                     }
                 }
                 prop_assert_eq!(batch.len(), staged.len());
@@ -120,14 +163,14 @@ fn run(cap: usize, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 for (kind, data) in got {
                     let (mk, md, end) = m.records.pop_front().unwrap();
                     prop_assert_eq!((kind, data), (mk, md));
-                    m.head = end;
+                    m.head = end.unwrap_or(m.head);
                 }
             }
             Op::PopOne => match c.try_pop().unwrap() {
                 Some(g) => {
                     let (mk, md, end) = m.records.pop_front().expect("model has a record");
                     prop_assert_eq!((g.kind(), &*g), (mk, &md[..]));
-                    m.head = end;
+                    m.head = end.unwrap_or(m.head);
                 }
                 None => prop_assert!(m.records.is_empty()),
             },

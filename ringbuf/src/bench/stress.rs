@@ -269,9 +269,19 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// The payload length a record with this tag has.
+/// The payload length a record with this tag has: random, except that in every fourth block of
+/// 32 sequence numbers all records have one small size (so batches there form runs).
 fn size_of_tag(tag: u64) -> usize {
+    let block = (tag & ((1 << 48) - 1)) >> 5;
+    if run_block(tag) {
+        return MIN_SIZE + (mix(block ^ tag >> 48) % 121) as usize;
+    }
     MIN_SIZE + (mix(tag ^ 0xA076_1D64_78BD_642F) % (MAX_SIZE - MIN_SIZE + 1) as u64) as usize
+}
+
+/// Whether the record with this tag lies in a block of equal-size records.
+fn run_block(tag: u64) -> bool {
+    ((tag & ((1 << 48) - 1)) >> 5).is_multiple_of(4)
 }
 
 /// Writes the record for `tag` into `buf` (its length is `size_of_tag(tag)`).
@@ -370,6 +380,7 @@ fn produce(
     let mut rng = Rng(seed ^ incarnation.wrapping_mul(0xD1B5_4A32_D192_ED03));
     let mut seq = 0u64;
     let mut batches = 0u64;
+    let mut scratch = Vec::with_capacity(MAX_SIZE);
     let mut rtts = Vec::new();
     // Round trips go out at least every 20 ms, so a producer killed soon after it started has
     // reported most of its samples.
@@ -397,12 +408,22 @@ fn produce(
         let mut written = 0;
         for k in 0..n {
             let t = tag(seq + k);
-            let Some(mut g) = batch.reserve(size_of_tag(t))? else {
-                break;
-            };
-            fill(t, &mut g);
-            g.set_kind(KIND_DATA);
-            g.commit();
+            if run_block(t) {
+                // Copied in, so equal records join one run.
+                scratch.resize(size_of_tag(t), 0);
+                fill(t, &mut scratch);
+                if !batch.try_push_kind(KIND_DATA, &scratch)? {
+                    break;
+                }
+            } else {
+                // Written in place.
+                let Some(mut g) = batch.reserve(size_of_tag(t))? else {
+                    break;
+                };
+                fill(t, &mut g);
+                g.set_kind(KIND_DATA);
+                g.commit();
+            }
             written += 1;
         }
         batch.commit();
