@@ -3,8 +3,7 @@
 use crate::barrier;
 use crate::error::{Error, Result, Role};
 use crate::layout::{
-    MAX_POSITION, MAX_RUN, PAD_BIT, RECORD_HEADER, RUN_BIT, encode_record, max_payload,
-    record_size,
+    MAX_POSITION, MAX_RUN, PAD_BIT, RECORD_HEADER, RUN_BIT, encode_record, max_payload, record_size,
 };
 use crate::liveness::{self, PeerState};
 use crate::memory::Memory;
@@ -260,7 +259,8 @@ impl<M: Memory> Producer<M> {
         let off = (pos & self.mask) as usize;
         // SAFETY: `place` checked that the `total` bytes at `off` (8-aligned) lie in the data area
         // beyond the published tail, where the consumer does not read; header plus payload fit in
-        // `total`, and `payload` (our memory) cannot overlap the ring's data area.
+        // `total`. `payload` cannot alias them: no borrow covers bytes beyond the tail except a
+        // `WriteGrant`, which holds `&mut self`.
         unsafe {
             let dst = self.mem.data().add(off);
             copy_payload(payload, dst.add(RECORD_HEADER));
@@ -295,11 +295,13 @@ impl<M: Memory> Producer<M> {
             return Ok(false);
         }
         self.mem.track_write(off, stride);
-        self.mem.track_write(run.pos & self.mask, RECORD_HEADER as u64);
+        self.mem
+            .track_write(run.pos & self.mask, RECORD_HEADER as u64);
         let count = run.count + 1;
         // SAFETY: `has_room` and the checks above put the `stride` bytes at `off` (8-aligned)
         // inside the data area beyond the published tail, as is the run's header at `run.pos`
-        // (unpublished: the run started in this batch); `payload` cannot overlap the ring.
+        // (unpublished: the run started in this batch); `payload` cannot alias them (as in
+        // `write_record`).
         unsafe {
             copy_payload(payload, self.mem.data().add(off as usize));
             crate::sync::store_word(

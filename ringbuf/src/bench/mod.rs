@@ -572,7 +572,8 @@ pub fn word_ping_pong(launcher: &Launcher, count: usize, pin: Option<Pinning>) -
     let mut samples = Vec::with_capacity(count);
     let result = (|| {
         // Warm-up: the first answer also says the child is running.
-        for i in 0..(count + 1000) as u64 {
+        let warm_up = count.min(1000) as u64;
+        for i in 0..count as u64 + warm_up {
             let t = Instant::now();
             word.store(2 * i + 1, std::sync::atomic::Ordering::Release);
             // SYNC: Acquire pairs with the child's Release store of the answer.
@@ -586,7 +587,7 @@ pub fn word_ping_pong(launcher: &Launcher, count: usize, pin: Option<Pinning>) -
                 }
                 std::hint::spin_loop();
             }
-            if i >= 1000 {
+            if i >= warm_up {
                 samples.push(t.elapsed().as_nanos() as u64);
             }
         }
@@ -687,7 +688,7 @@ pub fn report(launcher: &Launcher, config: ReportConfig) -> Result<String> {
     // The machine's own cross-core latency, before and after: on a VM it changes when the host
     // moves the vCPUs (same core complex or not), and every figure below moves with it.
     let word_p50 = || -> Result<u64> {
-        let mut samples = word_ping_pong(launcher, 20_000, config.pin)?;
+        let mut samples = word_ping_pong(launcher, config.round_trips.min(20_000), config.pin)?;
         Ok(quantile(&mut samples, 0.5))
     };
     let word_before = word_p50()?;
