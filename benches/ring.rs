@@ -253,6 +253,8 @@ fn ping_pong(c: &mut Criterion, launcher: &Launcher, pin: Option<Pinning>) {
 fn stress(c: &mut Criterion, launcher: &Launcher) {
     let mut group = c.benchmark_group("stress_random_8B_4KiB");
     group.throughput(Throughput::Elements(1));
+    // Ten 1-second runs (plus process start-up each).
+    group.measurement_time(Duration::from_secs(12));
     let config = ringbuf::bench::stress::StressConfig {
         pairs: 1,
         duration: Duration::from_secs(1),
