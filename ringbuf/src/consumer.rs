@@ -153,6 +153,16 @@ impl<M: Memory> Consumer<M> {
         let mut outcome = Ok(());
         while n < max {
             match self.next_checked(pos) {
+                Ok(Some(next)) if next.count == 1 && first == 0 => {
+                    // A plain record: the common case, kept free of the run bookkeeping.
+                    f(Record {
+                        kind: next.kind,
+                        flags: next.flags,
+                        payload: self.payload(next, 0),
+                    });
+                    pos = next.pos + record_size(u64::from(next.len));
+                    n += 1;
+                }
                 Ok(Some(next)) => {
                     if first >= next.count {
                         outcome = Err(self.corrupt("run length"));

@@ -238,12 +238,23 @@ impl<M: Memory> Producer<M> {
         ring::poison(self.mem.header(), &mut self.poisoned, what)
     }
 
+    /// Fails if the ring is poisoned, checked once per batch (at its first record; every single
+    /// push is a batch of one): records added to a batch after the peer poisoned the ring are
+    /// published into a ring nobody reads, which is harmless, and the next batch fails.
+    #[inline(always)]
+    fn check_poison_once(&mut self) -> Result<()> {
+        if self.pending == self.tail {
+            ring::check_poison(self.mem.header(), &mut self.poisoned)?;
+        }
+        Ok(())
+    }
+
     /// Writes one record of `kind` holding a copy of `payload` after `pending`, unpublished; in a
     /// batch (`join`), as one more record of the run the batch's last record started when it
     /// has the same length and kind. `Ok(false)`: the ring is full.
     #[inline(always)]
     fn write_record(&mut self, kind: u16, payload: &[u8], join: bool) -> Result<bool> {
-        ring::check_poison(self.mem.header(), &mut self.poisoned)?;
+        self.check_poison_once()?;
         if join
             && let Some(run) = self.run
             && run.len as usize == payload.len()
@@ -317,7 +328,7 @@ impl<M: Memory> Producer<M> {
 
     #[inline]
     fn reserve_inner(&mut self, len: usize, publish: bool) -> Result<Option<WriteGrant<'_, M>>> {
-        ring::check_poison(self.mem.header(), &mut self.poisoned)?;
+        self.check_poison_once()?;
         // A reserved record's kind and flags are set later: it never joins a run, and ends one.
         self.run = None;
         let total = self.record_total(len)?;
