@@ -736,47 +736,34 @@ pub fn report(launcher: &Launcher, config: ReportConfig) -> Result<String> {
         "{:>26} {:>10} {:>10} {:>10}",
         "", "p50", "p99", "p99.9"
     );
-    let mut runs = Vec::new();
-    for _ in 0..repeats {
-        let mut samples = word_ping_pong(launcher, config.round_trips, config.pin)?;
-        runs.push([0.5, 0.99, 0.999].map(|q| quantile(&mut samples, q)));
-    }
-    runs.sort_by_key(|q| q[0]);
-    let [p50, p99, p999] = runs[runs.len() / 2];
-    let _ = writeln!(
-        out,
-        "{:>26} {:>10} {:>10} {:>10}",
-        "bare shared word, spin",
-        ns(p50),
-        ns(p99),
-        ns(p999)
-    );
-    for mode in [WaitMode::Spin, WaitMode::Futex] {
-        for (label, cross) in [("cross-process", true), ("in-process", false)] {
-            let mut runs = Vec::new();
-            for _ in 0..repeats {
-                let mut samples = if cross {
-                    Peer::process(launcher, mode, config.pin)?.ping_pong(
-                        64,
-                        config.round_trips,
-                        mode,
-                    )?
-                } else {
-                    Peer::thread(mode, config.pin)?.ping_pong(64, config.round_trips, mode)?
-                };
-                runs.push([0.5, 0.99, 0.999].map(|q| quantile(&mut samples, q)));
-            }
-            runs.sort_by_key(|q| q[0]);
-            let [p50, p99, p999] = runs[runs.len() / 2];
-            let _ = writeln!(
-                out,
-                "{:>26} {:>10} {:>10} {:>10}",
-                format!("{label}, {}", mode.as_str()),
-                ns(p50),
-                ns(p99),
-                ns(p999)
-            );
+    // One row: the run with the median p50 of `repeats` runs of `measure`.
+    let mut row = |label: &str, measure: &mut dyn FnMut() -> Result<Vec<u64>>| -> Result<()> {
+        let mut runs = Vec::new();
+        for _ in 0..repeats {
+            let mut samples = measure()?;
+            runs.push([0.5, 0.99, 0.999].map(|q| quantile(&mut samples, q)));
         }
+        runs.sort_by_key(|q| q[0]);
+        let [p50, p99, p999] = runs[runs.len() / 2];
+        let _ = writeln!(
+            out,
+            "{label:>26} {:>10} {:>10} {:>10}",
+            ns(p50),
+            ns(p99),
+            ns(p999)
+        );
+        Ok(())
+    };
+    row("bare shared word, spin", &mut || {
+        word_ping_pong(launcher, config.round_trips, config.pin)
+    })?;
+    for mode in [WaitMode::Spin, WaitMode::Futex] {
+        row(&format!("cross-process, {}", mode.as_str()), &mut || {
+            Peer::process(launcher, mode, config.pin)?.ping_pong(64, config.round_trips, mode)
+        })?;
+        row(&format!("in-process, {}", mode.as_str()), &mut || {
+            Peer::thread(mode, config.pin)?.ping_pong(64, config.round_trips, mode)
+        })?;
     }
     Ok(out)
 }

@@ -743,8 +743,9 @@ pub fn run(
     while consumers_done < pairs {
         let msg = line_rx.recv_timeout(Duration::from_millis(5));
         let now = now_ns();
-        match msg {
-            Ok((i, line)) => match line {
+        // A timeout only; never disconnected (`line_tx` lives here for the restarts' forwarders).
+        if let Ok((i, line)) = msg {
+            match line {
                 Line::Tick { t, records, bytes } => {
                     let b = &mut series[bucket(t)];
                     b.0 += records;
@@ -765,11 +766,12 @@ pub fn run(
                         restart(
                             launcher,
                             &mut live[i],
+                            i,
                             config.seed + i as u64,
                             deadline,
                             interval,
+                            &line_tx,
                         )?;
-                        forward(i, &mut live[i].producer, false, &line_tx);
                     }
                 }
                 Line::ConsumerDone {
@@ -792,9 +794,7 @@ pub fn run(
                         consumers_done += 1;
                     }
                 }
-            },
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
         }
         // A kill the consumer never reported (it must report within its liveness poll).
         if let Some((i, t_kill)) = killed
@@ -804,11 +804,12 @@ pub fn run(
             restart(
                 launcher,
                 &mut live[i],
+                i,
                 config.seed + i as u64,
                 deadline,
                 interval,
+                &line_tx,
             )?;
-            forward(i, &mut live[i].producer, false, &line_tx);
         }
         if let (Some(at), Some(mean)) = (next_kill, config.kill_every)
             && now >= at
@@ -895,12 +896,15 @@ fn exp_delay(rng: &mut Rng, mean: Duration) -> u64 {
     (d as u64).max(1_000_000)
 }
 
+/// Starts the pair's next producer incarnation and forwards its output.
 fn restart(
     launcher: &Launcher,
     p: &mut Pair,
+    pair: usize,
     seed: u64,
     deadline: u64,
     interval: u64,
+    lines: &mpsc::Sender<(usize, Line)>,
 ) -> Result<()> {
     p.incarnation += 1;
     p.producer = spawn(
@@ -914,6 +918,7 @@ fn restart(
         interval,
         p.cpus.0,
     )?;
+    forward(pair, &mut p.producer, false, lines);
     Ok(())
 }
 
