@@ -3,7 +3,8 @@
 
 use rayon::prelude::*;
 
-use super::ops::{MatMut, MatRef, dot, gemm_into};
+use super::gemv::dot;
+use super::ops::{MatMut, MatRef, gemm_into};
 
 /// Where one query token reads its context from.
 #[derive(Debug, Clone, Copy)]
@@ -48,6 +49,7 @@ pub fn paged_attention(
     let group = num_heads / num_kv_heads;
     let kv_dim = num_kv_heads * d;
     let scale = 1.0 / (d as f32).sqrt();
+    let avx2 = has_avx2();
     out.par_chunks_mut(d)
         .enumerate()
         .for_each_init(Vec::new, |scores: &mut Vec<f32>, (idx, o)| {
@@ -56,38 +58,93 @@ pub fn paged_attention(
             if ctx.in_chunk {
                 return;
             }
-            let q_row = &q[t * q_stride + head * d..t * q_stride + (head + 1) * d];
-            let kv_off = (head / group) * d;
-            // Offsets of the K/V rows of positions 0..=position, block by block.
-            let rows = || {
-                ctx.block_table
-                    .iter()
-                    .flat_map(move |&b| {
-                        let base = b as usize * block_size;
-                        (base..base + block_size).map(move |slot| slot * kv_dim + kv_off)
-                    })
-                    .take(ctx.position + 1)
+            let one = OneHead {
+                q: &q[t * q_stride + head * d..t * q_stride + (head + 1) * d],
+                caches: (k_cache, v_cache),
+                ctx,
+                kv_off: (head / group) * d,
+                kv_dim,
+                block_size,
+                scale,
             };
-            scores.clear();
-            let mut max = f32::NEG_INFINITY;
-            for s in rows() {
-                let score = dot(q_row, &k_cache[s..s + d]) * scale;
-                max = max.max(score);
-                scores.push(score);
-            }
-            let mut sum = 0.0f32;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            o.fill(0.0);
-            for (s, &w) in rows().zip(scores.iter()) {
-                let p = w / sum;
-                for (o, &v) in o.iter_mut().zip(&v_cache[s..s + d]) {
-                    *o += p * v;
+            if avx2 {
+                #[cfg(target_arch = "x86_64")]
+                {
+                    // SAFETY: `attend_avx2` needs only AVX2, which `has_avx2` found on this CPU.
+                    unsafe { attend_avx2(&one, scores, o) };
+                    return;
                 }
             }
+            attend(&one, scores, o);
         });
+}
+
+/// Whether the CPU has AVX2 (always false off x86-64).
+fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return std::arch::is_x86_feature_detected!("avx2");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// One query head of one token, and where its K/V rows are.
+struct OneHead<'a> {
+    q: &'a [f32],
+    caches: (&'a [f32], &'a [f32]),
+    ctx: TokenContext<'a>,
+    /// Offset of the head's KV head within a cache row.
+    kv_off: usize,
+    /// Width of a cache row (all KV heads).
+    kv_dim: usize,
+    block_size: usize,
+    scale: f32,
+}
+
+/// `o = softmax(q·kᵀ · scale) · v` over the token's context, `scores` as scratch. Plain Rust with
+/// no fused multiply-add, so [`attend_avx2`] (the same code compiled for wider registers) gives the
+/// same bits.
+#[inline(always)]
+fn attend(one: &OneHead<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
+    let d = one.q.len();
+    let (k_cache, v_cache) = one.caches;
+    let (bs, kv_dim, kv_off) = (one.block_size, one.kv_dim, one.kv_off);
+    // Offsets of the K/V rows of positions 0..=position, block by block.
+    let rows = || {
+        one.ctx
+            .block_table
+            .iter()
+            .flat_map(move |&b| {
+                let base = b as usize * bs;
+                (base..base + bs).map(move |slot| slot * kv_dim + kv_off)
+            })
+            .take(one.ctx.position + 1)
+    };
+    scores.clear();
+    let mut max = f32::NEG_INFINITY;
+    for s in rows() {
+        let score = dot(one.q, &k_cache[s..s + d]) * one.scale;
+        max = max.max(score);
+        scores.push(score);
+    }
+    let mut sum = 0.0f32;
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    o.fill(0.0);
+    for (s, &w) in rows().zip(scores.iter()) {
+        let p = w / sum;
+        for (o, &v) in o.iter_mut().zip(&v_cache[s..s + d]) {
+            *o += p * v;
+        }
+    }
+}
+
+/// [`attend`] compiled for AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn attend_avx2(one: &OneHead<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
+    attend(one, scores, o);
 }
 
 /// A prefill chunk of one sequence, attended with GEMMs by [`chunk_attention`].
@@ -270,5 +327,44 @@ mod tests {
         let mut out = vec![0.0; 2];
         paged_attention(&[0.3, 0.7], (&k_cache, &v_cache), &tokens, dims, &mut out);
         assert_eq!(out, vec![5.0, -2.0]);
+    }
+
+    /// The AVX2 build of one head's attention is the same code in wider registers: the same bits.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_build_gives_the_portable_bits() {
+        if !has_avx2() {
+            eprintln!("SKIPPED: this CPU has no AVX2");
+            return;
+        }
+        let (d, bs, kv_heads) = (67, 4, 2);
+        let kv_dim = kv_heads * d;
+        let cache = |seed: f32| -> Vec<f32> {
+            (0..8 * bs * kv_dim)
+                .map(|i| (i as f32 * 0.173 + seed).sin())
+                .collect()
+        };
+        let (k_cache, v_cache) = (cache(0.3), cache(1.7));
+        let q: Vec<f32> = (0..d).map(|i| (i as f32 * 0.41).cos()).collect();
+        let table = [3u32, 1, 6, 2];
+        let one = OneHead {
+            q: &q,
+            caches: (&k_cache, &v_cache),
+            ctx: TokenContext {
+                position: 13,
+                block_table: &table,
+                in_chunk: false,
+            },
+            kv_off: d,
+            kv_dim,
+            block_size: bs,
+            scale: 0.125,
+        };
+        let (mut a, mut b) = (vec![0.0f32; d], vec![0.0f32; d]);
+        attend(&one, &mut Vec::new(), &mut a);
+        // SAFETY: the CPU was just found to have AVX2.
+        unsafe { attend_avx2(&one, &mut Vec::new(), &mut b) };
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&a), bits(&b));
     }
 }

@@ -6,7 +6,8 @@
 //! the paged cache through each sequence's block table, then causal attention over the sequence's
 //! whole context read through that table (so chunked prefill and prefix-cache hits need nothing
 //! special): GEMMs per KV head for prefill chunks, dot products per token and head for decodes.
-//! Matmuls of at most 4 rows stream the weight with dot products instead of packing it for GEMM.
+//! Matmuls of at most 16 rows (decode steps) stream the weight once with dot products instead of
+//! packing it for GEMM (`gemv`).
 //! Logits are computed only for the rows that sample.
 //!
 //! With a [`CpuTp`] the backend holds one tensor-parallel shard (see [`shard`] for the split) and
@@ -14,6 +15,7 @@
 //! logits.
 
 mod attention;
+mod gemv;
 mod ops;
 pub mod shard;
 

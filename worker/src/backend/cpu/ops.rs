@@ -4,6 +4,8 @@
 use gemm::Parallelism;
 use rayon::prelude::*;
 
+use super::gemv;
+
 /// `out[m × n] = a[m × k] · wᵀ`, with `w` an HF linear weight `[n × k]` (row-major), on all cores.
 ///
 /// # Panics
@@ -20,7 +22,7 @@ pub fn matmul_t(a: &[f32], w: &[f32], out: &mut [f32], (m, k, n): (usize, usize,
         return;
     }
     if m <= GEMV_MAX_ROWS {
-        gemv_rows(a, w, out, (m, k, n));
+        gemv::gemv_rows(a, w, out, (m, k, n));
         return;
     }
     let dst = MatMut {
@@ -153,33 +155,10 @@ pub fn gemm_into(dst: MatMut<'_>, lhs: MatRef<'_>, rhs: MatRef<'_>, parallel: bo
     }
 }
 
-/// Up to this many rows, [`matmul_t`] streams the weight once with dot products instead of calling
-/// GEMM: decode steps are bandwidth-bound, and GEMM would first copy (pack) the whole weight.
-const GEMV_MAX_ROWS: usize = 4;
-
-/// Weight rows per parallel task of [`gemv_rows`].
-const GEMV_ROWS_PER_TASK: usize = 32;
-
-/// [`matmul_t`] for few rows: each task takes a band of weight rows and dots every input row with it.
-fn gemv_rows(a: &[f32], w: &[f32], out: &mut [f32], (m, k, n): (usize, usize, usize)) {
-    // Transposed result `[n × m]`, so each task writes one contiguous band.
-    let mut out_t = vec![0.0f32; n * m];
-    out_t
-        .par_chunks_mut(GEMV_ROWS_PER_TASK * m)
-        .zip(w.par_chunks(GEMV_ROWS_PER_TASK * k))
-        .for_each(|(o, w_band)| {
-            for (o_row, w_row) in o.chunks_exact_mut(m).zip(w_band.chunks_exact(k)) {
-                for (o, a_row) in o_row.iter_mut().zip(a.chunks_exact(k)) {
-                    *o = dot(a_row, w_row);
-                }
-            }
-        });
-    for (j, row) in out_t.chunks_exact(m).enumerate() {
-        for (i, &v) in row.iter().enumerate() {
-            out[i * n + j] = v;
-        }
-    }
-}
+/// Up to this many rows, [`matmul_t`] streams the weight once with dot products
+/// ([`gemv::gemv_rows`]) instead of calling GEMM, which would first copy (pack) the whole weight:
+/// decode steps are bandwidth-bound.
+const GEMV_MAX_ROWS: usize = 16;
 
 /// HF `LlamaRMSNorm` in f32: `w * (x / sqrt(mean(x²) + eps))`, row by row (`x` is `[rows × w.len()]`).
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
@@ -237,27 +216,6 @@ pub fn silu_mul(gate_up: &[f32], inter: usize, out: &mut [f32]) {
         });
 }
 
-/// Dot product with eight independent partial sums, so the compiler can keep them in SIMD lanes (a
-/// plain `sum()` of f32 must run strictly in order and stays scalar).
-#[inline]
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    const LANES: usize = 8;
-    let mut acc = [0.0f32; LANES];
-    let (a_chunks, b_chunks) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let tail: f32 = a_chunks
-        .remainder()
-        .iter()
-        .zip(b_chunks.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in a_chunks.zip(b_chunks) {
-        for i in 0..LANES {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -291,16 +249,6 @@ mod tests {
                     assert!((out[i * n + j] - want).abs() < 1e-5, "m {m} ({i},{j})");
                 }
             }
-        }
-    }
-
-    #[test]
-    fn dot_matches_sequential_sum() {
-        for n in [0, 1, 7, 8, 9, 64, 67] {
-            let a: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 3.0).collect();
-            let b: Vec<f32> = (0..n).map(|i| (i % 5) as f32 - 2.0).collect();
-            let want: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
-            assert_eq!(dot(&a, &b), want, "n = {n}");
         }
     }
 
