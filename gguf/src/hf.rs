@@ -56,7 +56,7 @@ fn pre_tokenizer(pre: &str) -> Option<Json> {
     };
     Some(match pre {
         // GPT-2's own regex, inside ByteLevel.
-        "default" | "gpt2" => byte_level(true),
+        "default" | "gpt2" | "gpt-2" => byte_level(true),
         // Every digit alone, then GPT-2's regex.
         "smollm" => json!({"type": "Sequence", "pretokenizers": [
             {"type": "Digits", "individual_digits": true}, byte_level(true)]}),
@@ -71,9 +71,15 @@ fn pre_tokenizer(pre: &str) -> Option<Json> {
     })
 }
 
+/// Llama 3.1-style per-frequency RoPE divisors, read into the config.
+const ROPE_FREQS: &str = "rope_freqs.weight";
+
 /// `tokenizer.ggml.token_type` values.
+pub(crate) const TOKEN_NORMAL: u64 = 1;
+const TOKEN_UNKNOWN: u64 = 2;
 const TOKEN_CONTROL: u64 = 3;
 const TOKEN_USER_DEFINED: u64 = 4;
+const TOKEN_BYTE: u64 = 6;
 
 impl GgufFile {
     fn arch(&self) -> Result<Arch, GgufError> {
@@ -232,13 +238,18 @@ impl GgufFile {
                 });
             }
         }
-        if self.tensor("rope_freqs.weight").is_some() {
-            return Err(GgufError::Unsupported {
-                path: self.path().to_path_buf(),
-                what: "tensor `rope_freqs.weight` (per-frequency RoPE factors, e.g. Llama 3.1)"
-                    .into(),
-                reason: "only none and linear RoPE scaling are read from GGUF files".into(),
-            });
+        if let Some(info) = self.tensor(ROPE_FREQS) {
+            // llama.cpp divides each frequency by its factor (Llama 3.1's scaling); the config
+            // parser checks the count against head_dim / 2 and that each is finite and positive.
+            if info.shape().len() != 1 {
+                return Err(GgufError::Malformed {
+                    path: self.path().to_path_buf(),
+                    what: format!("tensor `{ROPE_FREQS}`"),
+                    reason: format!("shape {:?}, expected one dimension", info.shape()),
+                });
+            }
+            let factors: Vec<f64> = self.read_f32(info).into_iter().map(f64::from).collect();
+            c.insert("rope_freq_factors".into(), json!(factors));
         }
         c.insert(
             "tie_word_embeddings".into(),
@@ -267,33 +278,27 @@ impl GgufFile {
         Ok(Json::Object(c))
     }
 
-    /// The model's `tokenizer.json` (GPT-2-style byte-level BPE vocabularies), for the
-    /// `tokenizers` crate.
+    /// The model's `tokenizer.json`, for the `tokenizers` crate: GPT-2-style byte-level BPE
+    /// vocabularies (`tokenizer.ggml.model = gpt2`, with their merges) and SentencePiece-style ones
+    /// (`llama`, with their scores; [`crate::spm`]).
     pub fn hf_tokenizer(&self) -> Result<Json, GgufError> {
         let model_key = "tokenizer.ggml.model";
         let model = self
             .get(model_key)
             .and_then(Value::as_str)
             .ok_or_else(|| self.metadata_error(model_key, "missing (or not a string)"))?;
-        if model != "gpt2" {
-            return Err(GgufError::Unsupported {
-                path: self.path().to_path_buf(),
-                what: format!("`{model_key}` = {model:?}"),
-                reason: "byte-level BPE vocabularies (gpt2) are read from GGUF files; \
-                         SentencePiece-style ones (llama) are not yet"
-                    .into(),
-            });
-        }
-        let pre_key = "tokenizer.ggml.pre";
-        let pre_name = self
-            .get(pre_key)
-            .and_then(Value::as_str)
-            .unwrap_or("default");
-        let pre = pre_tokenizer(pre_name).ok_or_else(|| GgufError::Unsupported {
-            path: self.path().to_path_buf(),
-            what: format!("`{pre_key}` = {pre_name:?}"),
-            reason: "default, gpt2, smollm, llama3/llama-bpe and qwen2 are".into(),
-        })?;
+        let spm = match model {
+            "gpt2" => false,
+            "llama" => true,
+            other => {
+                return Err(GgufError::Unsupported {
+                    path: self.path().to_path_buf(),
+                    what: format!("`{model_key}` = {other:?}"),
+                    reason: "byte-level BPE (gpt2) and SentencePiece (llama) vocabularies are"
+                        .into(),
+                });
+            }
+        };
         let tokens = self.strings("tokenizer.ggml.tokens")?;
         let types: Vec<u64> = match self.get("tokenizer.ggml.token_type") {
             None => vec![1; tokens.len()],
@@ -320,27 +325,13 @@ impl GgufFile {
                     format!("token {token:?} appears twice (again at id {id})"),
                 ));
             }
-            if ty == TOKEN_CONTROL || ty == TOKEN_USER_DEFINED {
+            let special = ty == TOKEN_CONTROL || (spm && ty == TOKEN_UNKNOWN);
+            if special || ty == TOKEN_USER_DEFINED {
                 added.push(json!({"id": id, "content": token, "single_word": false,
                     "lstrip": false, "rstrip": false, "normalized": false,
-                    "special": ty == TOKEN_CONTROL}));
+                    "special": special}));
             }
         }
-        let merges_key = "tokenizer.ggml.merges";
-        let merges = self
-            .strings(merges_key)?
-            .into_iter()
-            .enumerate()
-            .map(|(i, m)| match m.split_once(' ') {
-                Some((a, b)) if !a.is_empty() && !b.is_empty() && !b.contains(' ') => {
-                    Ok(json!([a, b]))
-                }
-                _ => Err(self.metadata_error(
-                    merges_key,
-                    format!("merge {i} ({m:?}) is not two tokens split by one space"),
-                )),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
         let add_bos = self
             .get("tokenizer.ggml.add_bos_token")
             .and_then(Value::as_bool)
@@ -359,21 +350,114 @@ impl GgufFile {
             }
             _ => Json::Null,
         };
+        let (normalizer, pre, decoder, model) = if spm {
+            self.spm_parts(&tokens, &types, vocab)?
+        } else {
+            let (pre, decoder, model) = self.byte_level_parts(vocab)?;
+            (Json::Null, pre, decoder, model)
+        };
         Ok(json!({
             "version": "1.0",
             "truncation": null,
             "padding": null,
             "added_tokens": added,
-            "normalizer": null,
+            "normalizer": normalizer,
             "pre_tokenizer": pre,
             "post_processor": post,
-            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true,
-                        "use_regex": true},
-            "model": {"type": "BPE", "dropout": null, "unk_token": null,
-                      "continuing_subword_prefix": null, "end_of_word_suffix": null,
-                      "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
-                      "vocab": vocab, "merges": merges},
+            "decoder": decoder,
+            "model": model,
         }))
+    }
+
+    /// Pre-tokenizer, decoder and model of a byte-level BPE vocabulary.
+    fn byte_level_parts(&self, vocab: Map<String, Json>) -> Result<(Json, Json, Json), GgufError> {
+        let pre_key = "tokenizer.ggml.pre";
+        let pre_name = self
+            .get(pre_key)
+            .and_then(Value::as_str)
+            .unwrap_or("default");
+        let pre = pre_tokenizer(pre_name).ok_or_else(|| GgufError::Unsupported {
+            path: self.path().to_path_buf(),
+            what: format!("`{pre_key}` = {pre_name:?}"),
+            reason: "default, gpt2/gpt-2, smollm, llama3/llama-bpe and qwen2 are".into(),
+        })?;
+        let merges_key = "tokenizer.ggml.merges";
+        let merges = self
+            .strings(merges_key)?
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| match m.split_once(' ') {
+                Some((a, b)) if !a.is_empty() && !b.is_empty() && !b.contains(' ') => {
+                    Ok(json!([a, b]))
+                }
+                _ => Err(self.metadata_error(
+                    merges_key,
+                    format!("merge {i} ({m:?}) is not two tokens split by one space"),
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        // Llama 3's tokenizer takes a pre-token that is itself in the vocabulary whole, before
+        // any merge (`ignore_merges`), as llama.cpp does for this pre-tokenizer.
+        let ignore_merges = matches!(pre_name, "llama3" | "llama-bpe" | "llama-v3");
+        let decoder = json!({"type": "ByteLevel", "add_prefix_space": true,
+                             "trim_offsets": true, "use_regex": true});
+        let model = json!({"type": "BPE", "dropout": null, "unk_token": null,
+                      "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                      "fuse_unk": false, "byte_fallback": false, "ignore_merges": ignore_merges,
+                      "vocab": vocab, "merges": merges});
+        Ok((pre, decoder, model))
+    }
+
+    /// Normalizer, pre-tokenizer (none), decoder and model of a SentencePiece vocabulary: merges
+    /// from the scores, byte fallback, the unknown piece.
+    fn spm_parts(
+        &self,
+        tokens: &[&str],
+        types: &[u64],
+        vocab: Map<String, Json>,
+    ) -> Result<(Json, Json, Json, Json), GgufError> {
+        let key = "tokenizer.ggml.scores";
+        let scores: Vec<f32> = self
+            .get(key)
+            .and_then(Value::as_array)
+            .ok_or_else(|| self.metadata_error(key, "missing (or not an array)"))?
+            .iter()
+            .map(|v| v.as_f64().map(|x| x as f32).filter(|x| x.is_finite()))
+            .collect::<Option<_>>()
+            .ok_or_else(|| self.metadata_error(key, "an entry is not a finite number"))?;
+        if scores.len() != tokens.len() {
+            return Err(self.metadata_error(
+                key,
+                format!("{} entries for {} tokens", scores.len(), tokens.len()),
+            ));
+        }
+        if !types.contains(&TOKEN_BYTE) {
+            return Err(GgufError::Unsupported {
+                path: self.path().to_path_buf(),
+                what: "a SentencePiece vocabulary without byte pieces (`<0xNN>`)".into(),
+                reason: "characters outside the vocabulary fall back to bytes".into(),
+            });
+        }
+        let unk = match self.token_id("tokenizer.ggml.unknown_token_id", tokens.len())? {
+            Some(id) => Some(id as usize),
+            None => types.iter().position(|&t| t == TOKEN_UNKNOWN),
+        };
+        let space_prefix = self
+            .get("tokenizer.ggml.add_space_prefix")
+            .and_then(Value::as_bool)
+            .unwrap_or(true);
+        let merges = crate::spm::merges(tokens, types, &scores);
+        let model = json!({"type": "BPE", "dropout": null,
+                      "unk_token": unk.map(|id| tokens[id]),
+                      "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                      "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+                      "vocab": vocab, "merges": merges});
+        Ok((
+            crate::spm::normalizer(space_prefix),
+            Json::Null,
+            crate::spm::decoder(space_prefix),
+            model,
+        ))
     }
 
     /// The model's `tokenizer_config.json`: the chat template and the BOS/EOS spellings it uses.
@@ -409,6 +493,9 @@ impl GgufFile {
             .map_or(heads, |v| v as usize);
         let mut out = Vec::with_capacity(self.tensors().len());
         for (index, info) in self.tensors().iter().enumerate() {
+            if info.name == ROPE_FREQS {
+                continue; // part of the config (`hf_config`), not a weight
+            }
             let name = hf_name(&info.name).ok_or_else(|| GgufError::Unsupported {
                 path: self.path().to_path_buf(),
                 what: format!("tensor `{}`", info.name),

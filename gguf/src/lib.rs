@@ -10,6 +10,7 @@
 pub mod hf;
 pub mod quants;
 mod reader;
+mod spm;
 
 pub use quants::GgmlType;
 pub use reader::{GgufError, GgufFile, TensorInfo, Value};

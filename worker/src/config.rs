@@ -104,6 +104,10 @@ pub struct RopeConfig {
     pub theta: f32,
     /// Scaling applied on top of the base frequencies.
     pub scaling: RopeScaling,
+    /// Per-frequency divisors applied after the scaling (`head_dim / 2` of them, finite and
+    /// positive): a GGUF file's `rope_freqs.weight`, as llama.cpp applies it (Llama 3.1 files carry
+    /// their frequency-dependent scaling this way). Read from the `rope_freq_factors` key.
+    pub freq_factors: Option<Vec<f32>>,
 }
 
 impl RopeConfig {
@@ -119,7 +123,7 @@ impl RopeConfig {
                 1.0 / pow
             })
             .collect();
-        match self.scaling {
+        let scaled = match self.scaling {
             RopeScaling::Default => base,
             RopeScaling::Linear { factor } => base.into_iter().map(|f| f / factor).collect(),
             RopeScaling::Llama3 {
@@ -146,6 +150,10 @@ impl RopeConfig {
                     })
                     .collect()
             }
+        };
+        match &self.freq_factors {
+            None => scaled,
+            Some(factors) => scaled.iter().zip(factors).map(|(f, d)| f / d).collect(),
         }
     }
 }
@@ -267,7 +275,7 @@ impl ModelConfig {
         let max_position_embeddings = f
             .usize_opt("max_position_embeddings")?
             .unwrap_or(default_max_pos);
-        let rope = parse_rope(&f)?;
+        let rope = parse_rope(&f, head_dim)?;
         let tie_word_embeddings = f.bool_opt("tie_word_embeddings")?.unwrap_or(false);
         let qkv_bias = match architecture {
             Architecture::Qwen2 => true,
@@ -387,7 +395,7 @@ fn check_supported_features(f: &Fields<'_>, arch: Architecture) -> Result<(), Co
     Ok(())
 }
 
-fn parse_rope(f: &Fields<'_>) -> Result<RopeConfig, ConfigError> {
+fn parse_rope(f: &Fields<'_>, head_dim: usize) -> Result<RopeConfig, ConfigError> {
     let top_theta = f.f64_opt("rope_theta")?;
     let (theta, scaling) = if f.get("rope_parameters").is_some() {
         let p = f.nested("rope_parameters")?;
@@ -412,7 +420,38 @@ fn parse_rope(f: &Fields<'_>) -> Result<RopeConfig, ConfigError> {
     if !(theta.is_finite() && theta > 0.0) {
         return Err(f.invalid("rope_theta", "must be a positive number"));
     }
-    Ok(RopeConfig { theta, scaling })
+    let freq_factors = match f.get(FREQ_FACTORS) {
+        None => None,
+        Some(v) => Some(parse_freq_factors(f, v, head_dim)?),
+    };
+    Ok(RopeConfig {
+        theta,
+        scaling,
+        freq_factors,
+    })
+}
+
+/// The config key of [`RopeConfig::freq_factors`].
+pub const FREQ_FACTORS: &str = "rope_freq_factors";
+
+fn parse_freq_factors(f: &Fields<'_>, v: &Value, head_dim: usize) -> Result<Vec<f32>, ConfigError> {
+    let expected = format!(
+        "an array of {} positive numbers (head_dim / 2)",
+        head_dim / 2
+    );
+    let items = v
+        .as_array()
+        .filter(|a| a.len() == head_dim / 2)
+        .ok_or_else(|| f.invalid(FREQ_FACTORS, &expected))?;
+    items
+        .iter()
+        .map(|x| {
+            x.as_f64()
+                .map(|x| x as f32)
+                .filter(|x| x.is_finite() && *x > 0.0)
+                .ok_or_else(|| f.invalid(FREQ_FACTORS, &expected))
+        })
+        .collect()
 }
 
 fn parse_scaling(s: &Fields<'_>) -> Result<RopeScaling, ConfigError> {

@@ -144,6 +144,7 @@ fn llama3_inv_freq_matches_formula() {
             high_freq_factor: 4.0,
             original_max_position_embeddings: 8192,
         },
+        freq_factors: None,
     };
     let got = rope.inv_freq(128);
     let want = llama3_reference(500_000.0, 128, 8.0, 1.0, 4.0, 8192.0);
@@ -172,6 +173,7 @@ fn default_and_linear_inv_freq() {
     let mut rope = RopeConfig {
         theta: 10_000.0,
         scaling: RopeScaling::Default,
+        freq_factors: None,
     };
     let d = rope.inv_freq(16);
     assert_eq!(d.len(), 8);
@@ -182,6 +184,57 @@ fn default_and_linear_inv_freq() {
     rope.scaling = RopeScaling::Linear { factor: 4.0 };
     for (a, b) in rope.inv_freq(16).iter().zip(&d) {
         assert_eq!(*a, b / 4.0);
+    }
+}
+
+/// A GGUF's `rope_freqs.weight` as llama.cpp's converter writes it for Llama 3.1 (one divisor per
+/// frequency: 1 for high frequencies, `factor` for low ones, the smooth blend between), applied to
+/// plain RoPE, gives what transformers computes from the `llama3` parameters.
+#[test]
+fn llama3_freq_factors_give_llama3_inv_freq() {
+    let (factor, low, high, old_ctx) = (8.0f64, 1.0f64, 4.0f64, 8192.0f64);
+    let factors: Vec<f32> = (0..64)
+        .map(|i| {
+            let base = 1.0 / 500_000f64.powf((2 * i) as f64 / 128.0);
+            let wavelen = 2.0 * std::f64::consts::PI / base;
+            if wavelen < old_ctx / high {
+                1.0
+            } else if wavelen > old_ctx / low {
+                factor as f32
+            } else {
+                let smooth = (old_ctx / wavelen - low) / (high - low);
+                (1.0 / ((1.0 - smooth) / factor + smooth)) as f32
+            }
+        })
+        .collect();
+    let v = with(
+        with(base(), "rope_theta", json!(500_000.0)),
+        "rope_freq_factors",
+        json!(factors),
+    );
+    let v = with(v, "head_dim", json!(128));
+    let c = parse(&v).unwrap();
+    let got = c.rope.inv_freq(128);
+    let want = llama3_reference(500_000.0, 128, factor, low, high, old_ctx);
+    for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            ((f64::from(g) - w) / w).abs() < 1e-5,
+            "inv_freq[{i}] = {g}, expected {w}"
+        );
+    }
+}
+
+#[test]
+fn bad_freq_factors_are_named() {
+    for bad in [
+        json!([1.0, 2.0]),
+        json!("x"),
+        json!(vec![-1.0; 4]),
+        json!(vec![0.0; 4]),
+    ] {
+        let v = with(with(base(), "head_dim", json!(8)), "rope_freq_factors", bad);
+        let err = parse(&v).unwrap_err();
+        assert!(err.to_string().contains("rope_freq_factors"), "{err}");
     }
 }
 

@@ -154,3 +154,123 @@ fn every_mapped_pre_tokenizer_splits_as_hf_transformers_does() {
         }
     }
 }
+
+/// A SentencePiece vocabulary (`tokenizer.ggml.model = llama`: pieces with scores and types, byte
+/// fallback, a space prefix; `scripts/make_gguf_spm.py`) encodes hard strings as the SentencePiece
+/// library itself does, adds BOS as the file asks, and decodes back to the text.
+#[test]
+fn a_sentencepiece_vocabulary_encodes_as_sentencepiece_does() {
+    let dir = fixture("gguf-spm");
+    let want: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let tokenizer = worker::open::load_tokenizer(&dir.join("vocab.gguf"))
+        .unwrap()
+        .unwrap();
+    let texts = want["texts"].as_array().unwrap();
+    for (text, spm) in texts.iter().zip(want["ids"].as_array().unwrap()) {
+        let text = text.as_str().unwrap();
+        let ours = tokenizer.encode(text, false).unwrap().get_ids().to_vec();
+        assert_eq!(ours, ids(spm), "{text:?}");
+        assert_eq!(
+            tokenizer.decode(&ours, false).unwrap(),
+            text,
+            "decoding {text:?}"
+        );
+        let with_bos = tokenizer.encode(text, true).unwrap().get_ids().to_vec();
+        assert_eq!(with_bos[0], 1, "BOS first: {text:?}");
+        assert_eq!(&with_bos[1..], &ours[..], "{text:?}");
+    }
+    // A special token in the text is its control piece, and the text after it gets its own space
+    // prefix, as llama.cpp tokenizes.
+    let ours = tokenizer
+        .encode("</s>the", false)
+        .unwrap()
+        .get_ids()
+        .to_vec();
+    let the = tokenizer.encode("the", false).unwrap().get_ids().to_vec();
+    assert_eq!(ours[0], 2);
+    assert_eq!(&ours[1..], &the[..], "`▁the` after </s>");
+}
+
+/// A llama GGUF carrying Llama 3.1's RoPE scaling as llama.cpp's converter stores it (a
+/// `rope_freqs.weight` divisor per frequency; `scripts/make_gguf_llama3_rope.py`) runs as the same
+/// weights do from safetensors with the `llama3` `rope_scaling` it was computed from — and unlike
+/// them without it, so the factors are applied, not dropped.
+#[test]
+fn rope_freqs_act_as_the_llama3_scaling_they_encode() {
+    let dir = fixture("gguf-llama3-rope");
+    let scaling: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("rope_scaling.json")).unwrap())
+            .unwrap();
+    let scaled = common::edited("tiny-llama", |config, _| {
+        let theta = config["rope_parameters"]["rope_theta"].clone();
+        let mut params = scaling.clone();
+        params["rope_theta"] = theta;
+        config["rope_parameters"] = params;
+    });
+    let options = CpuOptions {
+        block_size: 16,
+        num_kv_blocks: 16,
+        quantization: None,
+    };
+    let logits = |path: &std::path::Path| {
+        let (config, ckpt) = Checkpoint::load(path).unwrap();
+        let mut cpu = CpuBackend::new(&config, &ckpt, options).unwrap();
+        let prompt: Vec<u32> = (0..96).map(|i| (i * 37 + 5) % 512).collect();
+        (config, last_logits(&mut cpu, &prompt))
+    };
+    let (config, from_gguf) = logits(&dir.join("model.gguf"));
+    assert_eq!(config.rope.freq_factors.as_ref().map(Vec::len), Some(8));
+    let (_, from_config) = logits(scaled.path());
+    let (_, unscaled) = logits(&fixture("tiny-llama"));
+    let err = rel_l2(&from_gguf, &from_config);
+    assert!(
+        err < 1e-5,
+        "GGUF rope_freqs against llama3 rope_scaling: relative L2 {err:.2e}"
+    );
+    let apart = rel_l2(&unscaled, &from_config);
+    assert!(
+        apart > 1e-3,
+        "the scaling changes the logits by only {apart:.2e}"
+    );
+}
+
+/// llama.cpp's own tokenizer test vectors (`models/ggml-vocab-NAME.gguf`, vocabulary-only files,
+/// with `.inp` texts and `.out` ids made by the original tokenizers) for two SentencePiece
+/// vocabularies (Llama 2, Phi-3) and three byte-level BPE ones (Llama 3, Qwen2, GPT-2): 46 hard
+/// strings each. They ship in the llama.cpp that llama-cpp-python's PyPI sdist vendors, fetched by
+/// `scripts/get-llama-vocabs.sh` into `$RINGSERVE_LLAMA_VOCABS`. Skipped, saying so, when that folder is not given; CI gives it
+/// and sets `RINGSERVE_REQUIRE_LLAMA_VOCABS=1`, so there it cannot skip.
+#[test]
+fn llama_cpp_tokenizer_test_vectors() {
+    let Some(dir) = std::env::var_os("RINGSERVE_LLAMA_VOCABS").map(std::path::PathBuf::from) else {
+        assert!(
+            std::env::var_os("RINGSERVE_REQUIRE_LLAMA_VOCABS").is_none(),
+            "RINGSERVE_REQUIRE_LLAMA_VOCABS is set but RINGSERVE_LLAMA_VOCABS is not"
+        );
+        eprintln!("SKIPPED: RINGSERVE_LLAMA_VOCABS is not set (scripts/get-llama-vocabs.sh)");
+        return;
+    };
+    for name in ["llama-spm", "phi-3", "llama-bpe", "qwen2", "gpt-2"] {
+        let path = dir.join(format!("ggml-vocab-{name}.gguf"));
+        let tokenizer = worker::open::load_tokenizer(&path).unwrap().unwrap();
+        let read =
+            |ext: &str| std::fs::read_to_string(dir.join(format!("ggml-vocab-{name}.gguf.{ext}")));
+        let inputs = read("inp").unwrap();
+        let outputs = read("out").unwrap();
+        let marker = "\n__ggml_vocab_test__\n";
+        let inputs = inputs.strip_suffix(marker).unwrap_or(&inputs);
+        let texts: Vec<&str> = inputs.split(marker).collect();
+        let want: Vec<&str> = outputs.split('\n').take(texts.len()).collect();
+        assert_eq!(texts.len(), want.len(), "{name}: inputs and outputs");
+        for (text, want) in texts.iter().zip(&want) {
+            let want: Vec<u32> = want
+                .split_whitespace()
+                .map(|t| t.parse().unwrap())
+                .collect();
+            let ours = tokenizer.encode(*text, false).unwrap().get_ids().to_vec();
+            assert_eq!(ours, want, "{name}: {text:?}");
+        }
+        eprintln!("{name}: {} texts as llama.cpp's vectors", texts.len());
+    }
+}

@@ -230,6 +230,7 @@ pub fn toy_model_config(vocab: usize) -> ModelConfig {
         rope: RopeConfig {
             theta: 10_000.0,
             scaling: RopeScaling::Default,
+            freq_factors: None,
         },
         max_position_embeddings: 4096,
         tie_word_embeddings: false,
