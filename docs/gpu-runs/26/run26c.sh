@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Run 26, call B: SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized at load) through
+# Run 26, call C (carry .gpu26/smol.part02, after run26a.sh's calls A and B): SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized at load) through
 # `ringserve generate --device cuda` in float32 and bfloat16, greedy, on the three text and two
 # chat prompts of tests/fixtures/smollm2/expected.json (HF transformers' float32 tokens); then the
 # Llama 3.1 rope_freqs fixture on CUDA against the CPU backend.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 S=/tmp/smol
-cat $S/smol.part00 .gpu26/smol.part01 > $S/model.gguf
+cat $S/smol.part00 $S/smol.part01 .gpu26/smol.part02 > $S/model.gguf
 echo "$(cat scripts/smollm2.sha256)  $S/model.gguf" | sha256sum --check || exit 1
 tar xJf $S/bins.tar.xz -C $S
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64 RINGSERVE_KERNEL_CACHE=/tmp/kc-26
