@@ -192,6 +192,33 @@ fn a_sentencepiece_vocabulary_encodes_as_sentencepiece_does() {
     assert_eq!(&ours[1..], &the[..], "`▁the` after </s>");
 }
 
+/// A SentencePiece vocabulary without its scores, or with a model name nobody maps, is an error
+/// naming the key, not a tokenizer that splits differently.
+#[test]
+fn bad_sentencepiece_vocabularies_are_errors_naming_the_key() {
+    let bytes = std::fs::read(fixture("gguf-spm").join("vocab.gguf")).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    for (from, to, want) in [
+        (
+            &b"tokenizer.ggml.scores"[..],
+            &b"tokenizer.ggml.scorez"[..],
+            "tokenizer.ggml.scores",
+        ),
+        (
+            b"tokenizer.ggml.model\x08\0\0\0\x05\0\0\0\0\0\0\0llama",
+            b"tokenizer.ggml.model\x08\0\0\0\x05\0\0\0\0\0\0\0lllma",
+            "\"lllma\"",
+        ),
+    ] {
+        let mut b = bytes.clone();
+        replace_once(&mut b, from, to);
+        let path = tmp.path().join("vocab.gguf");
+        std::fs::write(&path, &b).unwrap();
+        let err = worker::open::load_tokenizer(&path).unwrap_err().to_string();
+        assert!(err.contains(want), "{err}");
+    }
+}
+
 /// A llama GGUF carrying Llama 3.1's RoPE scaling as llama.cpp's converter stores it (a
 /// `rope_freqs.weight` divisor per frequency; `scripts/make_gguf_llama3_rope.py`) runs as the same
 /// weights do from safetensors with the `llama3` `rope_scaling` it was computed from — and unlike
