@@ -174,21 +174,11 @@ fn band_dispatch(a: &[f32], w_band: &[f32], out_t: &mut [f32], m: usize, k: usiz
 }
 
 /// `out[m × n] = a[m × k] · wᵀ` (`w` `[n × k]`) with dot products, on all cores: each task takes a
-/// band of weight rows and dots every input row with it.
-///
-/// # Panics
-/// When a slice's length disagrees with the dimensions (a bug in the caller).
-pub fn gemv_rows(a: &[f32], w: &[f32], out: &mut [f32], (m, k, n): (usize, usize, usize)) {
-    assert_eq!(a.len(), m * k, "lhs length");
-    assert_eq!(w.len(), n * k, "weight length");
-    assert_eq!(out.len(), m * n, "output length");
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        out.fill(0.0);
-        return;
-    }
+/// band of weight rows and dots every input row with it. The shapes are those
+/// [`matmul_t`](super::ops::matmul_t) checked, with `m`, `k` and `n` all positive.
+pub(super) fn gemv_rows(a: &[f32], w: &[f32], out: &mut [f32], (m, k, n): (usize, usize, usize)) {
+    debug_assert!(m > 0 && k > 0 && n > 0, "matmul_t handles empty products");
+    debug_assert!(a.len() == m * k && w.len() == n * k && out.len() == m * n);
     // Transposed result `[n × m]`, so each task writes one contiguous band.
     let mut out_t = vec![0.0f32; n * m];
     out_t
