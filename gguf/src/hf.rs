@@ -8,6 +8,7 @@
 
 use serde_json::{Map, Value as Json, json};
 
+use crate::quants::{Q4Matrix, unpack_q4};
 use crate::reader::{GgufError, GgufFile, TensorInfo, Value};
 
 /// One weight under its HF name, row-major, dequantized.
@@ -530,6 +531,32 @@ impl GgufFile {
             data,
         })
     }
+
+    /// The stored type of one weight of [`hf_tensor_plan`](Self::hf_tensor_plan).
+    pub fn hf_tensor_type(&self, plan: &HfTensorPlan) -> crate::GgmlType {
+        self.tensors()[plan.index].ty
+    }
+
+    /// One weight of [`hf_tensor_plan`](Self::hf_tensor_plan) as its `Q4_0` / `Q4_1` blocks
+    /// (`[out, in]` rows, llama's q/k rows in HF order): what a backend with 4-bit kernels runs
+    /// without dequantizing. `None` for a tensor of another type or not 2-D.
+    pub fn read_hf_q4(&self, plan: &HfTensorPlan) -> Result<Option<Q4Matrix>, GgufError> {
+        let info = &self.tensors()[plan.index];
+        let [rows, cols] = plan.shape[..] else {
+            return Ok(None);
+        };
+        let Some(mut q) = unpack_q4(info.ty, self.data(info), rows, cols) else {
+            return Ok(None);
+        };
+        if let Some(n_head) = plan.unpermute_heads {
+            q.codes = unpermute_rows(self, info, &q.codes, n_head)?;
+            q.scales = unpermute_rows(self, info, &q.scales, n_head)?;
+            if let Some(m) = &q.mins {
+                q.mins = Some(unpermute_rows(self, info, m, n_head)?);
+            }
+        }
+        Ok(Some(q))
+    }
 }
 
 /// The HF name of a GGUF tensor name (`blk.N.attn_q.weight` → `model.layers.N.self_attn.q_proj.weight`).
@@ -566,16 +593,15 @@ fn hf_name(gguf: &str) -> Option<String> {
 }
 
 /// Undoes llama.cpp's q/k permutation: within each of `n_head` heads of `head_dim` rows, stored row
-/// `2i + j` is HF row `j * head_dim / 2 + i` (j = 0, 1 the two RoPE halves).
-fn unpermute_rows(
+/// `2i + j` is HF row `j * head_dim / 2 + i` (j = 0, 1 the two RoPE halves). `data` holds the
+/// tensor's rows as runs of `data.len() / rows` values (elements, or per-block scales).
+fn unpermute_rows<T: Copy + Default>(
     file: &GgufFile,
     info: &TensorInfo,
-    data: &[f32],
+    data: &[T],
     n_head: usize,
-) -> Result<Vec<f32>, GgufError> {
-    let shape = info.shape();
-    let rows = shape[0];
-    let cols: usize = shape[1..].iter().product();
+) -> Result<Vec<T>, GgufError> {
+    let rows = info.shape()[0];
     if n_head == 0 || !rows.is_multiple_of(n_head) || !(rows / n_head).is_multiple_of(2) {
         return Err(GgufError::Malformed {
             path: file.path().to_path_buf(),
@@ -583,9 +609,10 @@ fn unpermute_rows(
             reason: format!("{rows} rows are not {n_head} heads of an even size"),
         });
     }
+    let cols = data.len() / rows;
     let head_dim = rows / n_head;
     let half = head_dim / 2;
-    let mut out = vec![0f32; data.len()];
+    let mut out = vec![T::default(); data.len()];
     for h in 0..n_head {
         for i in 0..half {
             for j in 0..2 {
@@ -596,43 +623,4 @@ fn unpermute_rows(
         }
     }
     Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_map_to_hf() {
-        assert_eq!(
-            hf_name("blk.12.attn_q.weight").as_deref(),
-            Some("model.layers.12.self_attn.q_proj.weight")
-        );
-        assert_eq!(
-            hf_name("blk.0.attn_k.bias").as_deref(),
-            Some("model.layers.0.self_attn.k_proj.bias")
-        );
-        assert_eq!(
-            hf_name("blk.3.ffn_down.weight").as_deref(),
-            Some("model.layers.3.mlp.down_proj.weight")
-        );
-        assert_eq!(hf_name("output.weight").as_deref(), Some("lm_head.weight"));
-        for bad in [
-            "blk.x.attn_q.weight",
-            "blk.1.attn_norm.bias",
-            "rope_freqs.weight",
-            "blk.1",
-        ] {
-            assert_eq!(hf_name(bad), None, "{bad}");
-        }
-    }
-
-    #[test]
-    fn every_known_pre_tokenizer_is_json_the_tokenizers_crate_would_read() {
-        for pre in ["default", "gpt2", "smollm", "llama3", "llama-bpe", "qwen2"] {
-            let p = pre_tokenizer(pre).unwrap();
-            assert!(p.get("type").is_some(), "{pre}");
-        }
-        assert!(pre_tokenizer("deepseek-coder").is_none());
-    }
 }

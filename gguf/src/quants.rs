@@ -138,6 +138,78 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
         });
 }
 
+/// A `Q4_0` or `Q4_1` matrix unpacked, blocks kept: one 4-bit code per element and one scale (and
+/// `Q4_1`'s offset) per block of [`Q4_BLOCK`] consecutive elements of a row. An element is
+/// `(q − 8) · d` (`Q4_0`) or `q · d + m` (`Q4_1`), as [`dequantize`] computes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Q4Matrix {
+    pub ty: GgmlType,
+    pub rows: usize,
+    /// A multiple of [`Q4_BLOCK`].
+    pub cols: usize,
+    /// `rows × cols` codes in `0..16`, row-major.
+    pub codes: Vec<u8>,
+    /// `rows × cols / 32` block scales `d`, row-major.
+    pub scales: Vec<f32>,
+    /// `Q4_1`: `rows × cols / 32` block offsets `m`; `None` for `Q4_0`.
+    pub mins: Option<Vec<f32>>,
+}
+
+/// Elements per `Q4_0` / `Q4_1` block.
+pub const Q4_BLOCK: usize = 32;
+
+/// Unpacks `bytes`, a `rows × cols` matrix of `ty`, into a [`Q4Matrix`]; `None` unless `ty` is
+/// `Q4_0` or `Q4_1`.
+///
+/// # Panics
+/// If `bytes` is not exactly `rows × cols` elements of `ty` in whole blocks (the reader checks
+/// every tensor's size against its dimensions before handing its bytes out).
+pub fn unpack_q4(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Option<Q4Matrix> {
+    let q4_1 = match ty {
+        GgmlType::Q4_0 => false,
+        GgmlType::Q4_1 => true,
+        _ => return None,
+    };
+    let (_, block_bytes) = ty.block();
+    let blocks = rows * cols / Q4_BLOCK;
+    assert!(
+        cols.is_multiple_of(Q4_BLOCK) && bytes.len() == blocks * block_bytes,
+        "{} bytes are not a {rows} × {cols} {} matrix",
+        bytes.len(),
+        ty.name()
+    );
+    let mut codes = vec![0u8; rows * cols];
+    codes
+        .par_chunks_mut(Q4_BLOCK * BLOCKS_PER_TASK)
+        .zip(bytes.par_chunks(block_bytes * BLOCKS_PER_TASK))
+        .for_each(|(out, bytes)| {
+            for (y, b) in out
+                .chunks_exact_mut(Q4_BLOCK)
+                .zip(bytes.chunks_exact(block_bytes))
+            {
+                let qs = &b[block_bytes - 16..];
+                for (j, &q) in qs.iter().enumerate() {
+                    y[j] = q & 0xf;
+                    y[j + 16] = q >> 4;
+                }
+            }
+        });
+    let field = |at: usize| -> Vec<f32> {
+        bytes
+            .chunks_exact(block_bytes)
+            .map(|b| f16_at(b, at))
+            .collect()
+    };
+    Some(Q4Matrix {
+        ty,
+        rows,
+        cols,
+        codes,
+        scales: field(0),
+        mins: q4_1.then(|| field(2)),
+    })
+}
+
 fn f16_at(b: &[u8], at: usize) -> f32 {
     f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }
@@ -322,6 +394,33 @@ mod tests {
         for j in 0..8 {
             assert_eq!(scale_min_k4(j, &q), (s[j], m[j]), "sub-block {j}");
         }
+    }
+
+    #[test]
+    fn q4_blocks_unpack_to_what_they_decode_to() {
+        let mut b = Vec::new();
+        for (d, m) in [(0.5f32, -1.25f32), (-3.0, 2.0)] {
+            b.extend(f16_bytes(d));
+            b.extend(f16_bytes(m));
+            b.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+        }
+        let q = unpack_q4(GgmlType::Q4_1, &b, 1, 64).unwrap();
+        let mut y = [0f32; 64];
+        dequantize(GgmlType::Q4_1, &b, &mut y);
+        let mins = q.mins.as_deref().unwrap();
+        for (i, y) in y.iter().enumerate() {
+            let g = i / 32;
+            assert_eq!(
+                *y,
+                f32::from(q.codes[i]) * q.scales[g] + mins[g],
+                "element {i}"
+            );
+        }
+        assert_eq!(
+            (q.scales, q.mins),
+            (vec![0.5, -3.0], Some(vec![-1.25, 2.0]))
+        );
+        assert_eq!(unpack_q4(GgmlType::Q8_0, &b, 1, 32), None);
     }
 
     #[test]

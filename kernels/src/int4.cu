@@ -10,6 +10,12 @@
 // checkpoint's (f16) scale s = s_hi + s_lo exactly; z is u8[n, groups], zero points 0..16. Columns
 // of one group are contiguous (act-order layers are permuted at load), group_size a multiple of 32.
 //
+// The *_min kernels take GGUF's Q4_1 instead: w = q * s + m with a per-group f32 offset m (m in
+// the parameters; zero points unused). A pair is unpacked to f32 (128 + q less 128, exact),
+// w = fma(q, s, m) in f32 with s = s_hi + s_lo (exact), and the pair rounded to bf16 once: every
+// weight is the f32 weight GGUF's definition gives (q * d exact, one rounding of + m), rounded to
+// bf16.
+//
 // Dequantization: 0x4300 | q is the bf16 128 + q, so u = (0x4300 | q) - (0x4300 + z) = q - z
 // exactly; t = u * s_lo is exact too (u has at most 5 significant bits, s_lo at most 4), and
 // fma(u, s_hi, t) rounds u * s once: every weight is bf16(q - z) * s rounded to nearest even, the
@@ -42,21 +48,47 @@ __device__ __forceinline__ u32 int4_dequant(u32 word, int i, __nv_bfloat162 zz, 
     return *(const u32*)&r;
 }
 
-// The group constants of a (row, group): zz = {128 + z, 128 + z}, s_hi, s_lo broadcast.
-struct Int4Group {
+// Pair i of a packed word with offsets: {fma(q, s, m) for codes 2i, 2i + 1} rounded to bf16x2.
+__device__ __forceinline__ u32 int4_dequant_min(u32 word, int i, float s, float m) {
+    const u32 v = int4_pair(word, i); // bf16x2 {128 + q0, 128 + q1}
+    const float q0 = __uint_as_float(v << 16) - 128.f, q1 = __uint_as_float(v & 0xffff0000u) - 128.f;
+    const __nv_bfloat162 r = __floats2bfloat162_rn(fmaf(q0, s, m), fmaf(q1, s, m));
+    return *(const u32*)&r;
+}
+
+// The group constants of a (row, group): zz = {128 + z, 128 + z}, s_hi, s_lo broadcast; with
+// MINS, s = s_hi + s_lo and the offset m in f32 instead.
+template <bool MINS> struct Int4Group {
     __nv_bfloat162 zz, s_hi, s_lo;
 };
+template <> struct Int4Group<true> {
+    float s, m;
+};
 
-__device__ __forceinline__ Int4Group int4_group(const GemvInt4Params& p, int row, int grp) {
+template <bool MINS>
+__device__ __forceinline__ Int4Group<MINS> int4_group(const GemvInt4Params& p, int row, int grp) {
     const size_t o = (size_t)row * p.groups + grp;
     const u32 sz = __ldg(p.sz + o);
-    const u32 z = 0x4300u + __ldg(p.z + o);
-    Int4Group gr;
-    const u32 zz = z | (z << 16), hi = (sz & 0xffffu) * 0x10001u, lo = (sz >> 16) * 0x10001u;
-    gr.zz = *(const __nv_bfloat162*)&zz;
-    gr.s_hi = *(const __nv_bfloat162*)&hi;
-    gr.s_lo = *(const __nv_bfloat162*)&lo;
+    Int4Group<MINS> gr;
+    if constexpr (MINS) {
+        gr.s = __uint_as_float(sz << 16) + __uint_as_float(sz & 0xffff0000u);
+        gr.m = __ldg(p.m + o);
+    } else {
+        const u32 z = 0x4300u + __ldg(p.z + o);
+        const u32 zz = z | (z << 16), hi = (sz & 0xffffu) * 0x10001u, lo = (sz >> 16) * 0x10001u;
+        gr.zz = *(const __nv_bfloat162*)&zz;
+        gr.s_hi = *(const __nv_bfloat162*)&hi;
+        gr.s_lo = *(const __nv_bfloat162*)&lo;
+    }
     return gr;
+}
+
+// Pair i of a packed word dequantized with its group's constants, either way.
+__device__ __forceinline__ u32 int4_pair_of(u32 word, int i, const Int4Group<false>& g) {
+    return int4_dequant(word, i, g.zz, g.s_hi, g.s_lo);
+}
+__device__ __forceinline__ u32 int4_pair_of(u32 word, int i, const Int4Group<true>& g) {
+    return int4_dequant_min(word, i, g.s, g.m);
 }
 
 // The loads of a warp's k-steps s0 + u GEMV_WARPS (u < U), all issued before any is used: per tile
@@ -84,7 +116,7 @@ __device__ __forceinline__ void int4_load_steps(const u32* const (&w)[NT], const
 }
 
 // Block i takes weight rows [8 NT i, 8 NT (i + 1)); each warp U k-steps of 128 in flight.
-template <int NT, int U>
+template <int NT, int U, bool MINS>
 __device__ __forceinline__ void gemv_int4_impl(const GemvInt4Params& p) {
     __shared__ __align__(16) float red[GEMV_WARPS * NT * 64]; // [warp][tile][batch 8][row 8]
     const int row0 = blockIdx.x * (8 * NT), n = p.n, k = p.k;
@@ -118,14 +150,14 @@ __device__ __forceinline__ void gemv_int4_impl(const GemvInt4Params& p) {
             const int grp = kok[u] ? (128 * (s0 + u * GEMV_WARPS) + 32 * t) / p.group_size : 0;
 #pragma unroll
             for (int j = 0; j < NT; j++) {
-                const Int4Group gr = int4_group(p, wr[j], grp);
+                const Int4Group<MINS> gr = int4_group<MINS>(p, wr[j], grp);
                 const u32 words[4] = {wv[u][j].x, wv[u][j].y, wv[u][j].z, wv[u][j].w};
 #pragma unroll
                 for (int m = 0; m < 8; m++) {
                     const u32 word = words[m >> 1];
                     const int i = 2 * (m & 1);
-                    const u32 b0 = int4_dequant(word, i, gr.zz, gr.s_hi, gr.s_lo);
-                    const u32 b1 = int4_dequant(word, i + 1, gr.zz, gr.s_hi, gr.s_lo);
+                    const u32 b0 = int4_pair_of(word, i, gr);
+                    const u32 b1 = int4_pair_of(word, i + 1, gr);
                     const uint4 xq = xv[u][m >> 1];
                     gemv_mma(acc[j], (m & 1) ? xq.z : xq.x, (m & 1) ? xq.w : xq.y, b0, b1);
                 }
@@ -233,29 +265,42 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 2) gemv_int4_g128_r32
 
 // 16 weight rows per block.
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_int4_r16(GemvInt4Params p) {
-    gemv_int4_impl<2, 2>(p);
+    gemv_int4_impl<2, 2, false>(p);
 }
 // 32 weight rows per block.
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 2) gemv_int4_r32(GemvInt4Params p) {
-    gemv_int4_impl<4, 2>(p);
+    gemv_int4_impl<4, 2, false>(p);
+}
+// The same with offsets (GGUF Q4_1).
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_int4_min_r16(GemvInt4Params p) {
+    gemv_int4_impl<2, 2, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 2) gemv_int4_min_r32(GemvInt4Params p) {
+    gemv_int4_impl<4, 2, true>(p);
 }
 
 // y = the bf16 matrix [n, k] of w (x and b unused): one packed word (8 weights, 16 bytes out) a
 // thread, in the packed column order.
-extern "C" __global__ void __launch_bounds__(INT4_DEQUANT_THREADS) dequant_int4_bf16(GemvInt4Params p) {
+template <bool MINS> __device__ __forceinline__ void dequant_int4_impl(const GemvInt4Params& p) {
     const size_t words = (size_t)p.n * (p.k >> 3);
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < words;
          idx += (size_t)gridDim.x * blockDim.x) {
         const int r = (int)(idx / (p.k >> 3)), c = (int)(idx % (p.k >> 3));
-        const Int4Group gr = int4_group(p, r, (8 * c) / p.group_size);
+        const Int4Group<MINS> gr = int4_group<MINS>(p, r, (8 * c) / p.group_size);
         const u32 word = __ldg(p.w + idx);
         uint4 out;
-        out.x = int4_dequant(word, 0, gr.zz, gr.s_hi, gr.s_lo);
-        out.y = int4_dequant(word, 1, gr.zz, gr.s_hi, gr.s_lo);
-        out.z = int4_dequant(word, 2, gr.zz, gr.s_hi, gr.s_lo);
-        out.w = int4_dequant(word, 3, gr.zz, gr.s_hi, gr.s_lo);
+        out.x = int4_pair_of(word, 0, gr);
+        out.y = int4_pair_of(word, 1, gr);
+        out.z = int4_pair_of(word, 2, gr);
+        out.w = int4_pair_of(word, 3, gr);
         ((uint4*)p.y)[idx] = out;
     }
+}
+extern "C" __global__ void __launch_bounds__(INT4_DEQUANT_THREADS) dequant_int4_bf16(GemvInt4Params p) {
+    dequant_int4_impl<false>(p);
+}
+extern "C" __global__ void __launch_bounds__(INT4_DEQUANT_THREADS) dequant_int4_min_bf16(GemvInt4Params p) {
+    dequant_int4_impl<true>(p);
 }
 
 // y[r, j] = x[r, perm[j]] for r < m, j < k (bf16): the activations of an act-order layer, in the

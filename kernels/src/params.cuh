@@ -134,6 +134,7 @@ struct GemvInt4Params {
     const u32* w;           // [n, k / 8] packed codes (int4.cu's layout)
     const u32* sz;          // [n, groups] bf16 s_hi | s_lo << 16
     const unsigned char* z; // [n, groups] zero points
+    const float* m;         // [n, groups] offsets (the *_min kernels: w = q * s + m), else null
     bf16* y;                // [b, n] (gemv_int4_*), or [n, k] (dequant_int4_bf16)
     int b, n, k;            // k a multiple of 32 and < 2^30; x, w 16-byte aligned
     int groups, group_size; // group_size a multiple of 32; groups = ceil(k / group_size)
@@ -144,6 +145,7 @@ RS_CHECK_FIELD(GemvInt4Params, x);
 RS_CHECK_FIELD(GemvInt4Params, w);
 RS_CHECK_FIELD(GemvInt4Params, sz);
 RS_CHECK_FIELD(GemvInt4Params, z);
+RS_CHECK_FIELD(GemvInt4Params, m);
 RS_CHECK_FIELD(GemvInt4Params, y);
 RS_CHECK_FIELD(GemvInt4Params, b);
 RS_CHECK_FIELD(GemvInt4Params, n);

@@ -141,6 +141,8 @@ pub struct GemvInt4Params {
     pub sz: u64,
     /// `u8[n, groups]` zero points.
     pub z: u64,
+    /// `f32[n, groups]` offsets for the `*_min` kernels (`w = q · s + m`); 0 for the others.
+    pub m: u64,
     /// `bf16[b, n]`, or `bf16[n, k]` for the dequantization.
     pub y: u64,
     pub b: i32,
@@ -325,6 +327,7 @@ pub fn layout_defines() -> Vec<(&'static str, usize)> {
             sz,
             w,
             z,
+            m,
             y,
             b,
             n,
@@ -356,7 +359,7 @@ mod tests {
     #[test]
     fn every_field_has_its_offset() {
         let defines = layout_defines();
-        assert_eq!(defines.len(), 5 + 19 + 12 + 7 + 5 + 6 + 8 + 10 + 12 + 6);
+        assert_eq!(defines.len(), 5 + 19 + 12 + 7 + 5 + 6 + 8 + 10 + 13 + 6);
         let get = |n: &str| defines.iter().find(|(k, _)| *k == n).unwrap().1;
         assert_eq!(get("RS_SIZEOF_AttnParams"), 112);
         assert_eq!(get("RS_OFFSETOF_AttnParams_scale_log2"), 104);
@@ -369,8 +372,9 @@ mod tests {
         assert_eq!(get("RS_OFFSETOF_Fp8QuantParams_static_scale"), 32);
         assert_eq!(get("RS_SIZEOF_GemvFp8Params"), 56);
         assert_eq!(get("RS_OFFSETOF_GemvFp8Params_b"), 40);
-        assert_eq!(get("RS_SIZEOF_GemvInt4Params"), 64);
-        assert_eq!(get("RS_OFFSETOF_GemvInt4Params_group_size"), 56);
+        assert_eq!(get("RS_SIZEOF_GemvInt4Params"), 72);
+        assert_eq!(get("RS_OFFSETOF_GemvInt4Params_m"), 32);
+        assert_eq!(get("RS_OFFSETOF_GemvInt4Params_group_size"), 64);
         assert_eq!(get("RS_SIZEOF_PermuteColsParams"), 32);
     }
 }

@@ -62,7 +62,20 @@ fn random_weight(rng: &mut Rng, n: usize, k: usize, gs: usize, act_order: bool) 
             .collect(),
         zeros: (0..n * groups).map(|_| (rng.next() % 17) as u8).collect(),
         g_idx,
+        mins: None,
     }
+}
+
+/// `w` as GGUF's Q4_1 stores weights: `q · s + m`, zero points 0, f16 offsets.
+fn with_q4_1_offsets(rng: &mut Rng, mut w: Int4Weight) -> Int4Weight {
+    w.zeros.iter_mut().for_each(|z| *z = 0);
+    w.mins = Some(
+        w.scales
+            .iter()
+            .map(|&s| half::f16::from_f32(-8.0 * s * (0.5 + rng.unit().abs())).to_f32())
+            .collect(),
+    );
+    w
 }
 
 fn bf16s(bytes: &[u8]) -> Vec<f32> {
@@ -97,9 +110,19 @@ fn int4_kernels_match_the_reference_at_odd_shapes() {
         (40, 96, 96, false),
         (16392, 256, 128, false),
     ];
-    for (n, k, gs, act) in shapes {
-        eprintln!("shape {n} x {k}, groups of {gs}, act order {act}");
+    // Every shape as AWQ/GPTQ store it; those without act order also with Q4_1's offsets.
+    let cases = shapes
+        .iter()
+        .flat_map(|&s| [(s, false), (s, true)])
+        .filter(|&((.., act), q41)| !(act && q41));
+    for ((n, k, gs, act), q41) in cases {
+        eprintln!("shape {n} x {k}, groups of {gs}, act order {act}, Q4_1 offsets {q41}");
         let w = random_weight(&mut rng, n, k, gs, act);
+        let w = if q41 {
+            with_q4_1_offsets(&mut rng, w)
+        } else {
+            w
+        };
         let deq = w.dequantize();
         let packed = pack(&w).expect("pack");
         let (words, scales): (_, Int4Scales) = Int4Scales::upload(&g, &packed).expect("upload");
@@ -152,8 +175,8 @@ fn int4_kernels_match_the_reference_at_odd_shapes() {
                 n,
                 k,
             };
-            // Both variants where groups are multiples of 128.
-            let variants: &[bool] = if gs % 128 == 0 {
+            // Both variants where groups are multiples of 128 (offsets have only the exact one).
+            let variants: &[bool] = if gs % 128 == 0 && !q41 {
                 &[false, true]
             } else {
                 &[false]
@@ -179,8 +202,8 @@ fn int4_kernels_match_the_reference_at_odd_shapes() {
                         let err = (f64::from(got[b * n + r]) - want).abs();
                         assert!(
                             err <= 4e-3 * want.abs() + 1e-5 * mag + 1e-6,
-                            "{n}x{k} (groups of {gs}, act order {act}, per-step scales {per_step}) \
-                         m {m} [{b}, {r}]: {} vs {want}",
+                            "{n}x{k} (groups of {gs}, act order {act}, Q4_1 {q41}, per-step \
+                             scales {per_step}) m {m} [{b}, {r}]: {} vs {want}",
                             got[b * n + r]
                         );
                     }
@@ -239,4 +262,62 @@ fn int4_models_on_cuda_match_the_cpu_reference() {
             }
         }
     }
+}
+
+/// A GGUF file's Q4_0 and Q4_1 layers (`tests/fixtures/gguf-q4`: one layer each) on the INT4
+/// kernels (`gguf_int4`, the default) and dequantized to bf16 (switch off), each against the CPU
+/// backend's f32 decoding of the same file; the INT4 upload is the smaller one.
+#[test]
+#[ignore = "requires a CUDA device"]
+fn gguf_q4_layers_on_cuda_match_the_cpu_reference() {
+    let path = fixture("gguf-q4").join("model.gguf");
+    let (config, ckpt) = Checkpoint::load(&path).expect("fixture");
+    let mut cpu = CpuBackend::new(
+        &config,
+        &ckpt,
+        CpuOptions {
+            block_size: 16,
+            num_kv_blocks: 64,
+            quantization: None,
+        },
+    )
+    .expect("cpu");
+    let prompts: [Vec<u32>; 2] = [vec![1, 17, 42, 99, 3], (1..=40).collect()];
+    let mut bytes = Vec::new();
+    for gguf_int4 in [true, false] {
+        for eager in [true, false] {
+            let opts = CudaOptions {
+                ordinal: 0,
+                dtype: DType::Bf16,
+                block_size: 16,
+                num_kv_blocks: Some(64),
+                gpu_memory_utilization: 0.9,
+                enforce_eager: eager,
+                max_batch_tokens: 512,
+                batch_invariant: false,
+                kernels: KernelSwitches {
+                    gguf_int4,
+                    ..KernelSwitches::default()
+                },
+                quantization: None,
+            };
+            let mut cuda = CudaBackend::new(&config, &ckpt, &opts)
+                .unwrap_or_else(|e| panic!("CUDA backend on gguf-q4: {e}"));
+            bytes.push((gguf_int4, cuda.weight_bytes()));
+            for p in &prompts {
+                let (want, got) = (last_logits(&mut cpu, p), last_logits(&mut cuda, p));
+                let err = rel_l2(&got, &want);
+                println!(
+                    "gguf-q4 int4 {gguf_int4} eager {eager} prompt of {}: rel L2 {err:.2e}",
+                    p.len()
+                );
+                assert!(err < 2e-2, "gguf-q4 (int4 {gguf_int4}): rel L2 {err}");
+            }
+        }
+    }
+    println!("weight bytes on the device: {bytes:?}");
+    assert!(
+        bytes[0].1 < bytes[2].1,
+        "INT4 layers are not smaller: {bytes:?}"
+    );
 }

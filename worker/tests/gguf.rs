@@ -301,3 +301,72 @@ fn llama_cpp_tokenizer_test_vectors() {
         eprintln!("{name}: {} texts as llama.cpp's vectors", texts.len());
     }
 }
+
+/// Every decoder linear of `path` that the file stores as `Q4_0` / `Q4_1`, read as its 4-bit
+/// blocks (what the CUDA backend's INT4 kernels run), dequantizes to exactly the f32 weight the
+/// checkpoint decodes from the same bytes (llama's q/k rows un-permuted the same way); other
+/// types read as `None`. Returns how many of each type were checked.
+fn q4_blocks_equal_the_decoded_weights(path: &std::path::Path) -> (usize, usize) {
+    let (config, ckpt) = Checkpoint::load(path).unwrap();
+    let (mut q4_0, mut q4_1) = (0, 0);
+    for i in 0..config.num_hidden_layers {
+        for suffix in worker::checkpoint::names::LINEAR_WEIGHTS {
+            let name = worker::checkpoint::names::layer_tensor(i, suffix);
+            let w = worker::quant::load::gguf_int4(&ckpt, &name).unwrap();
+            match ckpt.gguf_type(&name).unwrap() {
+                gguf::GgmlType::Q4_0 => q4_0 += 1,
+                gguf::GgmlType::Q4_1 => q4_1 += 1,
+                other => {
+                    assert!(w.is_none(), "{name}: {other:?} read as 4-bit blocks");
+                    continue;
+                }
+            }
+            let w = w.unwrap_or_else(|| panic!("{name}: no 4-bit blocks"));
+            assert_eq!(w.group_size, 32);
+            assert_eq!(
+                w.mins.is_some(),
+                ckpt.gguf_type(&name) == Some(gguf::GgmlType::Q4_1)
+            );
+            let want = ckpt.tensor(&name).unwrap().to_f32_vec();
+            let got = w.dequantize();
+            assert_eq!(got.len(), want.len(), "{name}");
+            let bad = got
+                .iter()
+                .zip(&want)
+                .position(|(a, b)| a.to_bits() != b.to_bits());
+            assert_eq!(bad, None, "{name}: first differing weight");
+        }
+    }
+    assert_eq!(
+        worker::quant::load::gguf_int4(&ckpt, "model.embed_tokens.weight").unwrap(),
+        None
+    );
+    (q4_0, q4_1)
+}
+
+/// `tests/fixtures/gguf-q4` (`scripts/make_gguf_q4.py`: layer 0 in Q4_0, layer 1 in Q4_1, by
+/// gguf-py's quantizers) and, when present, SmolLM2's Q4_1 file (9 heads, 3 KV heads: the q/k
+/// un-permutation of blocks on a real model).
+#[test]
+fn q4_0_and_q4_1_blocks_read_as_the_weights_they_encode() {
+    let fixture_counts =
+        q4_blocks_equal_the_decoded_weights(&fixture("gguf-q4").join("model.gguf"));
+    assert_eq!(fixture_counts, (7, 7));
+    let smol = std::env::var_os("RINGSERVE_SMOLLM2_GGUF").map_or_else(
+        || {
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        },
+        std::path::PathBuf::from,
+    );
+    if smol.is_file() {
+        assert_eq!(q4_blocks_equal_the_decoded_weights(&smol), (0, 30 * 7));
+    } else {
+        assert!(
+            std::env::var_os("RINGSERVE_REQUIRE_SMOLLM2").is_none_or(|v| v != "1"),
+            "RINGSERVE_REQUIRE_SMOLLM2=1 but {} is missing",
+            smol.display()
+        );
+        eprintln!("SKIPPED (SmolLM2 part): {} is missing", smol.display());
+    }
+}

@@ -9,7 +9,7 @@
 use std::fmt;
 
 /// The environment variables [`KernelSwitches::from_env`] reads, with what each accepts.
-pub const KERNEL_SWITCH_VARS: [(&str, &str); 7] = [
+pub const KERNEL_SWITCH_VARS: [(&str, &str); 8] = [
     ("RINGSERVE_CUDA_PREFILL", "mma or wgmma"),
     ("RINGSERVE_CUDA_DECODE_MMA", "0 or 1"),
     ("RINGSERVE_CUDA_GEMV", "0, 1, or a weight size in elements"),
@@ -17,6 +17,7 @@ pub const KERNEL_SWITCH_VARS: [(&str, &str); 7] = [
     ("RINGSERVE_CUDA_L2_PREFETCH", "0 or 1"),
     ("RINGSERVE_CUDA_GEMM_TUNE", "0 or 1"),
     ("RINGSERVE_CUDA_INT4_G128", "0 or 1"),
+    ("RINGSERVE_CUDA_GGUF_INT4", "0 or 1"),
 ];
 
 /// Largest weight (elements) the GEMV kernel takes by default. On the H200 it beats cuBLAS on the
@@ -75,6 +76,9 @@ pub struct KernelSwitches {
     /// and zero points once per 128-wide k-step (`gemv_int4_g128_*`) instead of per weight. Off
     /// by default: checked correct on the H200 (run 24) but not yet measured (docs/quantization.md).
     pub int4_g128: bool,
+    /// A GGUF file's layers whose linears are all `Q4_0` / `Q4_1` run on the INT4 kernels (bf16,
+    /// not batch-invariant); off: every weight dequantized to the compute type at load.
+    pub gguf_int4: bool,
 }
 
 impl Default for KernelSwitches {
@@ -87,6 +91,7 @@ impl Default for KernelSwitches {
             l2_prefetch: true,
             gemm_tune: true,
             int4_g128: false,
+            gguf_int4: true,
         }
     }
 }
@@ -141,6 +146,7 @@ impl KernelSwitches {
                 "RINGSERVE_CUDA_FUSE_ROPE" => s.fuse_rope = flag()?,
                 "RINGSERVE_CUDA_L2_PREFETCH" => s.l2_prefetch = flag()?,
                 "RINGSERVE_CUDA_INT4_G128" => s.int4_g128 = flag()?,
+                "RINGSERVE_CUDA_GGUF_INT4" => s.gguf_int4 = flag()?,
                 _ => s.gemm_tune = flag()?,
             }
         }
@@ -158,13 +164,14 @@ impl fmt::Display for KernelSwitches {
         write!(
             f,
             "prefill={:?} decode_mma={} gemv={gemv} fuse_rope={} l2_prefetch={} gemm_tune={} \
-             int4_g128={}",
+             int4_g128={} gguf_int4={}",
             self.prefill,
             self.decode_mma,
             self.fuse_rope,
             self.l2_prefetch,
             self.gemm_tune,
-            self.int4_g128
+            self.int4_g128,
+            self.gguf_int4
         )
     }
 }
@@ -187,6 +194,7 @@ mod tests {
         assert_eq!(s, KernelSwitches::default());
         assert_eq!(s.prefill, PrefillChoice::Auto);
         assert!(s.decode_mma && s.fuse_rope && s.l2_prefetch && s.gemm_tune && !s.int4_g128);
+        assert!(s.gguf_int4);
         assert_eq!(s.gemv, GemvChoice::UpTo(GEMV_MAX_WEIGHT));
     }
 
@@ -200,9 +208,10 @@ mod tests {
             ("RINGSERVE_CUDA_L2_PREFETCH", "0"),
             ("RINGSERVE_CUDA_GEMM_TUNE", "0"),
             ("RINGSERVE_CUDA_INT4_G128", "1"),
+            ("RINGSERVE_CUDA_GGUF_INT4", "0"),
         ])
         .unwrap();
-        assert!(s.int4_g128);
+        assert!(s.int4_g128 && !s.gguf_int4);
         assert_eq!(s.prefill, PrefillChoice::Mma);
         assert!(!s.decode_mma && !s.fuse_rope && !s.l2_prefetch && !s.gemm_tune);
         assert_eq!(s.gemv, GemvChoice::UpTo(1000));

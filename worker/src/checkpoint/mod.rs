@@ -2,7 +2,8 @@
 //!
 //! [`Checkpoint::open`] maps `model.safetensors`, or every shard listed in
 //! `model.safetensors.index.json`, without copying; a [`TensorView`] borrows straight from the map.
-//! A `.gguf` file's weights are dequantized to f32 at open and held under their HF names.
+//! A `.gguf` file's weights are dequantized to f32 at open and held under their HF names; its
+//! `Q4_0` / `Q4_1` weights can also be read as their 4-bit blocks ([`Checkpoint::gguf_q4`]).
 //! [`Checkpoint::validate`] checks every tensor a Llama-family model needs (presence, shape, dtype)
 //! up front, so a backend can then read weights without error paths of its own.
 
@@ -147,6 +148,8 @@ pub struct Checkpoint {
     tensors: HashMap<String, TensorEntry>,
     /// The file named in "missing tensor" errors: the single file or the shard index.
     origin: PathBuf,
+    /// A GGUF checkpoint's file, kept mapped, and where each HF-named weight is in it.
+    gguf: Option<(gguf::GgufFile, HashMap<String, gguf::hf::HfTensorPlan>)>,
 }
 
 /// File name of a single-file checkpoint.
@@ -159,7 +162,7 @@ impl Checkpoint {
     /// `dir` is a `.gguf` file, reads its weights ([`Checkpoint::from_gguf`]).
     pub fn open(dir: &Path) -> Result<Self, CheckpointError> {
         if gguf::is_gguf_path(dir) {
-            return Self::from_gguf(&gguf::GgufFile::open(dir)?);
+            return Self::from_gguf(gguf::GgufFile::open(dir)?);
         }
         let single = dir.join(SINGLE_FILE);
         let index = dir.join(INDEX_FILE);
@@ -168,6 +171,7 @@ impl Checkpoint {
             files: Vec::new(),
             tensors: HashMap::new(),
             origin: single.clone(),
+            gguf: None,
         };
         if single.is_file() {
             ckpt.add_file(&single, None)?;
@@ -202,16 +206,19 @@ impl Checkpoint {
 
     /// The weights of a GGUF file under their HF names, dequantized to f32 (llama's q/k rows back
     /// in HF order: `gguf::hf`).
-    pub fn from_gguf(file: &gguf::GgufFile) -> Result<Self, CheckpointError> {
+    pub fn from_gguf(file: gguf::GgufFile) -> Result<Self, CheckpointError> {
         let path = file.path().to_path_buf();
         let mut ckpt = Self {
             dir: path.clone(),
             files: Vec::new(),
             tensors: HashMap::new(),
             origin: path.clone(),
+            gguf: None,
         };
+        let mut plans = HashMap::new();
         for plan in file.hf_tensor_plan()? {
             let t = file.read_hf(&plan)?;
+            plans.insert(plan.name.clone(), plan);
             let bytes: Vec<u8> = t.data.iter().flat_map(|v| v.to_le_bytes()).collect();
             ckpt.tensors.insert(
                 t.name,
@@ -227,7 +234,27 @@ impl Checkpoint {
                 map: Backing::Owned(bytes),
             });
         }
+        ckpt.gguf = Some((file, plans));
         Ok(ckpt)
+    }
+
+    /// The GGUF tensor type of weight `name` (an HF name); `None` for a safetensors checkpoint.
+    pub fn gguf_type(&self, name: &str) -> Option<gguf::GgmlType> {
+        let (file, plans) = self.gguf.as_ref()?;
+        Some(file.hf_tensor_type(plans.get(name)?))
+    }
+
+    /// A GGUF checkpoint's weight `name` (an HF name) as its `Q4_0` / `Q4_1` blocks, with
+    /// llama's q/k rows in HF order; `None` for a weight of another type, or a safetensors
+    /// checkpoint.
+    pub fn gguf_q4(&self, name: &str) -> Result<Option<gguf::quants::Q4Matrix>, CheckpointError> {
+        let Some((file, plans)) = &self.gguf else {
+            return Ok(None);
+        };
+        match plans.get(name) {
+            Some(plan) => Ok(file.read_hf_q4(plan)?),
+            None => Ok(None),
+        }
     }
 
     /// Reads the config and maps and validates the weights: what a backend needs, in one call.
@@ -236,7 +263,7 @@ impl Checkpoint {
             // One parse of the file for both.
             let file = gguf::GgufFile::open(dir)?;
             let config = ModelConfig::from_json(dir, &file.hf_config()?, None)?;
-            (config, Self::from_gguf(&file)?)
+            (config, Self::from_gguf(file)?)
         } else {
             (ModelConfig::load(dir)?, Self::open(dir)?)
         };

@@ -89,6 +89,9 @@ pub struct Int4Weight {
     pub zeros: Vec<u8>,
     /// Each input column's group (GPTQ `desc_act`); `None`: column `i` is in group `i / group_size`.
     pub g_idx: Option<Vec<u32>>,
+    /// `rows × groups` offsets added to every weight of their group, `w = (q − z) · s + m`
+    /// (GGUF's `Q4_1`: `q · d + m`, zero points 0); `None`: no offsets.
+    pub mins: Option<Vec<f32>>,
 }
 
 impl Int4Weight {
@@ -105,7 +108,9 @@ impl Int4Weight {
         }
     }
 
-    /// `(q − z) · s` for every weight, row-major `[rows, cols]` (exact in f32).
+    /// `(q − z) · s` (plus `m` with offsets) for every weight, row-major `[rows, cols]`: exact
+    /// in f32 without offsets; with them, `q · s` exact and one rounding of the sum, as GGUF's
+    /// `Q4_1` decodes.
     pub fn dequantize(&self) -> Vec<f32> {
         let groups = self.groups();
         let col_group: Vec<usize> = (0..self.cols).map(|c| self.group_of(c)).collect();
@@ -116,14 +121,38 @@ impl Int4Weight {
                 &self.zeros[r * groups..][..groups],
             );
             let codes = &self.codes[r * self.cols..][..self.cols];
-            out.extend(
-                codes
-                    .iter()
-                    .zip(&col_group)
-                    .map(|(&q, &g)| f32::from(i16::from(q) - i16::from(z[g])) * s[g]),
-            );
+            let scaled = |q: u8, g: usize| f32::from(i16::from(q) - i16::from(z[g])) * s[g];
+            match &self.mins {
+                None => out.extend(codes.iter().zip(&col_group).map(|(&q, &g)| scaled(q, g))),
+                Some(m) => {
+                    let m = &m[r * groups..][..groups];
+                    out.extend(
+                        codes
+                            .iter()
+                            .zip(&col_group)
+                            .map(|(&q, &g)| scaled(q, g) + m[g]),
+                    );
+                }
+            }
         }
         out
+    }
+
+    /// The same weights with offsets ([`Int4Weight::mins`]): zero points folded into them as
+    /// `m = −z · s` (exact in f32: `z ≤ 16`, `s` an f16 or bf16), so that layers with and
+    /// without offsets stack into one product.
+    pub fn with_mins(mut self) -> Self {
+        if self.mins.is_none() {
+            let m = self
+                .zeros
+                .iter()
+                .zip(&self.scales)
+                .map(|(&z, &s)| -f32::from(z) * s)
+                .collect();
+            self.zeros.iter_mut().for_each(|z| *z = 0);
+            self.mins = Some(m);
+        }
+        self
     }
 
     /// Rows `range` (an output-row slice: a tensor-parallel shard of q/k/v or gate/up).
@@ -137,6 +166,10 @@ impl Int4Weight {
             scales: self.scales[range.start * groups..range.end * groups].to_vec(),
             zeros: self.zeros[range.start * groups..range.end * groups].to_vec(),
             g_idx: self.g_idx.clone(),
+            mins: self
+                .mins
+                .as_ref()
+                .map(|m| m[range.start * groups..range.end * groups].to_vec()),
         }
     }
 
@@ -162,6 +195,7 @@ impl Int4Weight {
             scales: Vec::with_capacity(self.rows * g_range.len()),
             zeros: Vec::with_capacity(self.rows * g_range.len()),
             g_idx: None,
+            mins: self.mins.as_ref().map(|_| Vec::new()),
         };
         for r in 0..self.rows {
             out.codes
@@ -170,13 +204,20 @@ impl Int4Weight {
                 .extend_from_slice(&self.scales[r * groups..][g_range.clone()]);
             out.zeros
                 .extend_from_slice(&self.zeros[r * groups..][g_range.clone()]);
+            if let (Some(dst), Some(src)) = (&mut out.mins, &self.mins) {
+                dst.extend_from_slice(&src[r * groups..][g_range.clone()]);
+            }
         }
         Some(out)
     }
 
-    /// Weights stacked by rows (fused q/k/v or gate/up): the same columns, groups and `g_idx`.
+    /// Weights stacked by rows (fused q/k/v or gate/up): the same columns, groups and `g_idx`;
+    /// if any part has offsets, all get them ([`Int4Weight::with_mins`]).
     pub fn stack(parts: Vec<Self>) -> Result<Self, String> {
-        let mut it = parts.into_iter();
+        let any_mins = parts.iter().any(|p| p.mins.is_some());
+        let mut it = parts
+            .into_iter()
+            .map(|p| if any_mins { p.with_mins() } else { p });
         let mut out = it.next().ok_or("no weights to stack")?;
         for p in it {
             if p.cols != out.cols || p.group_size != out.group_size || p.groups() != out.groups() {
@@ -189,6 +230,9 @@ impl Int4Weight {
             out.codes.extend(p.codes);
             out.scales.extend(p.scales);
             out.zeros.extend(p.zeros);
+            if let (Some(dst), Some(src)) = (&mut out.mins, p.mins) {
+                dst.extend(src);
+            }
         }
         Ok(out)
     }
@@ -307,7 +351,38 @@ mod tests {
             scales: vec![0.5, 0.25, 1.0, 2.0],
             zeros: vec![8, 0, 16, 3],
             g_idx,
+            mins: None,
         }
+    }
+
+    #[test]
+    fn offsets_fold_zero_points_exactly_and_follow_slices_and_stacks() {
+        let w = weight(None);
+        let folded = w.clone().with_mins();
+        assert_eq!(folded.zeros, vec![0; 4]);
+        assert_eq!(
+            folded.dequantize(),
+            w.dequantize(),
+            "-z·s as an offset is exact"
+        );
+        // Q4_1-style offsets: q · s + m.
+        let mut q41 = w.clone();
+        q41.zeros = vec![0; 4];
+        q41.mins = Some(vec![-1.5, 0.75, 3.0, -0.125]);
+        let d = q41.dequantize();
+        assert_eq!(d[1], 1.0 * 0.5 - 1.5);
+        assert_eq!(d[64 + 33], 1.0 * 2.0 - 0.125);
+        let right = q41.col_slice(32..64).unwrap();
+        assert_eq!(right.mins, Some(vec![0.75, -0.125]));
+        assert_eq!(&right.dequantize()[..32], &d[32..64]);
+        let top = q41.row_slice(1..2);
+        assert_eq!(top.dequantize(), d[64..].to_vec());
+        // Stacking a part without offsets onto one with: the first gets them, values unchanged.
+        let stacked = Int4Weight::stack(vec![w.clone(), q41.clone()]).unwrap();
+        let mut want = w.dequantize();
+        want.extend(&d);
+        assert_eq!(stacked.dequantize(), want);
+        assert_eq!(stacked.mins.as_ref().map(Vec::len), Some(8));
     }
 
     #[test]

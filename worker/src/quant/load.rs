@@ -307,7 +307,29 @@ pub fn int4_layer(
         },
         zeros,
         g_idx,
+        mins: None,
     })
+}
+
+/// A GGUF checkpoint's linear `weight` (`….q_proj.weight`) as an [`Int4Weight`] when the file
+/// stores it as `Q4_0` (`(q − 8) · d`: zero points 8) or `Q4_1` (`q · d + m`: zero points 0 and
+/// offsets), groups of 32 along the input; `None` for any other type or checkpoint.
+pub fn gguf_int4(ckpt: &Checkpoint, weight: &str) -> Result<Option<Int4Weight>, CheckpointError> {
+    let Some(q) = ckpt.gguf_q4(weight)? else {
+        return Ok(None);
+    };
+    let groups = q.scales.len();
+    let zero = if q.mins.is_some() { 0 } else { 8 };
+    Ok(Some(Int4Weight {
+        rows: q.rows,
+        cols: q.cols,
+        group_size: gguf::quants::Q4_BLOCK,
+        codes: q.codes,
+        scales: q.scales,
+        zeros: vec![zero; groups],
+        g_idx: None,
+        mins: q.mins,
+    }))
 }
 
 /// Checks that no decoder linear weight is FP8: what a backend that reads only unquantized weights

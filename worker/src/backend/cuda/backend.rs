@@ -25,7 +25,7 @@ use grammar::TokenMask;
 
 use super::device::{Buf, DType, Gpu};
 use super::fp8::{Fp8Gemm, Fp8Linear, QuantRows, check_fp8_options, gemv_fp8, has_fp8, quant_rows};
-use super::int4::{Int4Linear, Int4Scales, check_int4_options};
+use super::int4::{Int4Linear, Int4Scales, check_int4_options, gguf_runs_int4};
 use super::lt::{LtGemm, TuneRecord};
 use super::ops::{self, AddRmsNorm, Attention, Linear, NormFp8, RopeKv, SampleRow};
 use super::step::{self, DECODE_SPLIT, HostStep, Limits};
@@ -269,7 +269,23 @@ impl CudaBackend {
         );
         let mut group = tp.map(|tp| DeviceGroup::new(&gpu, tp)).transpose()?;
         let samples = shard.rank == 0;
-        let weights = weights::upload(&gpu, cfg, ckpt, (opts.dtype, &quant), &dims, samples)?;
+        let gguf_int4 = gguf_runs_int4(opts, &quant, cfg, &dims);
+        let weights = weights::upload(
+            &gpu,
+            cfg,
+            ckpt,
+            (opts.dtype, &quant, gguf_int4),
+            &dims,
+            samples,
+        )?;
+        if gguf_int4 {
+            tracing::info!(
+                int4_layers = weights.layers.iter().filter(|l| l.int4().is_some()).count(),
+                layers = weights.layers.len(),
+                "GGUF: layers whose linears are all Q4_0/Q4_1 run on the INT4 kernels, the rest \
+                 are dequantized to bfloat16"
+            );
+        }
         tracing::info!(
             gib = weights.copy.bytes as f64 / f64::from(1u32 << 30),
             seconds = weights.copy.seconds,
@@ -285,18 +301,13 @@ impl CudaBackend {
         };
         let quant_bufs = QuantBufs {
             fp8,
-            int4_dequant: weights
-                .layers
-                .first()
-                .and_then(|l| l.int4())
-                .map_or(0, |_| {
-                    let (h, qd, kvd, inter) =
-                        (cfg.hidden_size, dims.q_dim, dims.kv_dim, dims.inter);
-                    ((qd + 2 * kvd) * h)
-                        .max(h * qd)
-                        .max(2 * inter * h)
-                        .max(h * inter)
-                }),
+            int4_dequant: weights.layers.iter().find_map(|l| l.int4()).map_or(0, |_| {
+                let (h, qd, kvd, inter) = (cfg.hidden_size, dims.q_dim, dims.kv_dim, dims.inter);
+                ((qd + 2 * kvd) * h)
+                    .max(h * qd)
+                    .max(2 * inter * h)
+                    .max(h * inter)
+            }),
             act_order: weights.layers.iter().filter_map(|l| l.int4()).any(|l| {
                 [&l.qkv, &l.o, &l.gate_up, &l.down]
                     .iter()

@@ -32,6 +32,8 @@ pub struct Int4Packed {
     pub zeros: Vec<u8>,
     /// Act order: packed column `j` is the layer's input column `perm[j]`.
     pub perm: Option<Vec<u32>>,
+    /// `[n, groups]` offsets (GGUF `Q4_1`), for the `*_min` kernels.
+    pub mins: Option<Vec<f32>>,
 }
 
 /// `s` as `s_hi + s_lo`, two bf16 values whose sum is `s` exactly for any f16 scale (and any
@@ -96,6 +98,7 @@ pub fn pack(w: &Int4Weight) -> Result<Int4Packed, String> {
         scales,
         zeros: w.zeros.clone(),
         perm,
+        mins: w.mins.clone(),
     })
 }
 
@@ -108,6 +111,8 @@ pub struct Int4Scales {
     pub zeros: Buf,
     /// U32 `[k]`, act order only.
     pub perm: Option<Buf>,
+    /// F32 `[n, groups]` offsets (GGUF `Q4_1`): the weights are `q · s + m`.
+    pub mins: Option<Buf>,
     pub groups: usize,
     pub group_size: usize,
 }
@@ -122,6 +127,11 @@ impl Int4Scales {
                 scales: gpu.upload_u32(&p.scales)?,
                 zeros: gpu.upload_bytes(&p.zeros, DType::U8)?,
                 perm: p.perm.as_deref().map(|q| gpu.upload_u32(q)).transpose()?,
+                mins: p
+                    .mins
+                    .as_deref()
+                    .map(|m| gpu.upload_f32(m, DType::F32))
+                    .transpose()?,
                 groups: p.groups,
                 group_size: p.group_size,
             },
@@ -130,7 +140,10 @@ impl Int4Scales {
 
     /// Bytes on the device (the codes not included).
     pub fn bytes(&self) -> usize {
-        self.scales.bytes() + self.zeros.bytes() + self.perm.as_ref().map_or(0, Buf::bytes)
+        self.scales.bytes()
+            + self.zeros.bytes()
+            + self.perm.as_ref().map_or(0, Buf::bytes)
+            + self.mins.as_ref().map_or(0, Buf::bytes)
     }
 }
 
@@ -169,6 +182,9 @@ impl Int4Linear<'_> {
         if let Some(p) = &w.perm {
             p.check("int4 perm", DType::U32, self.k)?;
         }
+        if let Some(m) = &w.mins {
+            m.check("int4 mins", DType::F32, self.n * w.groups)?;
+        }
         self.x.check("int4 x", DType::Bf16, self.m * self.k)?;
         self.y.check("int4 y", DType::Bf16, self.m * self.n)?;
         if !self.x.ptr().is_multiple_of(16) || !self.w.ptr().is_multiple_of(16) {
@@ -190,6 +206,7 @@ impl Int4Linear<'_> {
             w: self.w.ptr(),
             sz: self.s.scales.ptr(),
             z: self.s.zeros.ptr(),
+            m: self.s.mins.as_ref().map_or(0, Buf::ptr),
             y: y.ptr_at(row0 * self.n),
             b: int(b, "m")?,
             n: int(self.n, "n")?,
@@ -212,13 +229,16 @@ pub fn gemv_int4(
     per_step_scales: bool,
 ) -> Result<(), BackendError> {
     l.check()?;
-    let g128 = per_step_scales && l.s.group_size.is_multiple_of(128);
-    let name = match (rows_per_block, g128) {
-        (16, false) => "gemv_int4_r16",
-        (32, false) => "gemv_int4_r32",
-        (16, true) => "gemv_int4_g128_r16",
-        (32, true) => "gemv_int4_g128_r32",
-        (other, _) => {
+    let mins = l.s.mins.is_some();
+    let g128 = per_step_scales && l.s.group_size.is_multiple_of(128) && !mins;
+    let name = match (rows_per_block, g128, mins) {
+        (16, false, false) => "gemv_int4_r16",
+        (32, false, false) => "gemv_int4_r32",
+        (16, true, _) => "gemv_int4_g128_r16",
+        (32, true, _) => "gemv_int4_g128_r32",
+        (16, false, true) => "gemv_int4_min_r16",
+        (32, false, true) => "gemv_int4_min_r32",
+        (other, ..) => {
             return Err(BackendError::InvalidBatch(format!(
                 "gemv_int4: no kernel for {other} rows per block"
             )));
@@ -244,7 +264,9 @@ pub fn gemv_int4(
         // (128 s + 32 t) / group_size < groups for such lanes (group 0 for the others; the g128
         // kernel: group 128 s / group_size of rows clamped below n, for steps 128 s < k), and
         // writes y[bb, r] for bb < rows, r < n. Every mma runs on all 32 lanes (steps are
-        // skipped warp-uniformly). GEMV_WARPS assumes kernels::GEMV_THREADS threads; shared memory is static.
+        // skipped warp-uniformly). The *_min kernels read the offset of the same (row, group) as
+        // the scale, and check() gave mins >= n*groups f32 when they are picked (mins is Some).
+        // GEMV_WARPS assumes kernels::GEMV_THREADS threads; shared memory is static.
         unsafe { b.launch(cfg(grid, kernels::GEMV_THREADS, 0)) }?;
     }
     Ok(())
@@ -280,6 +302,26 @@ pub(super) fn check_int4_options(
     Ok(())
 }
 
+/// Whether a GGUF file's `Q4_0` / `Q4_1` layers run on the INT4 kernels: the switch
+/// ([`KernelSwitches::gguf_int4`](crate::backend::switches::KernelSwitches::gguf_int4)) is on,
+/// the linears are otherwise unquantized, and the kernels take the options and this rank's
+/// shapes (bf16, not batch-invariant, input widths multiples of 32); otherwise every weight is
+/// dequantized to the compute type.
+pub(super) fn gguf_runs_int4(
+    opts: &super::backend::CudaOptions,
+    quant: &crate::quant::LinearQuant,
+    cfg: &crate::config::ModelConfig,
+    dims: &crate::tp::LocalDims,
+) -> bool {
+    opts.kernels.gguf_int4
+        && *quant == crate::quant::LinearQuant::None
+        && opts.dtype == DType::Bf16
+        && !opts.batch_invariant
+        && [cfg.hidden_size, dims.q_dim, dims.inter]
+            .iter()
+            .all(|k| k.is_multiple_of(32))
+}
+
 /// Writes `w` as a bf16 `[n, k]` matrix (in its packed column order) into `out`.
 pub fn dequant_int4(gpu: &Gpu, l: &Int4Linear<'_>, out: &Buf) -> Result<(), BackendError> {
     l.check()?;
@@ -294,9 +336,15 @@ pub fn dequant_int4(gpu: &Gpu, l: &Int4Linear<'_>, out: &Buf) -> Result<(), Back
     let p = l.params(out, 0, 0)?;
     let threads = kernels::INT4_DEQUANT_THREADS as usize;
     let blocks = words.div_ceil(threads).min(gpu.sms * 16);
-    let mut b = gpu.stream.launch_builder(gpu.func("dequant_int4_bf16")?);
+    let name = if l.s.mins.is_some() {
+        "dequant_int4_min_bf16"
+    } else {
+        "dequant_int4_bf16"
+    };
+    let mut b = gpu.stream.launch_builder(gpu.func(name)?);
     b.arg(&p);
-    // SAFETY: check() gave words >= n*k/8 u32, scales and zeros >= n*groups; out holds n*k bf16
+    // SAFETY: check() gave words >= n*k/8 u32, scales and zeros (and mins, for the _min kernel,
+    // picked only when they exist) >= n*groups; out holds n*k bf16
     // (16-byte aligned: uint4 stores at word index idx < n*k/8). The grid-stride loop touches word
     // indices < n*k/8 only, and group (8c) / group_size < groups for c < k/8.
     unsafe {
@@ -360,6 +408,7 @@ mod tests {
             scales: (0..n * groups).map(|i| 0.001 + i as f32 * 1e-4).collect(),
             zeros: (0..n * groups).map(|i| (i % 17) as u8).collect(),
             g_idx,
+            mins: None,
         }
     }
 

@@ -22,7 +22,9 @@ use crate::checkpoint::{Checkpoint, Dtype as StoredDtype, TensorView};
 use crate::config::ModelConfig;
 use crate::quant::LinearQuant;
 use crate::quant::int4::{Int4Checkpoint, Int4Weight};
-use crate::quant::load::{InputQuant, fused_input, int4_layer, linear_shape_of, stored_fp8_layer};
+use crate::quant::load::{
+    InputQuant, fused_input, gguf_int4, int4_layer, linear_shape_of, stored_fp8_layer,
+};
 use crate::tp::LocalDims;
 
 /// An FP8 linear layer's scales on the device; its weight buffer then holds E4M3 codes (U8).
@@ -270,12 +272,8 @@ fn upload_product(
     match quant {
         LinearQuant::None => Ok((upload_stacked(gpu, staging, ckpt, parts, dtype)?, None)),
         LinearQuant::Int4(spec) => {
-            let w = int4_product((config, ckpt), parts, spec, (n, k))?;
-            let packed = int4::pack(&w).map_err(|e| {
-                BackendError::Weights(format!("{}: {e}", parts[0].0.trim_end_matches(".weight")))
-            })?;
-            let (words, scales) = Int4Scales::upload(gpu, &packed)?;
-            Ok((words, Some(ProductScales::Int4(scales))))
+            let w = int4_product(config, parts, checkpoint_int4(ckpt, spec), (n, k))?;
+            upload_int4(gpu, &w, &parts[0].0)
         }
         LinearQuant::Fp8 { stored: None } => {
             let dense = upload_stacked(gpu, staging, ckpt, parts, DType::Bf16)?;
@@ -346,27 +344,21 @@ fn upload_product(
     }
 }
 
-/// One INT4 product's parts read from the checkpoint (unpacked on the host), sliced to `parts`
-/// and stacked: a shard's rows of q/k/v and gate/up, or its whole groups of o's and down's
-/// columns (a column shard must start and end on group boundaries).
+/// One INT4 product's parts, each read by `read` (module, rows, cols; unpacked on the host),
+/// sliced to `parts` and stacked: a shard's rows of q/k/v and gate/up, or its whole groups of
+/// o's and down's columns (a column shard must start and end on group boundaries).
 fn int4_product(
-    (config, ckpt): (&ModelConfig, &Checkpoint),
+    config: &ModelConfig,
     parts: &[(String, Part)],
-    spec: &Int4Checkpoint,
+    read: impl Fn(&str, usize, usize) -> Result<Int4Weight, BackendError>,
     (n, k): (usize, usize),
 ) -> Result<Int4Weight, BackendError> {
     let mut pieces = Vec::with_capacity(parts.len());
     for (name, part) in parts {
         let module = name.trim_end_matches(".weight");
-        if spec.skips(module) {
-            return Err(BackendError::Weights(format!(
-                "{module}: unquantized layers inside an INT4 checkpoint (modules_to_not_convert) \
-                 run on the CPU backend only so far"
-            )));
-        }
         let (rows, cols) = linear_shape_of(config, name)
             .ok_or_else(|| BackendError::Weights(format!("{name}: not a decoder linear layer")))?;
-        let w = int4_layer(ckpt, module, spec, rows, cols).map_err(weights_err)?;
+        let w = read(module, rows, cols)?;
         pieces.push(match part {
             Part::All => w,
             Part::Rows(r) if r.end <= w.rows => w.row_slice(r.clone()),
@@ -395,14 +387,73 @@ fn int4_product(
     Ok(w)
 }
 
+/// An INT4 checkpoint's module as `spec`'s tool packed it.
+fn checkpoint_int4<'a>(
+    ckpt: &'a Checkpoint,
+    spec: &'a Int4Checkpoint,
+) -> impl Fn(&str, usize, usize) -> Result<Int4Weight, BackendError> + 'a {
+    move |module, rows, cols| {
+        if spec.skips(module) {
+            return Err(BackendError::Weights(format!(
+                "{module}: unquantized layers inside an INT4 checkpoint (modules_to_not_convert) \
+                 run on the CPU backend only so far"
+            )));
+        }
+        int4_layer(ckpt, module, spec, rows, cols).map_err(weights_err)
+    }
+}
+
+/// A GGUF file's `Q4_0` / `Q4_1` module as its blocks.
+fn gguf_q4(
+    ckpt: &Checkpoint,
+) -> impl Fn(&str, usize, usize) -> Result<Int4Weight, BackendError> + '_ {
+    move |module, rows, cols| {
+        let name = format!("{module}.weight");
+        match gguf_int4(ckpt, &name).map_err(weights_err)? {
+            Some(w) if (w.rows, w.cols) == (rows, cols) => Ok(w),
+            Some(w) => Err(BackendError::Weights(format!(
+                "{name}: {} × {} blocks for a {rows} × {cols} layer",
+                w.rows, w.cols
+            ))),
+            None => Err(BackendError::Weights(format!(
+                "{name}: not stored as Q4_0 or Q4_1"
+            ))),
+        }
+    }
+}
+
+/// Whether every decoder linear weight of layer `i` is a GGUF `Q4_0` / `Q4_1` tensor (the layer
+/// then runs on the INT4 kernels instead of being dequantized to the compute type).
+fn gguf_layer_is_q4(ckpt: &Checkpoint, i: usize) -> bool {
+    names::LINEAR_WEIGHTS.iter().all(|suffix| {
+        matches!(
+            ckpt.gguf_type(&layer_tensor(i, suffix)),
+            Some(gguf::GgmlType::Q4_0 | gguf::GgmlType::Q4_1)
+        )
+    })
+}
+
+/// Packs and uploads one INT4 product.
+fn upload_int4(
+    gpu: &Gpu,
+    w: &Int4Weight,
+    what: &str,
+) -> Result<(Buf, Option<ProductScales>), BackendError> {
+    let packed = int4::pack(w)
+        .map_err(|e| BackendError::Weights(format!("{}: {e}", what.trim_end_matches(".weight"))))?;
+    let (words, scales) = Int4Scales::upload(gpu, &packed)?;
+    Ok((words, Some(ProductScales::Int4(scales))))
+}
+
 /// Validates the checkpoint against `config` and uploads this rank's share (`dims`) of every
-/// weight as `dtype` (the decoder linears as `quant` says); the output projection only when
-/// `lm_head` (rank 0, which samples).
+/// weight as `dtype` (the decoder linears as `quant` says; with `gguf_int4`, those of a GGUF
+/// layer whose linears are all `Q4_0` / `Q4_1` as INT4 products); the output projection only
+/// when `lm_head` (rank 0, which samples).
 pub fn upload(
     gpu: &Gpu,
     config: &ModelConfig,
     ckpt: &Checkpoint,
-    (dtype, quant): (DType, &LinearQuant),
+    (dtype, quant, gguf_int4): (DType, &LinearQuant, bool),
     dims: &LocalDims,
     lm_head: bool,
 ) -> Result<Weights, BackendError> {
@@ -424,8 +475,14 @@ pub fn upload(
             ]
         };
         let h = config.hidden_size;
+        let q4 = gguf_int4 && gguf_layer_is_q4(ckpt, i);
         let mut product = |parts: Vec<(String, Part)>, nk: (usize, usize)| {
-            upload_product(gpu, st, (config, ckpt), &parts, (dtype, quant), nk)
+            if q4 {
+                let w = int4_product(config, &parts, gguf_q4(ckpt), nk)?;
+                upload_int4(gpu, &w, &parts[0].0)
+            } else {
+                upload_product(gpu, st, (config, ckpt), &parts, (dtype, quant), nk)
+            }
         };
         let (qkv, qkv_s) = product(
             qkv_parts(layer::Q_PROJ, layer::K_PROJ, layer::V_PROJ),
