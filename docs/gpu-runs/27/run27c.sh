@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Run 27, call C (carry .gpu27/smol.part02, after calls A and B): SmolLM2-135M-Instruct (Q4_1)
+# Run 27, call C (carry .gpu27/c: smol.part02, after calls A and B): SmolLM2-135M-Instruct (Q4_1)
 # through `ringserve generate --device cuda --dtype bfloat16`, greedy, on the five prompts of
 # tests/fixtures/smollm2/expected.json, with its Q4_1 layers on the INT4 kernels (the default) and
 # dequantized to bf16 (RINGSERVE_CUDA_GGUF_INT4=0); then `bench engine` both ways.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 S=/tmp/smol
-cat $S/smol.part00 $S/smol.part01 .gpu27/smol.part02 > $S/model.gguf
+cp .gpu27/c/smol.part02 $S/ && cat $S/smol.part00 $S/smol.part01 /tmp/smol/smol.part02 > $S/model.gguf
 echo "$(cat scripts/smollm2.sha256)  $S/model.gguf" | sha256sum --check || exit 1
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64 RINGSERVE_KERNEL_CACHE=/tmp/kc-27
 for q4 in 1 0; do
