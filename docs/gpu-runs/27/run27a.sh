@@ -10,6 +10,6 @@ mkdir -p /tmp/smol && cp .gpu27/*/* /tmp/smol/ && ls -la /tmp/smol
 [ -f .gpu27/a/bins.tar.xz ] || exit 0
 S=/tmp/smol
 tar xJf $S/bins.tar.xz -C $S
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64 RINGSERVE_CUDA_INCLUDE=/usr/local/cuda/include RINGSERVE_KERNEL_CACHE=/tmp/kc-27
+export FIXTURES_DIR=$PWD/tests/fixtures LD_LIBRARY_PATH=/usr/local/cuda/lib64 RINGSERVE_CUDA_INCLUDE=/usr/local/cuda/include RINGSERVE_KERNEL_CACHE=/tmp/kc-27
 nvidia-smi --query-gpu=name,memory.used --format=csv
 timeout 400 $S/cuda_int4 --include-ignored --nocapture --test-threads=1 2>&1 | tee $OUT/cuda_int4.log | grep -vE "^shape " | tail -60
