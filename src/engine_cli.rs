@@ -12,6 +12,7 @@ use worker::engine::EngineConfig;
 use worker::generate::{self, OnError};
 use worker::open::open_model;
 use worker::quant::Quantization;
+use worker::quant::kv::KvCacheDtype;
 
 /// Engine and KV cache knobs (vLLM's flag names).
 #[derive(Args, Debug, Clone)]
@@ -60,6 +61,11 @@ pub struct EngineFlags {
     /// GPTQ, compressed-tensors) are detected from their config without it.
     #[arg(long)]
     pub quantization: Option<Quantization>,
+    /// The KV cache's element type: `auto` (the compute type) or `fp8` / `fp8_e4m3` (E4M3 with
+    /// one scale per layer for K and one for V: the checkpoint's `k_scale` / `v_scale`, else 1.0,
+    /// as vLLM; CUDA: half the KV memory and decode-attention reads, sm_89+ and bfloat16).
+    #[arg(long, default_value = "auto")]
+    pub kv_cache_dtype: KvCacheDtype,
     /// CUDA: run every step eagerly (no CUDA graphs for decode steps).
     #[arg(long)]
     pub enforce_eager: bool,
@@ -98,6 +104,7 @@ impl EngineFlags {
             batch_invariant: self.batch_invariant,
             kernels: KernelSwitches::from_env()?,
             quantization: self.quantization,
+            kv_cache_dtype: self.kv_cache_dtype,
         })
     }
 

@@ -16,6 +16,7 @@ use worker::backend::{BackendOptions, Device};
 use worker::config::ModelConfig;
 use worker::engine::EngineConfig;
 use worker::quant::Quantization;
+use worker::quant::kv::KvCacheDtype;
 use worker::serve::launch::{WorkerDevice, WorkerOptions, run_joined_worker, run_worker};
 use worker::serve::tp::{TpOptions, check_model};
 use worker::tp::TpCollectives;
@@ -78,6 +79,11 @@ pub struct ServingEngineFlags {
     /// GPTQ, compressed-tensors) are detected from their config without it.
     #[arg(long)]
     pub quantization: Option<Quantization>,
+    /// The KV cache's element type: `auto` (the compute type) or `fp8` / `fp8_e4m3` (E4M3 with
+    /// one scale per layer for K and one for V: the checkpoint's `k_scale` / `v_scale`, else 1.0,
+    /// as vLLM; CUDA: half the KV memory and decode-attention reads, sm_89+ and bfloat16).
+    #[arg(long, default_value = "auto")]
+    pub kv_cache_dtype: KvCacheDtype,
     /// CUDA: run every step eagerly (no CUDA graphs for decode steps).
     #[arg(long)]
     pub enforce_eager: bool,
@@ -132,6 +138,9 @@ impl ServingEngineFlags {
         if let Some(q) = self.quantization {
             a.extend(["--quantization".into(), q.to_string()]);
         }
+        if self.kv_cache_dtype != KvCacheDtype::Auto {
+            a.extend(["--kv-cache-dtype".into(), self.kv_cache_dtype.to_string()]);
+        }
         if self.enforce_eager {
             a.push("--enforce-eager".into());
         }
@@ -158,6 +167,7 @@ impl ServingEngineFlags {
             batch_invariant: self.batch_invariant,
             kernels: KernelSwitches::from_env()?,
             quantization: self.quantization,
+            kv_cache_dtype: self.kv_cache_dtype,
         })
     }
 }
@@ -745,6 +755,8 @@ mod tests {
             "0.5",
             "--quantization",
             "fp8",
+            "--kv-cache-dtype",
+            "fp8_e4m3",
         ]);
         let args = serve.to_args();
         let worker = parse(&args.iter().map(String::as_str).collect::<Vec<_>>());
@@ -755,6 +767,11 @@ mod tests {
         assert!(b.enforce_eager && b.batch_invariant);
         assert_eq!(b.gpu_memory_utilization, 0.5);
         assert_eq!(b.quantization, Some(Quantization::Fp8));
+        assert_eq!(b.kv_cache_dtype, KvCacheDtype::Fp8E4m3);
+        assert_eq!(
+            parse(&[]).backend_options().unwrap().kv_cache_dtype,
+            KvCacheDtype::Auto
+        );
     }
 
     fn gpus(list: &[&str]) -> Vec<String> {

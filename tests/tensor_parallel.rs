@@ -22,6 +22,7 @@ const OPTIONS: CpuOptions = CpuOptions {
     block_size: 4,
     num_kv_blocks: 200,
     quantization: None,
+    kv_cache_dtype: worker::quant::kv::KvCacheDtype::Auto,
 };
 
 fn fixture() -> PathBuf {

@@ -720,6 +720,7 @@ fn bench_options() -> Res<CudaOptions> {
         batch_invariant: false,
         kernels: switches()?,
         quantization: None,
+        kv_cache_dtype: worker::quant::kv::KvCacheDtype::Auto,
     })
 }
 

@@ -392,6 +392,7 @@ fn backend_reports_bad_weights() {
         block_size: 16,
         num_kv_blocks: 4,
         quantization: None,
+        kv_cache_dtype: worker::quant::kv::KvCacheDtype::Auto,
     };
     let err = worker::backend::cpu::CpuBackend::new(&cfg, &ckpt, options).unwrap_err();
     assert!(
@@ -411,6 +412,7 @@ fn backend_rejects_bad_options() {
             block_size,
             num_kv_blocks,
             quantization: None,
+            kv_cache_dtype: worker::quant::kv::KvCacheDtype::Auto,
         };
         let err = worker::backend::cpu::CpuBackend::new(&cfg, &ckpt, options).unwrap_err();
         assert!(

@@ -76,6 +76,7 @@ fn backend(
         batch_invariant: dtype == DType::Bf16,
         kernels: KernelSwitches::default(),
         quantization: None,
+        kv_cache_dtype: worker::quant::kv::KvCacheDtype::Auto,
     };
     let b = CudaBackend::new(&model, &ckpt, &opts).unwrap_or_else(|e| panic!("CUDA backend: {e}"));
     (b, model)

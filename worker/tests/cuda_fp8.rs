@@ -52,6 +52,7 @@ fn cuda_options(eager: bool, quantization: Option<Quantization>) -> CudaOptions 
         batch_invariant: false,
         kernels: KernelSwitches::default(),
         quantization,
+        kv_cache_dtype: worker::quant::kv::KvCacheDtype::Auto,
     }
 }
 
@@ -83,6 +84,7 @@ fn cpu(
         block_size: 16,
         num_kv_blocks: 64,
         quantization,
+        kv_cache_dtype: worker::quant::kv::KvCacheDtype::Auto,
     };
     (CpuBackend::new(&config, &ckpt, opts).expect("cpu"), config)
 }

@@ -233,6 +233,7 @@ fn int4_models_on_cuda_match_the_cpu_reference() {
                 block_size: 16,
                 num_kv_blocks: 64,
                 quantization: None,
+                kv_cache_dtype: worker::quant::kv::KvCacheDtype::Auto,
             },
         )
         .expect("cpu");
@@ -248,6 +249,7 @@ fn int4_models_on_cuda_match_the_cpu_reference() {
                 batch_invariant: false,
                 kernels: KernelSwitches::default(),
                 quantization: None,
+                kv_cache_dtype: worker::quant::kv::KvCacheDtype::Auto,
             };
             let mut cuda = CudaBackend::new(&config, &ckpt, &opts)
                 .unwrap_or_else(|e| panic!("CUDA backend on {name}: {e}"));
@@ -279,6 +281,7 @@ fn gguf_q4_layers_on_cuda_match_the_cpu_reference() {
             block_size: 16,
             num_kv_blocks: 64,
             quantization: None,
+            kv_cache_dtype: worker::quant::kv::KvCacheDtype::Auto,
         },
     )
     .expect("cpu");
@@ -300,6 +303,7 @@ fn gguf_q4_layers_on_cuda_match_the_cpu_reference() {
                     ..KernelSwitches::default()
                 },
                 quantization: None,
+                kv_cache_dtype: worker::quant::kv::KvCacheDtype::Auto,
             };
             let mut cuda = CudaBackend::new(&config, &ckpt, &opts)
                 .unwrap_or_else(|e| panic!("CUDA backend on gguf-q4: {e}"));

@@ -66,6 +66,7 @@ fn options(ordinal: usize, eager: bool) -> CudaOptions {
         batch_invariant: false,
         kernels: KernelSwitches::default(),
         quantization: None,
+        kv_cache_dtype: worker::quant::kv::KvCacheDtype::Auto,
     }
 }
 

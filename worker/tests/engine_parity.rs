@@ -57,6 +57,7 @@ fn engine(block_size: usize, num_kv_blocks: usize, config: EngineConfig) -> (Eng
             block_size,
             num_kv_blocks,
             quantization: None,
+            kv_cache_dtype: worker::quant::kv::KvCacheDtype::Auto,
         },
     )
     .expect("backend");

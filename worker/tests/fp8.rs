@@ -43,6 +43,7 @@ fn cpu_last_logits(dir: &Path, quantization: Option<Quantization>, prompt: &[u32
         block_size: 16,
         num_kv_blocks: 16,
         quantization,
+        kv_cache_dtype: worker::quant::kv::KvCacheDtype::Auto,
     };
     let mut backend = CpuBackend::new(&config, &ckpt, options).unwrap();
     last_logits(&mut backend, prompt)
@@ -168,6 +169,7 @@ fn build(dir: &Path) -> Result<(), String> {
         block_size: 16,
         num_kv_blocks: 4,
         quantization: None,
+        kv_cache_dtype: worker::quant::kv::KvCacheDtype::Auto,
     };
     CpuBackend::new(&config, &ckpt, options)
         .map(|_| ())
@@ -308,4 +310,107 @@ fn unsupported_schemes_name_the_field() {
         Checkpoint::load(dir.path()),
         Err(CheckpointError::Config(ConfigError::Unsupported { .. }))
     ));
+}
+
+/// `--kv-cache-dtype fp8`'s scales: the checkpoint's `self_attn.k_scale` / `v_scale` (or
+/// `kv_scale` for both) per layer, else 1.0; scales on some layers only, a non-positive or
+/// non-finite scale, or one of the wrong shape is an error naming the tensor. A scale changes
+/// what the cache holds (and so the logits); the same model without scales runs with 1.0.
+#[test]
+fn kv_cache_scales_come_from_the_checkpoint_or_are_errors() {
+    use worker::quant::kv::{KvCacheDtype, KvScales};
+    let scalar = |v: f32| (StDtype::F32, vec![], v.to_le_bytes().to_vec());
+    let with = |entries: Vec<(&'static str, (StDtype, Vec<usize>, Vec<u8>))>| {
+        edited("tiny-llama", move |_, t: &mut Tensors| {
+            for (name, value) in entries {
+                t.insert(name.to_owned(), value);
+            }
+        })
+    };
+    let k0 = "model.layers.0.self_attn.k_scale";
+    let dir = with(vec![
+        (k0, scalar(0.5)),
+        ("model.layers.0.self_attn.v_scale", scalar(0.25)),
+        ("model.layers.1.self_attn.kv_scale", scalar(2.0)),
+    ]);
+    let (config, ckpt) = Checkpoint::load(dir.path()).unwrap();
+    let s = KvScales::load(&ckpt, config.num_hidden_layers).unwrap();
+    assert_eq!(
+        (s.k, s.v, s.from_checkpoint),
+        (vec![0.5, 2.0], vec![0.25, 2.0], true)
+    );
+    let (plain_config, plain) = Checkpoint::load(&fixture("tiny-llama")).unwrap();
+    let none = KvScales::load(&plain, plain_config.num_hidden_layers).unwrap();
+    assert_eq!(
+        (none.k, none.v, none.from_checkpoint),
+        (vec![1.0; 2], vec![1.0; 2], false)
+    );
+
+    let logits = |dir: &Path, kv_cache_dtype| {
+        let (config, ckpt) = Checkpoint::load(dir).unwrap();
+        let options = CpuOptions {
+            block_size: 16,
+            num_kv_blocks: 16,
+            quantization: None,
+            kv_cache_dtype,
+        };
+        let mut cpu = CpuBackend::new(&config, &ckpt, options).unwrap();
+        last_logits(&mut cpu, &(1..40).collect::<Vec<u32>>())
+    };
+    let exact = logits(&fixture("tiny-llama"), KvCacheDtype::Auto);
+    let unit = logits(&fixture("tiny-llama"), KvCacheDtype::Fp8E4m3);
+    let scaled = logits(dir.path(), KvCacheDtype::Fp8E4m3);
+    let (e_unit, e_scaled) = (rel_l2(&unit, &exact), rel_l2(&scaled, &exact));
+    println!("FP8 KV on tiny-llama: scales 1.0 {e_unit:.2e}, checkpoint scales {e_scaled:.2e}");
+    assert!(e_unit > 0.0 && e_unit < 0.05 && e_scaled < 0.05);
+    assert_ne!(unit, scaled, "the checkpoint's scales are used");
+
+    for (entries, tensor, says) in [
+        (
+            vec![(k0, scalar(0.5))],
+            "model.layers.0.self_attn.v_scale",
+            "missing",
+        ),
+        (
+            vec![
+                (k0, scalar(f32::NAN)),
+                ("model.layers.0.self_attn.v_scale", scalar(1.0)),
+            ],
+            k0,
+            "finite and positive",
+        ),
+        (
+            vec![("model.layers.1.self_attn.kv_scale", scalar(-1.0))],
+            "model.layers.0.self_attn.k_scale",
+            "missing",
+        ),
+        (
+            vec![
+                (
+                    k0,
+                    (
+                        StDtype::F32,
+                        vec![2],
+                        [1f32, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect(),
+                    ),
+                ),
+                ("model.layers.0.self_attn.v_scale", scalar(1.0)),
+            ],
+            k0,
+            "one number per layer",
+        ),
+    ] {
+        let dir = with(entries);
+        let (config, ckpt) = Checkpoint::load(dir.path()).unwrap();
+        let err = KvScales::load(&ckpt, config.num_hidden_layers).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains(tensor) && text.contains(says), "{text}");
+        let options = CpuOptions {
+            block_size: 16,
+            num_kv_blocks: 16,
+            quantization: None,
+            kv_cache_dtype: KvCacheDtype::Fp8E4m3,
+        };
+        assert!(CpuBackend::new(&config, &ckpt, options).is_err());
+    }
 }

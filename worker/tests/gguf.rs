@@ -49,6 +49,7 @@ fn a_qwen2_gguf_reads_as_hf_transformers_reads_it() {
         block_size: 16,
         num_kv_blocks: 16,
         quantization: None,
+        kv_cache_dtype: worker::quant::kv::KvCacheDtype::Auto,
     };
     let mut cpu = CpuBackend::new(&config, &ckpt, options).unwrap();
     for case in want["cases"].as_array().unwrap() {
@@ -239,6 +240,7 @@ fn rope_freqs_act_as_the_llama3_scaling_they_encode() {
         block_size: 16,
         num_kv_blocks: 16,
         quantization: None,
+        kv_cache_dtype: worker::quant::kv::KvCacheDtype::Auto,
     };
     let logits = |path: &std::path::Path| {
         let (config, ckpt) = Checkpoint::load(path).unwrap();

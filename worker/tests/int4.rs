@@ -32,6 +32,7 @@ fn backend(dir: &Path, quantization: Option<Quantization>) -> Result<CpuBackend,
         block_size: 16,
         num_kv_blocks: 16,
         quantization,
+        kv_cache_dtype: worker::quant::kv::KvCacheDtype::Auto,
     };
     CpuBackend::new(&config, &ckpt, options).map_err(|e| e.to_string())
 }

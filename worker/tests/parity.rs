@@ -54,6 +54,7 @@ fn backend(num_seqs: usize) -> CpuBackend {
         block_size: BLOCK_SIZE,
         num_kv_blocks: 1 + num_seqs * BLOCKS_PER_SEQ,
         quantization: None,
+        kv_cache_dtype: worker::quant::kv::KvCacheDtype::Auto,
     };
     CpuBackend::new(&config, &ckpt, options).unwrap()
 }

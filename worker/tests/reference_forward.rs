@@ -1,7 +1,9 @@
 //! The CPU backend against a plain f64 transformer written from the Llama equations (dense causal
 //! attention, no paging, no fusion), on models the HF fixture does not cover: the demo model (bf16,
 //! tied embeddings, Llama-3 RoPE scaling, head_dim 64) over a long prompt fed in odd chunks through a
-//! scrambled block table, and a Qwen2-style model (q/k/v bias, linear RoPE, 4:1 GQA).
+//! scrambled block table, and a Qwen2-style model (q/k/v bias, linear RoPE, 4:1 GQA); and the
+//! CPU backend's FP8 KV cache (`--kv-cache-dtype fp8`) against the same reference with every K and
+//! V value rounded to E4M3 by a nearest-value search written here.
 
 use std::path::Path;
 
@@ -11,6 +13,7 @@ use worker::backend::{Backend, ForwardBatch, SeqInput};
 use worker::checkpoint::Checkpoint;
 use worker::checkpoint::names::{self, expected_tensors, layer, layer_tensor};
 use worker::config::ModelConfig;
+use worker::quant::kv::KvCacheDtype;
 
 /// A weight as f64, `[rows × cols]` row-major.
 fn get(ckpt: &Checkpoint, name: &str) -> Vec<f64> {
@@ -47,8 +50,47 @@ fn rope(x: &mut [f64], d: usize, pos: usize, inv_freq: &[f32]) {
     }
 }
 
+/// Every finite non-negative E4M3 value, by code (0..=126), from the format's definition.
+fn e4m3_values() -> Vec<f64> {
+    (0u8..=126)
+        .map(|c| {
+            let (e, m) = (i32::from(c >> 3), f64::from(c & 7));
+            if e == 0 {
+                m / 8.0 * 2f64.powi(-6)
+            } else {
+                (1.0 + m / 8.0) * 2f64.powi(e - 7)
+            }
+        })
+        .collect()
+}
+
+/// `x · (1 / scale)` rounded to the nearest E4M3 value (ties to the even code, saturating at
+/// 448) and scaled back: what an FP8 KV cache with `scale` reads back.
+fn fp8_kv(x: f64, scale: f64, values: &[f64]) -> f64 {
+    let a = (x / scale).abs();
+    let mut best = 0usize;
+    for (c, v) in values.iter().enumerate() {
+        let (d, bd) = ((v - a).abs(), (values[best] - a).abs());
+        if d < bd || (d == bd && c % 2 == 0) {
+            best = c;
+        }
+    }
+    values[best].copysign(x) * scale
+}
+
 /// Logits after every token of `tokens`, computed densely in f64.
 fn reference_logits(cfg: &ModelConfig, ckpt: &Checkpoint, tokens: &[u32]) -> Vec<Vec<f64>> {
+    reference_logits_kv(cfg, ckpt, tokens, &|x| x)
+}
+
+/// [`reference_logits`] with every K and V value passed through `kv` (after RoPE), as a cache
+/// that stores them approximately would.
+fn reference_logits_kv(
+    cfg: &ModelConfig,
+    ckpt: &Checkpoint,
+    tokens: &[u32],
+    kv: &dyn Fn(f64) -> f64,
+) -> Vec<Vec<f64>> {
     let (h, d) = (cfg.hidden_size, cfg.head_dim);
     let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
     let eps = f64::from(cfg.rms_norm_eps);
@@ -89,8 +131,13 @@ fn reference_logits(cfg: &ModelConfig, ckpt: &Checkpoint, tokens: &[u32]) -> Vec
             rope(&mut q, d, pos, &inv_freq);
             rope(&mut k, d, pos, &inv_freq);
             qs.push(q);
-            ks.push(k);
-            vs.push(add(linear(&wv, &n), &bv));
+            ks.push(k.into_iter().map(kv).collect::<Vec<f64>>());
+            vs.push(
+                add(linear(&wv, &n), &bv)
+                    .into_iter()
+                    .map(kv)
+                    .collect::<Vec<f64>>(),
+            );
         }
         let (wg, wu, wd) = (w(layer::GATE_PROJ), w(layer::UP_PROJ), w(layer::DOWN_PROJ));
         for t in 0..xs.len() {
@@ -171,17 +218,31 @@ fn compare(dir: &Path, tokens: &[u32], chunks: &[usize], block_size: usize) {
     let (cfg, ckpt) = Checkpoint::load(dir).unwrap();
     let want = reference_logits(&cfg, &ckpt, tokens);
     for &chunk in chunks {
-        compare_chunked(&cfg, &ckpt, (tokens, &want), chunk, block_size);
+        let diff = compare_chunked(
+            &cfg,
+            &ckpt,
+            (tokens, &want),
+            chunk,
+            block_size,
+            KvCacheDtype::Auto,
+        );
+        assert!(
+            diff < 1e-4,
+            "chunk {chunk}: max diff {diff} of the logits' scale"
+        );
     }
 }
 
+/// The backend fed in chunks of `chunk` through a scrambled block table, against `want`: the
+/// largest difference of any compared logit, relative to its row's largest magnitude.
 fn compare_chunked(
     cfg: &ModelConfig,
     ckpt: &Checkpoint,
     (tokens, want): (&[u32], &[Vec<f64>]),
     chunk: usize,
     block_size: usize,
-) {
+    kv_cache_dtype: KvCacheDtype,
+) -> f64 {
     let blocks = tokens.len().div_ceil(block_size);
     // A scrambled table: block ids 1..=blocks in a fixed shuffled order.
     let table: Vec<u32> = (0..blocks)
@@ -191,19 +252,47 @@ fn compare_chunked(
         block_size,
         num_kv_blocks: blocks + 1,
         quantization: None,
+        kv_cache_dtype,
     };
     let mut backend = CpuBackend::new(cfg, ckpt, options).unwrap();
     let got = backend_logits(&mut backend, tokens, chunk, &table);
-    for (t, row) in got {
-        let scale = want[t].iter().fold(1.0f64, |m, v| m.max(v.abs()));
-        let diff = row
-            .iter()
-            .zip(&want[t])
-            .map(|(a, b)| (f64::from(*a) - b).abs())
-            .fold(0.0, f64::max);
+    got.iter()
+        .map(|(t, row)| {
+            let scale = want[*t].iter().fold(1.0f64, |m, v| m.max(v.abs()));
+            let diff = row
+                .iter()
+                .zip(&want[*t])
+                .map(|(a, b)| (f64::from(*a) - b).abs())
+                .fold(0.0, f64::max);
+            diff / scale
+        })
+        .fold(0.0, f64::max)
+}
+
+/// `--kv-cache-dtype fp8` on the demo model (scales 1.0: it has none): within 2e-3 of the f64
+/// reference whose K and V are rounded to E4M3 here (the backend rounds its f32 values, so a
+/// near-tie can take the other code), and clearly off the unrounded reference — the rounding is
+/// applied, on both attention paths (chunks of 150 and 37: GEMM; 5: per token).
+#[test]
+fn fp8_kv_cache_reads_back_the_e4m3_values() {
+    let dir = tempfile::tempdir().unwrap();
+    worker::demo::write_demo_model(dir.path()).unwrap();
+    let (cfg, ckpt) = Checkpoint::load(dir.path()).unwrap();
+    let tokens: Vec<u32> = (0..150u32)
+        .map(|i| (i * 37 + 11) % cfg.vocab_size as u32)
+        .collect();
+    let values = e4m3_values();
+    let rounded = reference_logits_kv(&cfg, &ckpt, &tokens, &|x| fp8_kv(x, 1.0, &values));
+    let exact = reference_logits(&cfg, &ckpt, &tokens);
+    for chunk in [150, 37, 5] {
+        let fp8 = KvCacheDtype::Fp8E4m3;
+        let near = compare_chunked(&cfg, &ckpt, (&tokens, &rounded), chunk, 16, fp8);
+        let far = compare_chunked(&cfg, &ckpt, (&tokens, &exact), chunk, 16, fp8);
+        println!("chunk {chunk}: {near:.2e} from the E4M3 reference, {far:.2e} from the exact one");
+        assert!(near < 2e-3, "chunk {chunk}: {near} from the E4M3 reference");
         assert!(
-            diff < 1e-4 * scale,
-            "chunk {chunk}, token {t}: max diff {diff} (scale {scale})"
+            far > 5.0 * near,
+            "chunk {chunk}: {far} from the exact reference, {near} from E4M3"
         );
     }
 }

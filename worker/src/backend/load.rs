@@ -9,6 +9,7 @@ use crate::backend::{Backend, BackendError};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::quant::Quantization;
+use crate::quant::kv::KvCacheDtype;
 use crate::tp::TpShard;
 
 /// Where the model runs.
@@ -81,6 +82,8 @@ pub struct BackendOptions {
     pub kernels: KernelSwitches,
     /// `--quantization` (`None`: the checkpoint's own precision, FP8 for an FP8 checkpoint).
     pub quantization: Option<Quantization>,
+    /// `--kv-cache-dtype`.
+    pub kv_cache_dtype: KvCacheDtype,
 }
 
 impl Default for BackendOptions {
@@ -95,6 +98,7 @@ impl Default for BackendOptions {
             batch_invariant: false,
             kernels: KernelSwitches::default(),
             quantization: None,
+            kv_cache_dtype: KvCacheDtype::Auto,
         }
     }
 }
@@ -141,6 +145,7 @@ pub fn cuda_options(options: &BackendOptions, ordinal: usize) -> crate::backend:
         batch_invariant: options.batch_invariant,
         kernels: options.kernels,
         quantization: options.quantization,
+        kv_cache_dtype: options.kv_cache_dtype,
     }
 }
 
@@ -159,6 +164,7 @@ pub fn load_backend(
                 block_size: options.block_size,
                 num_kv_blocks,
                 quantization: options.quantization,
+                kv_cache_dtype: options.kv_cache_dtype,
             };
             Ok(Box::new(CpuBackend::new(config, checkpoint, cpu)?))
         }

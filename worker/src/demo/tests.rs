@@ -97,6 +97,7 @@ fn demo_model_loads_runs_and_is_deterministic() {
         block_size: 16,
         num_kv_blocks: 4,
         quantization: None,
+        kv_cache_dtype: crate::quant::kv::KvCacheDtype::Auto,
     };
     let mut backend = CpuBackend::new(&config, &ckpt, options).unwrap();
     let ids = tok.encode("Good morning, good evening.", true).unwrap();

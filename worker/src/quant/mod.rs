@@ -12,6 +12,7 @@
 
 pub mod fp8;
 pub mod int4;
+pub mod kv;
 pub mod load;
 
 pub use int4::{Int4Checkpoint, Int4Format};

@@ -25,6 +25,7 @@ use crate::backend::{Backend, BackendError, BatchLimits, ForwardBatch, Logits};
 use crate::checkpoint::names::{self, layer, layer_tensor};
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::ModelConfig;
+use crate::quant::kv::{self, KvCacheDtype, KvScales};
 use crate::quant::load::{InputQuant, fused_input, linear_f32};
 use crate::quant::{LinearQuant, Quantization};
 
@@ -46,6 +47,10 @@ pub struct CpuOptions {
     /// `--quantization`: `Some(Fp8)` quantizes a bf16/f16/f32 checkpoint's linear layers while it
     /// loads; an FP8 checkpoint runs FP8 either way.
     pub quantization: Option<Quantization>,
+    /// `--kv-cache-dtype`: with [`KvCacheDtype::Fp8E4m3`] every K and V value is stored as its
+    /// FP8 round trip (`e4m3(x / scale) · scale`, [`kv::round_trip`]) — the values an FP8 cache
+    /// reads back, held in f32: the reference arithmetic, not the memory saving.
+    pub kv_cache_dtype: KvCacheDtype,
 }
 
 /// One decoder layer's weights in f32, HF layout (`[out, in]`). Quantized layers hold their
@@ -97,6 +102,8 @@ pub struct CpuBackend {
     /// Per layer, `[blocks × block_size × kv_heads × head_dim]`.
     k_cache: Vec<Vec<f32>>,
     v_cache: Vec<Vec<f32>>,
+    /// With an FP8 cache: its per-layer scales.
+    kv_scales: Option<KvScales>,
     /// This rank's share of the model (everything when not tensor-parallel).
     dims: LocalDims,
     tp: Option<CpuTp>,
@@ -189,6 +196,22 @@ impl CpuBackend {
         let final_norm = checkpoint
             .tensor_f32(names::FINAL_NORM)
             .map_err(weights_err)?;
+        let kv_scales = match options.kv_cache_dtype {
+            KvCacheDtype::Auto => None,
+            KvCacheDtype::Fp8E4m3 => {
+                let s =
+                    KvScales::load(checkpoint, config.num_hidden_layers).map_err(weights_err)?;
+                tracing::info!(
+                    scales = if s.from_checkpoint {
+                        "from the checkpoint"
+                    } else {
+                        "1.0"
+                    },
+                    "KV cache in FP8 (E4M3)"
+                );
+                Some(s)
+            }
+        };
         let mut k_cache = Vec::with_capacity(config.num_hidden_layers);
         let mut v_cache = Vec::with_capacity(config.num_hidden_layers);
         for _ in 0..config.num_hidden_layers {
@@ -206,6 +229,7 @@ impl CpuBackend {
             num_blocks: options.num_kv_blocks,
             k_cache,
             v_cache,
+            kv_scales,
             dims,
             tp,
         })
@@ -290,12 +314,18 @@ impl CpuBackend {
         let width = q_dim + 2 * kv_dim;
         let bs = self.block_size;
         let (kc, vc) = (&mut self.k_cache[l], &mut self.v_cache[l]);
+        let scales = self.kv_scales.as_ref().map(|s| (s.k[l], s.v[l]));
         for (t, ctx) in tokens.iter().enumerate() {
             let block = ctx.block_table[ctx.position / bs] as usize;
             let dst = (block * bs + ctx.position % bs) * kv_dim;
             let row = &qkv[t * width..(t + 1) * width];
-            kc[dst..dst + kv_dim].copy_from_slice(&row[q_dim..q_dim + kv_dim]);
-            vc[dst..dst + kv_dim].copy_from_slice(&row[q_dim + kv_dim..]);
+            let (k, v) = (&mut kc[dst..dst + kv_dim], &mut vc[dst..dst + kv_dim]);
+            k.copy_from_slice(&row[q_dim..q_dim + kv_dim]);
+            v.copy_from_slice(&row[q_dim + kv_dim..]);
+            if let Some((ks, vs)) = scales {
+                k.iter_mut().for_each(|x| *x = kv::round_trip(*x, ks));
+                v.iter_mut().for_each(|x| *x = kv::round_trip(*x, vs));
+            }
         }
     }
 }

@@ -33,6 +33,7 @@ const OPTIONS: CpuOptions = CpuOptions {
     block_size: 4,
     num_kv_blocks: 64,
     quantization: None,
+    kv_cache_dtype: crate::quant::kv::KvCacheDtype::Auto,
 };
 
 /// Greedy decoding of `new_tokens` tokens one step at a time; returns the tokens and the logits
@@ -197,6 +198,7 @@ fn fp8_tp2_stays_close_to_tp1() {
     let (config, ckpt, expected) = fixture();
     let fp8 = CpuOptions {
         quantization: Some(crate::quant::Quantization::Fp8),
+        kv_cache_dtype: crate::quant::kv::KvCacheDtype::Auto,
         ..OPTIONS
     };
     let mut solo = CpuBackend::new(&config, &ckpt, fp8).expect("backend");

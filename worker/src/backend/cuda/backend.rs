@@ -60,6 +60,8 @@ pub struct CudaOptions {
     pub kernels: KernelSwitches,
     /// `--quantization` (an FP8 checkpoint runs FP8 without it).
     pub quantization: Option<Quantization>,
+    /// `--kv-cache-dtype`.
+    pub kv_cache_dtype: crate::quant::kv::KvCacheDtype,
 }
 
 /// Rows per GEMM in batch-invariant mode.
@@ -222,6 +224,13 @@ impl CudaBackend {
         } else {
             crate::quant::load::check_unquantized(ckpt, cfg)
                 .map_err(|e| BackendError::Weights(e.to_string()))?;
+        }
+        if opts.kv_cache_dtype != crate::quant::kv::KvCacheDtype::Auto {
+            return Err(BackendError::InvalidOptions(format!(
+                "--kv-cache-dtype {}: the CUDA backend's attention kernels read bf16/f32 caches \
+                 only so far (the CPU backend runs an FP8 cache)",
+                opts.kv_cache_dtype
+            )));
         }
         if !matches!(opts.dtype, DType::F32 | DType::Bf16) {
             return Err(BackendError::InvalidOptions(format!(

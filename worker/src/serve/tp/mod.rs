@@ -312,6 +312,7 @@ fn shard_backend(
                     .num_kv_blocks
                     .unwrap_or_else(|| cpu_default_kv_blocks(config, opts.block_size, tp.shard())),
                 quantization: opts.quantization,
+                kv_cache_dtype: opts.kv_cache_dtype,
             };
             let tp = CpuTp {
                 shard: tp.shard(),
