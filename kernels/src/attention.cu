@@ -11,6 +11,10 @@
 //
 // A sequence's result depends only on its own context and split size, never on the rest of the
 // batch: the direct path divides by the softmax sum exactly as the combine does for one split.
+//
+// attention_bf16_kv8 reads an FP8 cache (E4M3 codes; the K scale folded into scale_log2 by the
+// caller, the V scale applied to the outputs and partials), for head sizes and groups without a
+// tensor-core kv8 kernel.
 #include "common.cuh"
 
 #define ROWS ATTN_ROWS
@@ -18,7 +22,7 @@
 #define KTILE ATTN_KEY_TILE
 #define MAX_D ATTN_MAX_HEAD_DIM
 
-template <typename T>
+template <typename T, bool KV8>
 __device__ void attention_impl(const AttnParams& p) {
     extern __shared__ float smem[];
     const int d = p.d, group = p.hq / p.hkv;
@@ -62,8 +66,13 @@ __device__ void attention_impl(const AttnParams& p) {
             if (pos < kv_hi) {
                 const size_t base =
                     (((size_t)table[pos / p.block_size] * p.hkv + kvh) * p.block_size + pos % p.block_size) * d + c;
-                kv = to_f(((const T*)p.k_cache)[base]);
-                vv = to_f(((const T*)p.v_cache)[base]);
+                if constexpr (KV8) {
+                    kv = e4m3_to_f(((const unsigned char*)p.k_cache)[base]);
+                    vv = e4m3_to_f(((const unsigned char*)p.v_cache)[base]);
+                } else {
+                    kv = to_f(((const T*)p.k_cache)[base]);
+                    vv = to_f(((const T*)p.v_cache)[base]);
+                }
             }
             k_s[j * (d + 1) + c] = kv;
             v_s[j * d + c] = vv;
@@ -102,11 +111,14 @@ __device__ void attention_impl(const AttnParams& p) {
         }
     }
 
+    const float vs = KV8 ? p.v_scale : 1.f;
 #pragma unroll
     for (int i = 0; i < ROWS_PER_WARP; i++) {
         const int r = warp + 4 * i;
         if (r >= rows) break;
         const int tok = q_start + q0 + r / group, h = kvh * group + r % group;
+#pragma unroll
+        for (int c = 0; c < MAX_D / 32; c++) acc[i][c] *= vs;
         if (p.num_splits == 1) {
 #pragma unroll
             for (int c = 0; c < MAX_D / 32; c++) {
@@ -149,25 +161,33 @@ __device__ void combine_impl(const AttnParams& p) {
 }
 
 // Splits without work still write an empty partial, so attn_combine never reads stale data.
+template <typename T, bool KV8> __device__ __forceinline__ void attention_entry(const AttnParams& p) {
+    const int group = p.hq / p.hkv, tile = ROWS / group > 0 ? ROWS / group : 1;
+    if (p.num_splits > 1 && blockIdx.x < p.num_items) {
+        const QueryTile qt = query_tile(p.items, p.seqs, blockIdx.x, tile);
+        const int last = qt.first_pos + qt.n_tok - 1;
+        if ((int)blockIdx.z * p.split_size > last) {
+            const int w = threadIdx.x;
+            if (w < qt.n_tok * group) {
+                const int h = blockIdx.y * group + w % group;
+                const size_t slot = ((size_t)blockIdx.x * p.hq + h) * p.num_splits + blockIdx.z;
+                p.part_ml[2 * slot] = -INFINITY;
+                p.part_ml[2 * slot + 1] = 0.f;
+            }
+            return;
+        }
+    }
+    attention_impl<T, KV8>(p);
+}
+
 #define ATTENTION(T, S)                                                                            \
-    extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attention_##S(AttnParams p) {                \
-        const int group = p.hq / p.hkv, tile = ROWS / group > 0 ? ROWS / group : 1;                \
-        if (p.num_splits > 1 && blockIdx.x < p.num_items) {                                        \
-            const QueryTile qt = query_tile(p.items, p.seqs, blockIdx.x, tile);                    \
-            const int last = qt.first_pos + qt.n_tok - 1;                                          \
-            if ((int)blockIdx.z * p.split_size > last) {                                           \
-                const int w = threadIdx.x;                                                         \
-                if (w < qt.n_tok * group) {                                                        \
-                    const int h = blockIdx.y * group + w % group;                                  \
-                    const size_t slot = ((size_t)blockIdx.x * p.hq + h) * p.num_splits + blockIdx.z; \
-                    p.part_ml[2 * slot] = -INFINITY;                                               \
-                    p.part_ml[2 * slot + 1] = 0.f;                                                 \
-                }                                                                                  \
-                return;                                                                            \
-            }                                                                                      \
-        }                                                                                          \
-        attention_impl<T>(p);                                                                      \
+    extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attention_##S(AttnParams p) {       \
+        attention_entry<T, false>(p);                                                              \
     }                                                                                              \
     extern "C" __global__ void attn_combine_##S(AttnParams p) { combine_impl<T>(p); }
 ATTENTION(float, f32)
 ATTENTION(bf16, bf16)
+// bf16 queries and outputs over an FP8 (E4M3) cache; its splits combine with attn_combine_bf16.
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attention_bf16_kv8(AttnParams p) {
+    attention_entry<bf16, true>(p);
+}

@@ -90,3 +90,32 @@ __device__ __forceinline__ void unpack16(const uint4& u, float* out, bf16) {
         out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
     }
 }
+
+// E4M3 (FP8 KV cache) to f16, exactly: every E4M3 value is an f16 (sm_89+'s cvt). Four codes of a
+// word (low byte first) as two f16x2 words, lo = codes 0, 1 and hi = codes 2, 3.
+__device__ __forceinline__ void e4m3x4_to_f16x4(u32 codes, u32& lo, u32& hi) {
+    asm("{\n.reg .b16 a, b;\nmov.b32 {a, b}, %2;\ncvt.rn.f16x2.e4m3x2 %0, a;\ncvt.rn.f16x2.e4m3x2 %1, b;\n}\n"
+        : "=r"(lo), "=r"(hi)
+        : "r"(codes));
+}
+
+// The value of one E4M3 code, as f32.
+__device__ __forceinline__ float e4m3_to_f(unsigned char code) {
+    u32 lo, hi;
+    e4m3x4_to_f16x4(code, lo, hi);
+    float f;
+    asm("{\n.reg .b16 a, b;\nmov.b32 {a, b}, %1;\ncvt.f32.f16 %0, a;\n}\n" : "=f"(f) : "r"(lo));
+    return f;
+}
+
+// f16x2 {lo, hi} from two floats, rounded to nearest even.
+__device__ __forceinline__ u32 pack_f16(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// A bf16x2 word as f16x2 (exact for |x| < 65504 and above f16's subnormal range; queries are).
+__device__ __forceinline__ u32 bf16x2_to_f16x2(u32 b) {
+    return pack_f16(__uint_as_float(b << 16), __uint_as_float(b & 0xffff0000u));
+}

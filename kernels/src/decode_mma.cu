@@ -27,32 +27,64 @@
 
 // m16n8k16 with A rows 8..15 and C rows 8..15 zero: c0, c1 (row lane / 4) accumulate; the
 // outputs of rows 8..15 go to registers local to the asm block.
+// F16: f16 operands (the FP8-cache kernel), else bf16.
+template <bool F16>
 __device__ __forceinline__ void mma_top_k16(float& c0, float& c1, u32 a0, u32 a2, u32 b0, u32 b1) {
-    asm volatile(
-        "{\n.reg .f32 d2, d3;\n"
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,d2,d3}, {%2,%6,%3,%6}, {%4,%5}, "
-        "{%0,%1,%7,%7};\n}\n"
-        : "+f"(c0), "+f"(c1)
-        : "r"(a0), "r"(a2), "r"(b0), "r"(b1), "r"(0u), "f"(0.f));
+    if constexpr (F16)
+        asm volatile(
+            "{\n.reg .f32 d2, d3;\n"
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,d2,d3}, {%2,%6,%3,%6}, {%4,%5}, "
+            "{%0,%1,%7,%7};\n}\n"
+            : "+f"(c0), "+f"(c1)
+            : "r"(a0), "r"(a2), "r"(b0), "r"(b1), "r"(0u), "f"(0.f));
+    else
+        asm volatile(
+            "{\n.reg .f32 d2, d3;\n"
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,d2,d3}, {%2,%6,%3,%6}, {%4,%5}, "
+            "{%0,%1,%7,%7};\n}\n"
+            : "+f"(c0), "+f"(c1)
+            : "r"(a0), "r"(a2), "r"(b0), "r"(b1), "r"(0u), "f"(0.f));
 }
 
 // m16n8k8 with A rows 8..15 and C rows 8..15 zero.
+template <bool F16>
 __device__ __forceinline__ void mma_top_k8(float& c0, float& c1, u32 a0, u32 b0) {
-    asm volatile(
-        "{\n.reg .f32 d2, d3;\n"
-        "mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,d2,d3}, {%2,%4}, {%3}, "
-        "{%0,%1,%5,%5};\n}\n"
-        : "+f"(c0), "+f"(c1)
-        : "r"(a0), "r"(b0), "r"(0u), "f"(0.f));
+    if constexpr (F16)
+        asm volatile(
+            "{\n.reg .f32 d2, d3;\n"
+            "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,d2,d3}, {%2,%4}, {%3}, "
+            "{%0,%1,%5,%5};\n}\n"
+            : "+f"(c0), "+f"(c1)
+            : "r"(a0), "r"(b0), "r"(0u), "f"(0.f));
+    else
+        asm volatile(
+            "{\n.reg .f32 d2, d3;\n"
+            "mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,d2,d3}, {%2,%4}, {%3}, "
+            "{%0,%1,%5,%5};\n}\n"
+            : "+f"(c0), "+f"(c1)
+            : "r"(a0), "r"(b0), "r"(0u), "f"(0.f));
 }
 
-extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) attn_decode_mma_bf16_d128(AttnParams p) {
+// The FP8-cache variant's shared memory: per warp a converted (f16) copy of its 8 keys' K and V
+// rows for the current tile (laid out and swizzled as a bf16 stage's rows), then a ring of E4M3
+// stages (32 keys of K, then V, 128 bytes a row), all within the bf16 kernel's budget.
+#define DM8_CONV (DECODE_THREADS / 32 * 2 * DM_KW * 128 * 2)
+#define DM8_STAGE (2 * DEC_TK * 128)
+#define DM8_NST ((DECODE_RING_BYTES_2 - DM8_CONV) / DM8_STAGE)
+static_assert(DM8_NST >= 2 && DM8_CONV + DM8_NST * DM8_STAGE <= DECODE_RING_BYTES_2, "kv8 ring");
+
+// KV8: the cache holds E4M3 codes (the K scale is in scale_log2, the V scale applied to the
+// output): each warp copies its keys' 128-byte rows into an E4M3 stage, converts them (exactly)
+// to f16 in its own conversion buffer, refills the stage at once, and runs the same mmas on f16
+// operands (Q converted from bf16 once, P packed to f16).
+template <bool KV8> __device__ __forceinline__ void decode_mma_impl(const AttnParams& p) {
     constexpr int D = 128;
-    constexpr int NST = dec_stages(2, D);
-    constexpr int STAGE_BYTES = 2 * DEC_TK * D * 2; // K rows, then V rows
+    constexpr int NST = KV8 ? DM8_NST : dec_stages(2, D);
+    constexpr int STAGE_BYTES = KV8 ? DM8_STAGE : 2 * DEC_TK * D * 2; // K rows, then V rows
+    constexpr int RING0 = KV8 ? DM8_CONV : 0; // byte offset of the ring
     constexpr int NW = DEC_THREADS / 32;
     static_assert(NW * DM_KW == DEC_TK && NST >= 2, "thread mapping");
-    static_assert(NW * 8 * D * 4 <= NST * STAGE_BYTES, "the merge buffer reuses the ring");
+    static_assert(NW * 8 * D * 4 <= RING0 + NST * STAGE_BYTES, "the merge buffer reuses the ring");
     extern __shared__ __align__(128) uint4 dm_ring[];
     __shared__ float m_s[NW][8], l_s[NW][8], mf_s[8], lf_s[8];
 
@@ -66,8 +98,14 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) attn_decode_mma_bf1
     const u32* table = p.block_tables + (size_t)seq * p.table_stride;
     const bf16* kc = (const bf16*)p.k_cache;
     const bf16* vc = (const bf16*)p.v_cache;
+    const unsigned char* kc8 = (const unsigned char*)p.k_cache;
+    const unsigned char* vc8 = (const unsigned char*)p.v_cache;
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const u32 smem = (u32)__cvta_generic_to_shared(dm_ring);
+    unsigned char* const smem_p = (unsigned char*)dm_ring;
+    // KV8: this warp's conversion buffer (K rows 0..7, then V rows) and its part of a stage.
+    const u32 conv = (u32)(warp * 2 * DM_KW * D * 2);
+    const u32 wpart = (u32)(warp * 2 * DM_KW * D);
 
     // Cache rows of the warp's keys in tiles 4grp..4grp+3, one per lane (one table read and
     // division per lane every 4 tiles): lane L holds tile 4grp + L / 8, the warp's key L % 8 there;
@@ -83,7 +121,20 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) attn_decode_mma_bf1
     // one group (empty past the last tile, which keeps the wait count uniform). rows:
     // group_rows(tt / 4).
     auto issue = [&](int tt, u32 rows) {
-        if (tt < tiles) {
+        if (KV8 && tt < tiles) {
+            // Lane copies chunk lane & 7 (16 codes) of the K and V rows of keys lane / 8 + 4i.
+            const u32 st = smem + (u32)(RING0 + (tt % NST) * STAGE_BYTES) + wpart;
+            const int c = lane & 7;
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const int kw = (lane >> 3) + 4 * i, jl = DM_KW * warp + kw;
+                const bool valid = kv_lo + tt * DEC_TK + jl < kv_hi;
+                const size_t row = (size_t)__shfl_sync(0xffffffffu, rows, tt % 4 * 8 + kw) * D;
+                const u32 dst = st + (u32)(kw * D + c * 16);
+                pf_cp_async16(dst, kc8 + row + c * 16, valid);
+                pf_cp_async16(dst + DM_KW * D, vc8 + row + c * 16, valid);
+            }
+        } else if (!KV8 && tt < tiles) {
             const u32 st = smem + (u32)((tt % NST) * STAGE_BYTES);
             const int c = lane & 15;
 #pragma unroll
@@ -109,6 +160,10 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) attn_decode_mma_bf1
         for (int kk = 0; kk < D / 16; kk++) {
             qa[kk][0] = has ? qp[8 * kk + t] : 0u;
             qa[kk][1] = has ? qp[8 * kk + 4 + t] : 0u;
+            if constexpr (KV8) {
+                qa[kk][0] = bf16x2_to_f16x2(qa[kk][0]);
+                qa[kk][1] = bf16x2_to_f16x2(qa[kk][1]);
+            }
         }
     }
     u32 rows = group_rows(0);
@@ -117,7 +172,8 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) attn_decode_mma_bf1
 
     // ldmatrix row address of this lane (K plain, V .trans alike): matrix lane / 8 is chunk
     // 4q + lane / 8 of the warp's key rows, row lane & 7; XOR in q << 6 per step.
-    const u32 ld_lane = (u32)((DM_KW * warp + (lane & 7)) * D * 2 + ((((lane >> 3) ^ (lane & 7))) << 4));
+    // KV8: rows of the warp's conversion buffer instead.
+    const u32 ld_lane = (u32)(((KV8 ? 0 : DM_KW * warp) + (lane & 7)) * D * 2 + ((((lane >> 3) ^ (lane & 7))) << 4));
     const float sc = p.scale_log2;
     float o[D / 8][2];
 #pragma unroll
@@ -129,15 +185,41 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) attn_decode_mma_bf1
         if (refill % 4 == 0 && refill < tiles) rows = group_rows(refill / 4); // used after the math
         cp_async_wait<NST - 1>();
         __syncwarp(); // the warp's copies of this stage visible to all its lanes
-        const u32 ks = smem + (u32)((tt % NST) * STAGE_BYTES), vs = ks + DEC_TK * D * 2;
+        u32 ks, vs;
+        if constexpr (KV8) {
+            // Each lane converts the chunks it copied: 16 codes -> 16 f16 (two 16-byte chunks of
+            // a bf16-layout row, swizzled by the row as the ldmatrix reads expect).
+            const unsigned char* st = smem_p + RING0 + (tt % NST) * STAGE_BYTES + wpart;
+            const int c = lane & 7;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int kw = (lane >> 3) + 4 * (i & 1), half = i >> 1; // half 1: V
+                const uint4 codes = *(const uint4*)(st + half * DM_KW * D + kw * D + c * 16);
+                uint4 a, b;
+                e4m3x4_to_f16x4(codes.x, a.x, a.y);
+                e4m3x4_to_f16x4(codes.y, a.z, a.w);
+                e4m3x4_to_f16x4(codes.z, b.x, b.y);
+                e4m3x4_to_f16x4(codes.w, b.z, b.w);
+                unsigned char* row = smem_p + conv + half * DM_KW * D * 2 + kw * D * 2;
+                *(uint4*)(row + (((2 * c) ^ kw) << 4)) = a;
+                *(uint4*)(row + (((2 * c + 1) ^ kw) << 4)) = b;
+            }
+            __syncwarp(); // converted rows visible; every lane is done reading the stage
+            issue(refill, rows);
+            ks = smem + conv;
+            vs = ks + DM_KW * D * 2;
+        } else {
+            ks = smem + (u32)((tt % NST) * STAGE_BYTES);
+            vs = ks + DEC_TK * D * 2;
+        }
         // S for keys 2t, 2t+1 of the warp's 8 (row g), even and odd k-steps in two chains.
         float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             u32 b[4];
             ldsm_x4(b, ks + (ld_lane ^ (u32)(q << 6)));
-            mma_top_k16(s0, s1, qa[2 * q][0], qa[2 * q][1], b[0], b[1]);
-            mma_top_k16(s2, s3, qa[2 * q + 1][0], qa[2 * q + 1][1], b[2], b[3]);
+            mma_top_k16<KV8>(s0, s1, qa[2 * q][0], qa[2 * q][1], b[0], b[1]);
+            mma_top_k16<KV8>(s2, s3, qa[2 * q + 1][0], qa[2 * q + 1][1], b[2], b[3]);
         }
         s0 += s2;
         s1 += s3;
@@ -163,16 +245,16 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) attn_decode_mma_bf1
             }
         }
         // O += P V: P (row g, keys 2t, 2t+1) is the A fragment as it stands.
-        const u32 pa = pack_bf16(p0, p1);
+        const u32 pa = KV8 ? pack_f16(p0, p1) : pack_bf16(p0, p1);
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             u32 b[4];
             ldsm_x4_t(b, vs + (ld_lane ^ (u32)(q << 6)));
 #pragma unroll
-            for (int i = 0; i < 4; i++) mma_top_k8(o[4 * q + i][0], o[4 * q + i][1], pa, b[i]);
+            for (int i = 0; i < 4; i++) mma_top_k8<KV8>(o[4 * q + i][0], o[4 * q + i][1], pa, b[i]);
         }
-        __syncwarp(); // every lane has read the stage before any lane refills it
-        issue(refill, rows);
+        __syncwarp(); // every lane has read the stage (KV8: its conversion buffer) before reuse
+        if (!KV8) issue(refill, rows);
     }
 
     // Merge the warps: per head the top max and total sum, then the rescaled outputs summed
@@ -190,11 +272,19 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) attn_decode_mma_bf1
     __syncthreads();
     float* accs = (float*)dm_ring; // [NW][G][D]
     if (g < G) {
-        const float w = merge_weight(m, mf_s[g]);
+        const float w = merge_weight(m, mf_s[g]) * (KV8 ? p.v_scale : 1.f);
 #pragma unroll
         for (int j = 0; j < D / 8; j++)
             *(float2*)&accs[(warp * G + g) * D + 8 * j + 2 * t] = make_float2(o[j][0] * w, o[j][1] * w);
     }
     __syncthreads();
     write_decode_out<bf16, D>(p, accs, NW, G, item, kvh, split, q_start, mf_s, lf_s);
+}
+
+extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) attn_decode_mma_bf16_d128(AttnParams p) {
+    decode_mma_impl<false>(p);
+}
+// bf16 queries and outputs over an FP8 (E4M3) cache.
+extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) attn_decode_mma_kv8_d128(AttnParams p) {
+    decode_mma_impl<true>(p);
 }

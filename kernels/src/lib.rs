@@ -70,6 +70,7 @@ pub const KERNELS: &[&str] = &[
     "rope_kv_write_bf16",
     "attention_f32",
     "attention_bf16",
+    "attention_bf16_kv8",
     "attn_combine_f32",
     "attn_combine_bf16",
     "attn_decode_f32_d64_g1",
@@ -89,7 +90,9 @@ pub const KERNELS: &[&str] = &[
     "attn_decode_bf16_d128_g4",
     "attn_decode_bf16_d128_g8",
     "attn_decode_mma_bf16_d128",
+    "attn_decode_mma_kv8_d128",
     "attn_prefill_bf16_d128",
+    "attn_prefill_kv8_d128",
     "attn_prefill_wgmma_bf16_d128",
     "gemv_f32",
     "gemv_bf16_r16",
@@ -141,6 +144,12 @@ pub const DECODE_RING_BYTES_4: usize = 65536;
 /// [`DECODE_GROUPS`]); same grid, block, shared memory and parameters as
 /// `attn_decode_bf16_d128_g<G>`.
 pub const DECODE_MMA_KERNEL: &str = "attn_decode_mma_bf16_d128";
+/// [`DECODE_MMA_KERNEL`] over an FP8 (E4M3) cache: same grid, block and parameters; its shared
+/// memory is [`DECODE_RING_BYTES_2`] (an f16 conversion buffer per warp and a ring of E4M3 stages).
+pub const DECODE_MMA_KV8_KERNEL: &str = "attn_decode_mma_kv8_d128";
+/// The tensor-core prefill kernel over an FP8 cache (mma.sync on f16; same items, grid, block and
+/// [`PREFILL_MMA_SMEM_BYTES`] as `attn_prefill_bf16_d128`).
+pub const PREFILL_MMA_KV8_KERNEL: &str = "attn_prefill_kv8_d128";
 
 /// Dynamic shared memory (bytes) of a decode attention block: its K/V ring of 32-key stages, as
 /// many as fit up to 4 in 48 KiB for 2-byte elements (4 blocks an SM) or 64 KiB for f32

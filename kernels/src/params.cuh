@@ -27,8 +27,8 @@ struct AttnParams {
     const int* items;        // int2 per work item: sequence index, first query index in the sequence
     const u32* block_tables; // [num_seqs, table_stride]
     int num_items, table_stride, hq, hkv, d, block_size, split_size, num_splits;
-    float scale_log2;        // softmax scale * log2(e)
-    u32 pad;
+    float scale_log2;        // softmax scale * log2(e) (* the K scale with an FP8 cache)
+    float v_scale;           // the V scale of an FP8 cache (the *_kv8 kernels scale outputs by it)
 };
 RS_CHECK_SIZE(AttnParams);
 RS_CHECK_FIELD(AttnParams, q);
@@ -49,7 +49,7 @@ RS_CHECK_FIELD(AttnParams, block_size);
 RS_CHECK_FIELD(AttnParams, split_size);
 RS_CHECK_FIELD(AttnParams, num_splits);
 RS_CHECK_FIELD(AttnParams, scale_log2);
-RS_CHECK_FIELD(AttnParams, pad);
+RS_CHECK_FIELD(AttnParams, v_scale);
 
 struct RopeParams {
     const void* qkv;        // T[n, (hq + 2*hkv) * d], the fused projection
@@ -61,6 +61,9 @@ struct RopeParams {
     void* k_cache;          // T[blocks, hkv, block_size, d]
     void* v_cache;          // same layout
     int hq, hkv, d, block_size;
+    float k_scale, v_scale; // kv_fp8: the caches hold E4M3 codes of x / k_scale, x / v_scale
+    int kv_fp8;             // 1: u8 E4M3 caches; 0: T caches
+    u32 pad;
 };
 RS_CHECK_SIZE(RopeParams);
 RS_CHECK_FIELD(RopeParams, qkv);
@@ -75,6 +78,10 @@ RS_CHECK_FIELD(RopeParams, hq);
 RS_CHECK_FIELD(RopeParams, hkv);
 RS_CHECK_FIELD(RopeParams, d);
 RS_CHECK_FIELD(RopeParams, block_size);
+RS_CHECK_FIELD(RopeParams, k_scale);
+RS_CHECK_FIELD(RopeParams, v_scale);
+RS_CHECK_FIELD(RopeParams, kv_fp8);
+RS_CHECK_FIELD(RopeParams, pad);
 
 struct GemvParams {
     const void* x; // T[b, k]

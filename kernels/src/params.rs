@@ -37,10 +37,10 @@ pub struct AttnParams {
     pub block_size: i32,
     pub split_size: i32,
     pub num_splits: i32,
-    /// Softmax scale × log2(e).
+    /// Softmax scale × log2(e) (× the K scale with an FP8 cache).
     pub scale_log2: f32,
-    /// Keeps the size a multiple of 8 without implicit padding (the CUDA struct's tail padding).
-    pub pad: u32,
+    /// The V scale of an FP8 cache (the `*_kv8` kernels multiply their outputs by it); 1 otherwise.
+    pub v_scale: f32,
 }
 
 /// `RopeParams`: RoPE with the paged KV write (`rope_kv_write_*`, and the epilogue of the fused
@@ -66,6 +66,13 @@ pub struct RopeParams {
     pub hkv: i32,
     pub d: i32,
     pub block_size: i32,
+    /// With `kv_fp8`: the caches hold E4M3 codes of `x / k_scale` and `x / v_scale`.
+    pub k_scale: f32,
+    pub v_scale: f32,
+    /// 1: an FP8 cache (u8 codes); 0: the compute type.
+    pub kv_fp8: i32,
+    /// Tail padding made explicit.
+    pub pad: u32,
 }
 
 /// `GemvParams`: the small-batch matrix-vector kernels.
@@ -261,7 +268,7 @@ pub fn layout_defines() -> Vec<(&'static str, usize)> {
             split_size,
             num_splits,
             scale_log2,
-            pad,
+            v_scale,
         }
     );
     layout!(
@@ -279,6 +286,10 @@ pub fn layout_defines() -> Vec<(&'static str, usize)> {
             hkv,
             d,
             block_size,
+            k_scale,
+            v_scale,
+            kv_fp8,
+            pad
         }
     );
     layout!(
@@ -359,13 +370,15 @@ mod tests {
     #[test]
     fn every_field_has_its_offset() {
         let defines = layout_defines();
-        assert_eq!(defines.len(), 5 + 19 + 12 + 7 + 5 + 6 + 8 + 10 + 13 + 6);
+        assert_eq!(defines.len(), 5 + 19 + 12 + 7 + 5 + 6 + 8 + 10 + 13 + 6 + 4);
         let get = |n: &str| defines.iter().find(|(k, _)| *k == n).unwrap().1;
         assert_eq!(get("RS_SIZEOF_AttnParams"), 112);
         assert_eq!(get("RS_OFFSETOF_AttnParams_scale_log2"), 104);
-        assert_eq!(get("RS_SIZEOF_RopeParams"), 80);
+        assert_eq!(get("RS_SIZEOF_RopeParams"), 96);
+        assert_eq!(get("RS_OFFSETOF_RopeParams_kv_fp8"), 88);
+        assert_eq!(get("RS_OFFSETOF_AttnParams_v_scale"), 108);
         assert_eq!(get("RS_SIZEOF_GemvParams"), 40);
-        assert_eq!(get("RS_SIZEOF_GemvRopeParams"), 104);
+        assert_eq!(get("RS_SIZEOF_GemvRopeParams"), 120);
         assert_eq!(get("RS_OFFSETOF_GemvRopeParams_rope"), 24);
         assert_eq!(get("RS_SIZEOF_SampleRow"), 32);
         assert_eq!(get("RS_SIZEOF_Fp8QuantParams"), 40);

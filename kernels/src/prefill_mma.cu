@@ -50,6 +50,22 @@ __device__ __forceinline__ void mma_bf16(float* c, const u32* a, u32 b0, u32 b1)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+__device__ __forceinline__ void mma_f16(float* c, const u32* a, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The 16x8x16 product on bf16 operands, or on f16 ones (F16: the FP8-cache kernel).
+template <bool F16> __device__ __forceinline__ void mma_16816(float* c, const u32* a, u32 b0, u32 b1) {
+    if constexpr (F16)
+        mma_f16(c, a, b0, b1);
+    else
+        mma_bf16(c, a, b0, b1);
+}
+
 // Four 8x8 b16 matrices from shared memory; lanes 8i..8i+7 give the row addresses of matrix i.
 __device__ __forceinline__ void ldsm_x4(u32* r, u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -78,7 +94,15 @@ __device__ __forceinline__ float pf_exp2(float x) {
 // per-lane part and XOR in the chunk of each unrolled step.
 __device__ __forceinline__ u32 pf_off(int j, int c) { return (u32)(j * (PF_D * 2) + ((c ^ (j & 7)) << 4)); }
 
-extern "C" __global__ void __launch_bounds__(PREFILL_MMA_THREADS, 2) attn_prefill_bf16_d128(AttnParams p) {
+// The FP8-cache variant (KV8): the E4M3 K/V tiles land in a two-stage ring of 128-byte rows
+// (PF8_RING) and are converted, exactly, to one f16 K/V tile laid out and swizzled as a bf16
+// stage (offset 0) between two barriers; Q is converted to f16 in place on the first tile; the
+// products run on f16 operands, the K scale is in scale_log2 and the V scale applied to the output.
+#define PF8_RING (2 * PF_TILE * 2) // byte offset of the E4M3 ring (after the one f16 tile)
+#define PF8_STAGE (2 * PF_TILE)    // bytes of one E4M3 stage (K then V)
+static_assert(PF8_RING + 2 * PF8_STAGE == PF_Q_OFF, "the kv8 layout fills the bf16 ring's space");
+
+template <bool KV8> __device__ __forceinline__ void prefill_mma_impl(const AttnParams& p) {
     // [stage][K, V][64 keys][128 dims], then Q [128 rows][128 dims]; all bf16, swizzled.
     extern __shared__ __align__(128) unsigned char pf_smem[];
     // Items in reverse: a sequence's later query tiles see the longest contexts, so they start first
@@ -112,7 +136,31 @@ extern "C" __global__ void __launch_bounds__(PREFILL_MMA_THREADS, 2) attn_prefil
     // (no commit: Q joins tile 0's group)
     const bf16* kc = (const bf16*)p.k_cache;
     const bf16* vc = (const bf16*)p.v_cache;
+    const unsigned char* kc8 = (const unsigned char*)p.k_cache;
+    const unsigned char* vc8 = (const unsigned char*)p.v_cache;
+    // KV8 loaders: thread tid copies 16-code chunk tid % 8 of rows tid / 8 + 16 i.
+    const int ld8_c = tid & 7, ld8_j = tid >> 3;
+    auto load_tile8 = [&](int tile) {
+        const u32 st = smem + (u32)(PF8_RING + (tile & 1) * PF8_STAGE);
+#pragma unroll
+        for (int i = 0; i < PF_BN / 16; i++) {
+            const int j = ld8_j + 16 * i, pos = tile * PF_BN + j;
+            const bool valid = pos < kv_end;
+            size_t off = 0;
+            if (valid)
+                off = (((size_t)table[pos / p.block_size] * p.hkv + kvh) * p.block_size + pos % p.block_size) * PF_D +
+                      ld8_c * 16;
+            const u32 dst = st + (u32)(j * PF_D + ld8_c * 16);
+            pf_cp_async16(dst, kc8 + off, valid);
+            pf_cp_async16(dst + PF_TILE, vc8 + off, valid);
+        }
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+    };
     auto load_tile = [&](int tile) {
+        if constexpr (KV8) {
+            load_tile8(tile);
+            return;
+        }
         const u32 st = smem + (u32)((tile & 1) * 2 * PF_TILE * 2);
 #pragma unroll
         for (int i = 0; i < PF_BN / 8; i++) {
@@ -163,9 +211,40 @@ extern "C" __global__ void __launch_bounds__(PREFILL_MMA_THREADS, 2) attn_prefil
         asm volatile("cp.async.wait_group 0;\n" ::: "memory");
         __syncthreads(); // tile (and Q) visible to all; everyone is done with the stage tile+1 reuses
         if (tile + 1 < n_tiles) load_tile(tile + 1);
+        if constexpr (KV8) {
+            // Every thread converts the chunks it copied: 16 codes -> two f16 chunks of a row.
+            const unsigned char* st = pf_smem + PF8_RING + (tile & 1) * PF8_STAGE;
+#pragma unroll
+            for (int i = 0; i < 2 * (PF_BN / 16); i++) {
+                const int j = ld8_j + 16 * (i >> 1), kv = i & 1; // kv 1: V
+                const uint4 codes = *(const uint4*)(st + kv * PF_TILE + j * PF_D + ld8_c * 16);
+                uint4 a, b;
+                e4m3x4_to_f16x4(codes.x, a.x, a.y);
+                e4m3x4_to_f16x4(codes.y, a.z, a.w);
+                e4m3x4_to_f16x4(codes.z, b.x, b.y);
+                e4m3x4_to_f16x4(codes.w, b.z, b.w);
+                unsigned char* dst = pf_smem + kv * PF_TILE * 2;
+                *(uint4*)(dst + pf_off(j, 2 * ld8_c)) = a;
+                *(uint4*)(dst + pf_off(j, 2 * ld8_c + 1)) = b;
+            }
+            if (tile == 0) {
+                // Q to f16 in place: the chunks this thread copied.
+#pragma unroll
+                for (int i = 0; i < PF_BM / 8; i++) {
+                    uint4* q = (uint4*)(pf_smem + PF_Q_OFF + pf_off(ld_j + 8 * i, ld_c));
+                    uint4 v = *q;
+                    v.x = bf16x2_to_f16x2(v.x);
+                    v.y = bf16x2_to_f16x2(v.y);
+                    v.z = bf16x2_to_f16x2(v.z);
+                    v.w = bf16x2_to_f16x2(v.w);
+                    *q = v;
+                }
+            }
+            __syncthreads(); // the f16 tile (and Q) complete before any warp reads them
+        }
         const int k0 = tile * PF_BN;
         if (warp_idle || k0 > warp_last) continue;
-        const u32 ks = smem + (u32)((tile & 1) * 2 * PF_TILE * 2), vs = ks + PF_TILE * 2;
+        const u32 ks = KV8 ? smem : smem + (u32)((tile & 1) * 2 * PF_TILE * 2), vs = ks + PF_TILE * 2;
 
         // S = Q K^T: 2 x 16 rows x 64 keys per warp; each K fragment feeds both row groups.
         float s[2][PF_BN / 8][4];
@@ -184,10 +263,10 @@ extern "C" __global__ void __launch_bounds__(PREFILL_MMA_THREADS, 2) attn_prefil
             for (int n2 = 0; n2 < PF_BN / 16; n2++) {
                 u32 b[4];
                 ldsm_x4(b, kaddr + n2 * 16 * PF_D * 2);
-                mma_bf16(s[0][2 * n2], qa[0], b[0], b[1]);
-                mma_bf16(s[1][2 * n2], qa[1], b[0], b[1]);
-                mma_bf16(s[0][2 * n2 + 1], qa[0], b[2], b[3]);
-                mma_bf16(s[1][2 * n2 + 1], qa[1], b[2], b[3]);
+                mma_16816<KV8>(s[0][2 * n2], qa[0], b[0], b[1]);
+                mma_16816<KV8>(s[1][2 * n2], qa[1], b[0], b[1]);
+                mma_16816<KV8>(s[0][2 * n2 + 1], qa[0], b[2], b[3]);
+                mma_16816<KV8>(s[1][2 * n2 + 1], qa[1], b[2], b[3]);
             }
         }
         // Causal mask only where the tile reaches past the warp's first row.
@@ -249,10 +328,11 @@ extern "C" __global__ void __launch_bounds__(PREFILL_MMA_THREADS, 2) attn_prefil
         for (int rg = 0; rg < 2; rg++)
 #pragma unroll
             for (int kk = 0; kk < PF_BN / 16; kk++) {
-                pa[rg][kk][0] = pack_bf16(s[rg][2 * kk][0], s[rg][2 * kk][1]);
-                pa[rg][kk][1] = pack_bf16(s[rg][2 * kk][2], s[rg][2 * kk][3]);
-                pa[rg][kk][2] = pack_bf16(s[rg][2 * kk + 1][0], s[rg][2 * kk + 1][1]);
-                pa[rg][kk][3] = pack_bf16(s[rg][2 * kk + 1][2], s[rg][2 * kk + 1][3]);
+                auto pk = [](float lo, float hi) { return KV8 ? pack_f16(lo, hi) : pack_bf16(lo, hi); };
+                pa[rg][kk][0] = pk(s[rg][2 * kk][0], s[rg][2 * kk][1]);
+                pa[rg][kk][1] = pk(s[rg][2 * kk][2], s[rg][2 * kk][3]);
+                pa[rg][kk][2] = pk(s[rg][2 * kk + 1][0], s[rg][2 * kk + 1][1]);
+                pa[rg][kk][3] = pk(s[rg][2 * kk + 1][2], s[rg][2 * kk + 1][3]);
             }
 #pragma unroll
         for (int j2 = 0; j2 < PF_D / 16; j2++) {
@@ -261,10 +341,10 @@ extern "C" __global__ void __launch_bounds__(PREFILL_MMA_THREADS, 2) attn_prefil
             for (int kk = 0; kk < PF_BN / 16; kk++) {
                 u32 b[4];
                 ldsm_x4_t(b, vaddr + kk * 16 * PF_D * 2);
-                mma_bf16(o[0][2 * j2], pa[0][kk], b[0], b[1]);
-                mma_bf16(o[1][2 * j2], pa[1][kk], b[0], b[1]);
-                mma_bf16(o[0][2 * j2 + 1], pa[0][kk], b[2], b[3]);
-                mma_bf16(o[1][2 * j2 + 1], pa[1][kk], b[2], b[3]);
+                mma_16816<KV8>(o[0][2 * j2], pa[0][kk], b[0], b[1]);
+                mma_16816<KV8>(o[1][2 * j2], pa[1][kk], b[0], b[1]);
+                mma_16816<KV8>(o[0][2 * j2 + 1], pa[0][kk], b[2], b[3]);
+                mma_16816<KV8>(o[1][2 * j2 + 1], pa[1][kk], b[2], b[3]);
             }
         }
     }
@@ -277,7 +357,7 @@ extern "C" __global__ void __launch_bounds__(PREFILL_MMA_THREADS, 2) attn_prefil
             float sum = l[rg][hf];
             sum += __shfl_xor_sync(0xffffffffu, sum, 1);
             sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            const float inv = 1.f / sum;
+            const float inv = (KV8 ? p.v_scale : 1.f) / sum;
             const int r = wr + 16 * rg + 8 * hf + g;
             if (r < n_tok) {
                 bf16* dst = out + ((size_t)(q_start + q0 + r) * p.hq + h) * PF_D + 2 * t;
@@ -287,4 +367,12 @@ extern "C" __global__ void __launch_bounds__(PREFILL_MMA_THREADS, 2) attn_prefil
                         __floats2bfloat162_rn(o[rg][j][2 * hf] * inv, o[rg][j][2 * hf + 1] * inv);
             }
         }
+}
+
+extern "C" __global__ void __launch_bounds__(PREFILL_MMA_THREADS, 2) attn_prefill_bf16_d128(AttnParams p) {
+    prefill_mma_impl<false>(p);
+}
+// bf16 queries and outputs over an FP8 (E4M3) cache.
+extern "C" __global__ void __launch_bounds__(PREFILL_MMA_THREADS, 2) attn_prefill_kv8_d128(AttnParams p) {
+    prefill_mma_impl<true>(p);
 }
