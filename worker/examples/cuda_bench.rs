@@ -5,6 +5,7 @@
 //!
 //! usage: cuda_bench MODEL_DIR OUT_JSON LOGITS_DUMP PROMPTS_JSON
 //!        cuda_bench accuracy MODEL_DIR LOGITS_DUMP PROMPTS_JSON (only the two logits dumps)
+//!        (any mode that loads a model: `--kv-cache-dtype=fp8` for an FP8 KV cache)
 //!        cuda_bench attention CASE   (one attention case alone, for profiling)
 //!        cuda_bench decode MODEL_DIR BATCHES CTX STEPS (decode ms/step only, e.g. under a profiler;
 //!                                    BATCHES comma-separated)
@@ -295,6 +296,7 @@ fn attention_alone(g: &Gpu, only: Option<usize>) -> Res<Value> {
                 split_size,
                 num_splits: splits,
                 scale: 1.0 / (d as f32).sqrt(),
+                kv_scales: None,
                 decode: qlen == 1,
             };
             // Prefill: every kernel this device runs, each also under its own key; the plain key
@@ -708,7 +710,7 @@ fn switches() -> Res<KernelSwitches> {
 }
 
 /// The backend settings every model measurement here uses (the server's defaults, bf16).
-fn bench_options() -> Res<CudaOptions> {
+fn bench_options(kv_cache_dtype: worker::quant::kv::KvCacheDtype) -> Res<CudaOptions> {
     Ok(CudaOptions {
         ordinal: 0,
         dtype: DType::Bf16,
@@ -720,12 +722,20 @@ fn bench_options() -> Res<CudaOptions> {
         batch_invariant: false,
         kernels: switches()?,
         quantization: None,
-        kv_cache_dtype: worker::quant::kv::KvCacheDtype::Auto,
+        kv_cache_dtype,
     })
 }
 
 fn main() -> Res<()> {
-    let args: Vec<String> = std::env::args().collect();
+    // `--kv-cache-dtype=VALUE` anywhere: the model's KV cache (the model-running modes).
+    let mut kv_cache_dtype = worker::quant::kv::KvCacheDtype::Auto;
+    let mut args: Vec<String> = Vec::new();
+    for a in std::env::args() {
+        match a.strip_prefix("--kv-cache-dtype=") {
+            Some(v) => kv_cache_dtype = v.parse()?,
+            None => args.push(a),
+        }
+    }
     if args.len() == 3 && args[1] == "attention" {
         // `cuda_bench attention CASE`: one attention case alone, for ncu.
         let gpu = Gpu::new(0, &switches()?)?;
@@ -749,7 +759,7 @@ fn main() -> Res<()> {
     if args.len() == 6 && args[1] == "decode" {
         // `cuda_bench decode MODEL_DIR BATCHES CTX STEPS`: decode steps alone (for nsys / A-B).
         let (model, ckpt) = Checkpoint::load(Path::new(&args[2]))?;
-        let mut b = CudaBackend::new(&model, &ckpt, &bench_options()?)?;
+        let mut b = CudaBackend::new(&model, &ckpt, &bench_options(kv_cache_dtype)?)?;
         let (ctx, steps): (usize, usize) = (args[4].parse()?, args[5].parse()?);
         for batch in args[3].split(',') {
             let batch: usize = batch.parse()?;
@@ -776,7 +786,7 @@ fn main() -> Res<()> {
     let mut res = serde_json::Map::new();
     let t0 = Instant::now();
     let (model, ckpt) = Checkpoint::load(model_dir)?;
-    let opts = bench_options()?;
+    let opts = bench_options(kv_cache_dtype)?;
     let t1 = Instant::now();
     let mut b = CudaBackend::new(&model, &ckpt, &opts)?;
     let startup = t0.elapsed().as_secs_f64();

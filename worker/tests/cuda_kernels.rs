@@ -9,6 +9,7 @@ use half::bf16;
 use worker::backend::cuda::ops::{self, AddRmsNorm, Attention, Linear, RopeKv, SampleRow};
 use worker::backend::cuda::{DType, Gpu, PrefillKernel};
 use worker::backend::switches::KernelSwitches;
+use worker::quant::fp8;
 
 struct Rng(u64);
 impl Rng {
@@ -335,6 +336,7 @@ fn rope_kv_write_matches_cpu() {
                     hkv: c.hkv,
                     d: c.d,
                     block_size: c.bs,
+                    kv_scales: None,
                 };
                 // SAFETY: every slot is < blocks * bs or negative.
                 unsafe { ops::rope_kv_write(&g, &args) }.unwrap();
@@ -413,6 +415,158 @@ fn rope_kv_write_matches_cpu() {
             }
         }
     }
+}
+
+/// rope_kv_write into an FP8 cache stores, for every written K and V element, the E4M3 code of
+/// the bf16 value a bf16 cache gets (checked against `rope_kv_write_matches_cpu`'s kernel) divided
+/// by the layer's scale, the CPU quantizer's code bit for bit; other slots keep their bytes. Also
+/// through the fused q/k/v GEMV's epilogue, which shares the store.
+#[test]
+#[ignore = "requires a CUDA device"]
+fn rope_kv_write_into_an_fp8_cache_stores_the_codes_of_the_bf16_values() {
+    let g = gpu();
+    let mut r = Rng(14);
+    let dt = DType::Bf16;
+    let (n, hq, hkv, d, bs, blocks) = (37, 32, 8, 128, 16, 9);
+    let (ks, vs) = (0.013f32, 0.0071f32);
+    let width = (hq + 2 * hkv) * d;
+    let qkv = q(&r.vec(n * width), dt);
+    let positions: Vec<u32> = (0..n).map(|_| r.below(8000) as u32).collect();
+    let inv_freq: Vec<f32> = (0..d / 2)
+        .map(|i| 500000f32.powf(-(2.0 * i as f32) / d as f32))
+        .collect();
+    let mut slots: Vec<i64> = (0..n as i64)
+        .map(|i| (i * 7) % (blocks * bs) as i64)
+        .collect();
+    slots[n / 2] = -1;
+    let cache_len = blocks * hkv * bs * d;
+    let qb = g.upload_f32(&qkv, dt).unwrap();
+    let pb = g.upload_u32(&positions).unwrap();
+    let fb = g.upload_f32(&inv_freq, DType::F32).unwrap();
+    let sb = g.upload_i64(&slots).unwrap();
+    let qo = g.alloc(dt, n * hq * d).unwrap();
+    let (kb, vb) = (
+        g.alloc(dt, cache_len).unwrap(),
+        g.alloc(dt, cache_len).unwrap(),
+    );
+    let fill: Vec<u8> = (0..cache_len).map(|i| (i % 251) as u8).collect();
+    let (k8, v8) = (
+        g.upload_bytes(&fill, DType::U8).unwrap(),
+        g.upload_bytes(&fill, DType::U8).unwrap(),
+    );
+    let args = RopeKv {
+        qkv: &qb,
+        bias: None,
+        positions: &pb,
+        inv_freq: &fb,
+        slots: &sb,
+        q_out: &qo,
+        k_cache: &kb,
+        v_cache: &vb,
+        n,
+        hq,
+        hkv,
+        d,
+        block_size: bs,
+        kv_scales: None,
+    };
+    // SAFETY: every slot is < blocks * bs or negative.
+    unsafe { ops::rope_kv_write(&g, &args) }.unwrap();
+    let (kf, vf) = (g.download_f32(&kb).unwrap(), g.download_f32(&vb).unwrap());
+    let written: std::collections::HashSet<usize> = slots
+        .iter()
+        .filter(|&&s| s >= 0)
+        .flat_map(|&s| {
+            let s = s as usize;
+            (0..hkv).flat_map(move |h| {
+                let at = (((s / bs) * hkv + h) * bs + s % bs) * d;
+                at..at + d
+            })
+        })
+        .collect();
+    let check = |what: &str, k: &[u8], v: &[u8]| {
+        for i in 0..cache_len {
+            let (wk, wv) = if written.contains(&i) {
+                (fp8::quantize(kf[i], ks), fp8::quantize(vf[i], vs))
+            } else {
+                (fill[i], fill[i])
+            };
+            assert_eq!((k[i], v[i]), (wk, wv), "{what}: cache byte {i}");
+        }
+    };
+    let fp8_args = RopeKv {
+        k_cache: &k8,
+        v_cache: &v8,
+        kv_scales: Some((ks, vs)),
+        ..args
+    };
+    // SAFETY: as above.
+    unsafe { ops::rope_kv_write(&g, &fp8_args) }.unwrap();
+    check(
+        "rope_kv_write",
+        &g.download_bytes(&k8, cache_len).unwrap(),
+        &g.download_bytes(&v8, cache_len).unwrap(),
+    );
+    // The fused q/k/v GEMV (batch <= 8) with the same epilogue, against its own bf16 run.
+    let (m, hidden) = (5, 256);
+    let x = g.upload_f32(&q(&r.vec(m * hidden), dt), dt).unwrap();
+    let w = g.upload_f32(&q(&r.vec(width * hidden), dt), dt).unwrap();
+    let y = g.alloc(dt, m * width).unwrap();
+    let lin = Linear {
+        x: &x,
+        w: &w,
+        y: &y,
+        m,
+        n: width,
+        k: hidden,
+    };
+    let (kb2, vb2) = (
+        g.alloc(dt, cache_len).unwrap(),
+        g.alloc(dt, cache_len).unwrap(),
+    );
+    let (k82, v82) = (
+        g.upload_bytes(&fill, DType::U8).unwrap(),
+        g.upload_bytes(&fill, DType::U8).unwrap(),
+    );
+    let sb5 = g.upload_i64(&slots[..m]).unwrap();
+    let pb5 = g.upload_u32(&positions[..m]).unwrap();
+    let bf = RopeKv {
+        qkv: &y,
+        positions: &pb5,
+        slots: &sb5,
+        k_cache: &kb2,
+        v_cache: &vb2,
+        n: m,
+        ..args
+    };
+    // SAFETY: as above (the first m slots).
+    unsafe { ops::gemv_rope_kv(&g, &lin, &bf) }.unwrap();
+    let (kf2, vf2) = (g.download_f32(&kb2).unwrap(), g.download_f32(&vb2).unwrap());
+    let f8 = RopeKv {
+        k_cache: &k82,
+        v_cache: &v82,
+        kv_scales: Some((ks, vs)),
+        ..bf
+    };
+    // SAFETY: as above.
+    unsafe { ops::gemv_rope_kv(&g, &lin, &f8) }.unwrap();
+    let (k, v) = (
+        g.download_bytes(&k82, cache_len).unwrap(),
+        g.download_bytes(&v82, cache_len).unwrap(),
+    );
+    let mut checked = 0;
+    for &s in slots[..m].iter().filter(|&&s| s >= 0) {
+        let s = s as usize;
+        for h in 0..hkv {
+            let at = (((s / bs) * hkv + h) * bs + s % bs) * d;
+            for i in at..at + d {
+                assert_eq!(k[i], fp8::quantize(kf2[i], ks), "fused: k byte {i}");
+                assert_eq!(v[i], fp8::quantize(vf2[i], vs), "fused: v byte {i}");
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, m * hkv * d);
 }
 
 /// One sequence of an attention test: (query_len, context_len).
@@ -512,6 +666,25 @@ fn attention_matches_cpu() {
             split_size: 64,
             num_splits: 4,
         },
+        // groups of 3 (SmolLM2: 9 heads over 3, d 64), prefill and split decodes
+        AttnCase {
+            hq: 9,
+            hkv: 3,
+            d: 64,
+            bs: 16,
+            seqs: vec![(20, 45), (1, 96)],
+            split_size: 1 << 20,
+            num_splits: 1,
+        },
+        AttnCase {
+            hq: 9,
+            hkv: 3,
+            d: 64,
+            bs: 16,
+            seqs: vec![(1, 100), (1, 7), (1, 33)],
+            split_size: 32,
+            num_splits: 4,
+        },
         // MHA (group 1), d 64
         AttnCase {
             hq: 8,
@@ -583,7 +756,13 @@ fn attention_matches_cpu() {
             num_splits: 2,
         },
     ];
-    for dt in DTYPES {
+    // f32, bf16, and bf16 over an FP8 (E4M3) cache with K and V scales of 1/64 and 1/32.
+    let variants = [
+        (DType::F32, None),
+        (DType::Bf16, None),
+        (DType::Bf16, Some((1.0 / 64.0, 1.0 / 32.0))),
+    ];
+    for (dt, kv_scales) in variants {
         for c in &cases {
             let max_ctx = c.seqs.iter().map(|s| s.1).max().unwrap();
             let stride = max_ctx.div_ceil(c.bs) + 1;
@@ -598,8 +777,27 @@ fn attention_matches_cpu() {
             let n: usize = c.seqs.iter().map(|s| s.0).sum();
             let qv = q(&r.vec(n * c.hq * c.d), dt);
             let cache_len = blocks * c.hkv * c.bs * c.d;
-            let kc = q(&r.vec(cache_len), dt);
-            let vc = q(&r.vec(cache_len), dt);
+            let (kc, vc) = (r.vec(cache_len), r.vec(cache_len));
+            // The cache as the kernels read it (kb, vb) and the values it holds (kc, vc).
+            let ((kb, kc), (vb, vc)) = match kv_scales {
+                None => {
+                    let up = |x: Vec<f32>| {
+                        let x = q(&x, dt);
+                        (g.upload_f32(&x, dt).unwrap(), x)
+                    };
+                    (up(kc), up(vc))
+                }
+                Some((ks, vs)) => {
+                    let up = |x: Vec<f32>, s: f32| {
+                        let codes: Vec<u8> = x.iter().map(|&v| fp8::quantize(v, s)).collect();
+                        let held = codes.iter().map(|&c| fp8::e4m3_to_f32(c) * s).collect();
+                        (g.upload_bytes(&codes, DType::U8).unwrap(), held)
+                    };
+                    (up(kc, ks), up(vc, vs))
+                }
+            };
+            let kc: Vec<f32> = kc;
+            let vc: Vec<f32> = vc;
             let mut seqs = Vec::new();
             let mut start = 0;
             for &(ql, ctx) in &c.seqs {
@@ -616,8 +814,6 @@ fn attention_matches_cpu() {
             };
             let items = ops::attention_items(&c.seqs.iter().map(|s| s.0).collect::<Vec<_>>(), tile);
             let qb = g.upload_f32(&qv, dt).unwrap();
-            let kb = g.upload_f32(&kc, dt).unwrap();
-            let vb = g.upload_f32(&vc, dt).unwrap();
             let out = g.alloc(dt, n * c.hq * c.d).unwrap();
             let po = g
                 .alloc(DType::F32, items.len() / 2 * c.hq * c.num_splits * c.d)
@@ -650,6 +846,7 @@ fn attention_matches_cpu() {
                 split_size: c.split_size,
                 num_splits: c.num_splits,
                 scale,
+                kv_scales,
                 decode: c.num_splits > 1,
             };
             // Through every prefill kernel this device runs (mma.sync; wgmma on sm_90a): the
@@ -669,7 +866,7 @@ fn attention_matches_cpu() {
             // for bf16 head size 128 both the tensor-core and the CUDA-core one.
             let decode_kernels: &[bool] = match (all_decode && tile == 1, dt, c.d) {
                 (false, _, _) => &[],
-                (true, DType::Bf16, 128) => &[true, false],
+                (true, DType::Bf16, 128) if kv_scales.is_none() => &[true, false],
                 (true, _, _) => &[false],
             };
             let got_decode: Vec<(bool, Vec<f32>)> = decode_kernels
@@ -727,13 +924,24 @@ fn attention_matches_cpu() {
             } else {
                 (4e-3, 8e-3)
             };
+            let fp8 = if kv_scales.is_some() {
+                " FP8 cache"
+            } else {
+                ""
+            };
             for (k, got) in &got {
-                let what = format!("attention {dt:?} hq{} d{} bs{} ({k:?})", c.hq, c.d, c.bs);
+                let what = format!(
+                    "attention {dt:?}{fp8} hq{} d{} bs{} ({k:?})",
+                    c.hq, c.d, c.bs
+                );
                 assert_close(&what, got, &want, abs, rel);
             }
             for (mma, got) in &got_decode {
                 let kernel = if *mma { "tensor cores" } else { "CUDA cores" };
-                let what = format!("decode attention {dt:?} hq{} d{} ({kernel})", c.hq, c.d);
+                let what = format!(
+                    "decode attention {dt:?}{fp8} hq{} d{} ({kernel})",
+                    c.hq, c.d
+                );
                 assert_close(&what, got, &want, abs, rel);
             }
         }
@@ -934,6 +1142,7 @@ fn gemv_rope_kv_matches_the_unfused_kernels() {
                     hkv,
                     d,
                     block_size: bs,
+                    kv_scales: None,
                 };
                 assert!(ops::gemv_rope_fits(&l, &rope), "b{b} d{d} k{k}: should fit");
                 // SAFETY: every slot is < blocks * bs or negative.
@@ -980,6 +1189,7 @@ fn gemv_rope_kv_matches_the_unfused_kernels() {
                     hkv,
                     d,
                     block_size: bs,
+                    kv_scales: None,
                 };
                 assert!(
                     !ops::gemv_rope_fits(&l, &rope),

@@ -36,6 +36,7 @@ use crate::backend::switches::{GemvChoice, KernelSwitches};
 use crate::backend::{Backend, BackendError, DeviceSampling, ForwardBatch, Logits};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
+use crate::quant::kv::{KvCacheDtype, KvScales};
 use crate::quant::{LinearQuant, Quantization};
 use crate::tp::{LocalDims, TpShard, all_min};
 
@@ -61,7 +62,7 @@ pub struct CudaOptions {
     /// `--quantization` (an FP8 checkpoint runs FP8 without it).
     pub quantization: Option<Quantization>,
     /// `--kv-cache-dtype`.
-    pub kv_cache_dtype: crate::quant::kv::KvCacheDtype,
+    pub kv_cache_dtype: KvCacheDtype,
 }
 
 /// Rows per GEMM in batch-invariant mode.
@@ -133,6 +134,8 @@ pub struct CudaBackend {
     inv_freq: Buf,
     k_cache: Vec<Buf>,
     v_cache: Vec<Buf>,
+    /// With an FP8 cache (`k_cache`/`v_cache` then hold E4M3 codes): its per-layer scales.
+    kv_scales: Option<KvScales>,
     block_size: usize,
     num_blocks: usize,
     ws: Workspace,
@@ -225,12 +228,11 @@ impl CudaBackend {
             crate::quant::load::check_unquantized(ckpt, cfg)
                 .map_err(|e| BackendError::Weights(e.to_string()))?;
         }
-        if opts.kv_cache_dtype != crate::quant::kv::KvCacheDtype::Auto {
-            return Err(BackendError::InvalidOptions(format!(
-                "--kv-cache-dtype {}: the CUDA backend's attention kernels read bf16/f32 caches \
-                 only so far (the CPU backend runs an FP8 cache)",
-                opts.kv_cache_dtype
-            )));
+        let kv_fp8 = opts.kv_cache_dtype == KvCacheDtype::Fp8E4m3;
+        if kv_fp8 && opts.dtype != DType::Bf16 {
+            return Err(BackendError::InvalidOptions(
+                "--kv-cache-dtype fp8 on CUDA needs --dtype bfloat16".into(),
+            ));
         }
         if !matches!(opts.dtype, DType::F32 | DType::Bf16) {
             return Err(BackendError::InvalidOptions(format!(
@@ -267,6 +269,28 @@ impl CudaBackend {
                 gpu.capability.1
             )));
         }
+        if kv_fp8 && !has_fp8(gpu.capability) {
+            return Err(BackendError::InvalidOptions(format!(
+                "--kv-cache-dtype fp8: the E4M3 conversions need compute capability 8.9 or later; \
+                 GPU {} is {}.{}",
+                opts.ordinal, gpu.capability.0, gpu.capability.1
+            )));
+        }
+        let kv_scales = if kv_fp8 {
+            let s = KvScales::load(ckpt, cfg.num_hidden_layers)
+                .map_err(|e| BackendError::Weights(e.to_string()))?;
+            tracing::info!(
+                scales = if s.from_checkpoint {
+                    "from the checkpoint"
+                } else {
+                    "1.0"
+                },
+                "KV cache in FP8 (E4M3)"
+            );
+            Some(s)
+        } else {
+            None
+        };
         if quant != LinearQuant::None {
             tracing::info!(quantization = %quant.describe(), "CUDA linear layers");
         }
@@ -337,8 +361,8 @@ impl CudaBackend {
         }
         .result()?;
 
-        let per_block =
-            2 * cfg.num_hidden_layers * opts.block_size * dims.kv_dim * opts.dtype.size();
+        let kv_dtype = if kv_fp8 { DType::U8 } else { opts.dtype };
+        let per_block = 2 * cfg.num_hidden_layers * opts.block_size * dims.kv_dim * kv_dtype.size();
         let num_blocks = match opts.num_kv_blocks {
             Some(n) => n,
             None => {
@@ -370,8 +394,8 @@ impl CudaBackend {
         let mut k_cache = Vec::new();
         let mut v_cache = Vec::new();
         for _ in 0..cfg.num_hidden_layers {
-            k_cache.push(gpu.alloc(opts.dtype, cache_len)?);
-            v_cache.push(gpu.alloc(opts.dtype, cache_len)?);
+            k_cache.push(gpu.alloc(kv_dtype, cache_len)?);
+            v_cache.push(gpu.alloc(kv_dtype, cache_len)?);
         }
         gpu.sync()?;
         // The host path synchronises inside the forward pass, which a graph cannot hold.
@@ -392,6 +416,7 @@ impl CudaBackend {
             inv_freq,
             k_cache,
             v_cache,
+            kv_scales,
             block_size: opts.block_size,
             num_blocks,
             ws,
@@ -767,6 +792,7 @@ impl CudaBackend {
                 hkv,
                 d: hd,
                 block_size: self.block_size,
+                kv_scales: self.kv_scales.as_ref().map(|s| (s.k[l], s.v[l])),
             };
             let fused_rope = self.fuses_rope(&p.qkv, &rope);
             if fused_rope {
@@ -807,6 +833,7 @@ impl CudaBackend {
                 split_size: 1 << 30,
                 num_splits: 1,
                 scale: 1.0 / (hd as f32).sqrt(),
+                kv_scales: self.kv_scales.as_ref().map(|s| (s.k[l], s.v[l])),
                 decode: false,
             };
             // SAFETY: step::build made seqs/items/tables consistent and checked every block id;

@@ -263,7 +263,7 @@ impl Gpu {
         for &name in kernels::KERNELS {
             funcs.insert(name, module.load_function(name)?);
         }
-        for dt in ["f32", "bf16"] {
+        for dt in ["f32", "bf16", "bf16_kv8"] {
             let f = &funcs[format!("attention_{dt}").as_str()];
             f.set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -287,25 +287,29 @@ impl Gpu {
                 }
             }
         }
-        let f = &funcs[kernels::DECODE_MMA_KERNEL];
-        f.set_attribute(
-            Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            kernels::decode_smem_bytes(2, 128) as i32,
-        )?;
-        f.set_attribute(
-            Attr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-            100,
-        )?;
-        // The tensor-core prefill kernel's K/V ring and Q tile: 96 KiB, two blocks per SM.
-        let f = &funcs["attn_prefill_bf16_d128"];
-        f.set_attribute(
-            Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            kernels::PREFILL_MMA_SMEM_BYTES as i32,
-        )?;
-        f.set_attribute(
-            Attr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-            100,
-        )?;
+        for (name, smem) in [
+            (
+                kernels::DECODE_MMA_KERNEL,
+                kernels::decode_smem_bytes(2, 128),
+            ),
+            (kernels::DECODE_MMA_KV8_KERNEL, kernels::DECODE_RING_BYTES_2),
+            // The tensor-core prefill kernels' K/V ring and Q tile: 96 KiB, two blocks per SM.
+            ("attn_prefill_bf16_d128", kernels::PREFILL_MMA_SMEM_BYTES),
+            (
+                kernels::PREFILL_MMA_KV8_KERNEL,
+                kernels::PREFILL_MMA_SMEM_BYTES,
+            ),
+        ] {
+            let f = &funcs[name];
+            f.set_attribute(
+                Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )?;
+            f.set_attribute(
+                Attr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                100,
+            )?;
+        }
         // The Hopper prefill kernel's Q tile and K/V rings: 161 KiB, one block per SM. Only where
         // its body is compiled: other devices may not allow that much.
         if PrefillKernel::available(&arch).contains(&PrefillKernel::Wgmma) {

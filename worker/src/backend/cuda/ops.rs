@@ -286,6 +286,22 @@ pub struct RopeKv<'a> {
     pub hkv: usize,
     pub d: usize,
     pub block_size: usize,
+    /// An FP8 cache (U8 `k_cache`/`v_cache`): its K and V scales for this layer.
+    pub kv_scales: Option<(f32, f32)>,
+}
+
+/// The caches' element type: the compute type `dt`, or U8 E4M3 codes with `kv_scales`, whose
+/// scales must be finite and positive.
+fn cache_type(dt: DType, kv_scales: Option<(f32, f32)>) -> Result<DType, BackendError> {
+    match kv_scales {
+        None => Ok(dt),
+        Some((k, v)) if dt == DType::Bf16 && [k, v].iter().all(|s| s.is_finite() && *s > 0.0) => {
+            Ok(DType::U8)
+        }
+        Some(s) => Err(BackendError::InvalidBatch(format!(
+            "an FP8 KV cache needs bf16 compute and positive finite scales, got {dt:?} and {s:?}"
+        ))),
+    }
 }
 
 impl RopeKv<'_> {
@@ -307,8 +323,10 @@ impl RopeKv<'_> {
         self.inv_freq.check("inv_freq", DType::F32, self.d / 2)?;
         self.slots.check("slots", DType::I64, self.n)?;
         self.q_out.check("q_out", dt, self.n * self.hq * self.d)?;
-        self.k_cache.check("k_cache", dt, 0)?;
-        self.v_cache.check("v_cache", dt, self.k_cache.len())?;
+        let ct = cache_type(dt, self.kv_scales)?;
+        self.k_cache.check("k_cache", ct, 0)?;
+        self.v_cache.check("v_cache", ct, self.k_cache.len())?;
+        let (k_scale, v_scale) = self.kv_scales.unwrap_or((1.0, 1.0));
         let p = RopeParams {
             qkv: self.qkv.ptr(),
             bias: self.bias.map_or(0, |b| b.ptr()),
@@ -322,6 +340,10 @@ impl RopeKv<'_> {
             hkv: int(self.hkv, "hkv")?,
             d: int(self.d, "d")?,
             block_size: int(self.block_size, "block_size")?,
+            k_scale,
+            v_scale,
+            kv_fp8: i32::from(self.kv_scales.is_some()),
+            pad: 0,
         };
         Ok((dt, p))
     }
@@ -430,6 +452,8 @@ pub struct Attention<'a> {
     pub split_size: usize,
     pub num_splits: usize,
     pub scale: f32,
+    /// An FP8 cache (U8 `k_cache`/`v_cache`): this layer's K and V scales.
+    pub kv_scales: Option<(f32, f32)>,
     /// Every sequence the items reach has `query_len == 1`: use the decode kernel when the
     /// head size and group allow it.
     pub decode: bool,
@@ -516,8 +540,11 @@ pub unsafe fn attention_with(
     }
     a.q.check("q", dt, a.n * a.hq * a.d)?;
     a.out.check("attn out", dt, a.n * a.hq * a.d)?;
-    a.k_cache.check("k_cache", dt, 0)?;
-    a.v_cache.check("v_cache", dt, a.k_cache.len())?;
+    let ct = cache_type(dt, a.kv_scales)?;
+    a.k_cache.check("k_cache", ct, 0)?;
+    a.v_cache.check("v_cache", ct, a.k_cache.len())?;
+    let kv8 = a.kv_scales.is_some();
+    let (k_scale, v_scale) = a.kv_scales.unwrap_or((1.0, 1.0));
     a.seqs.check("seqs", DType::I32, 4 * a.num_seqs)?;
     a.items.check("items", DType::I32, 2 * a.num_items)?;
     a.block_tables
@@ -552,8 +579,8 @@ pub unsafe fn attention_with(
         block_size: int(a.block_size, "block_size")?,
         split_size: int(a.split_size, "split")?,
         num_splits: int(a.num_splits, "splits")?,
-        scale_log2: a.scale * std::f32::consts::LOG2_E,
-        pad: 0,
+        scale_log2: a.scale * std::f32::consts::LOG2_E * k_scale,
+        v_scale,
     };
     let grid = (
         dim(a.num_items, "items")?,
@@ -563,7 +590,13 @@ pub unsafe fn attention_with(
     let use_decode = a.decode
         && kernels::DECODE_HEAD_DIMS.contains(&a.d)
         && kernels::DECODE_GROUPS.contains(&(a.hq / a.hkv));
-    if use_decode {
+    if kv8 {
+        // SAFETY: as for the kernels below; the caches hold U8 codes (checked above). The
+        // decode kernel takes single-token sequences (the caller's promise), the prefill kernel
+        // items of PREFILL_MMA_TOKENS tokens (attention_tile_tokens gives them for bf16 at head
+        // size 128), and Gpu::new allowed each kernel's shared memory.
+        unsafe { attention_kv8(gpu, a, &p, grid, use_decode) }?;
+    } else if use_decode {
         let name = if decode_mma && dt == DType::Bf16 && a.d == 128 {
             kernels::DECODE_MMA_KERNEL.to_string()
         } else {
@@ -611,6 +644,50 @@ pub unsafe fn attention_with(
         unsafe { b.launch(cfg(grid, threads, 0)) }?;
     }
     Ok(())
+}
+
+/// The FP8-cache launch of [`attention_with`]: at head size 128 the tensor-core decode kernel
+/// for `decode` (single-token items of a group it is built for) and the tensor-core prefill
+/// kernel for prefill items; everything else on the general kernel.
+///
+/// # Safety
+/// As for [`attention`], with `p` built from `a` and the caches holding E4M3 codes.
+unsafe fn attention_kv8(
+    gpu: &Gpu,
+    a: &Attention<'_>,
+    p: &AttnParams,
+    grid: (u32, u32, u32),
+    decode: bool,
+) -> Result<(), BackendError> {
+    let (name, grid, threads, smem) = if decode && a.d == 128 {
+        (
+            kernels::DECODE_MMA_KV8_KERNEL,
+            grid,
+            kernels::DECODE_THREADS,
+            kernels::DECODE_RING_BYTES_2,
+        )
+    } else if !a.decode && a.d == 128 {
+        (
+            kernels::PREFILL_MMA_KV8_KERNEL,
+            (dim(a.num_items, "items")?, dim(a.hq, "hq")?, 1),
+            kernels::PREFILL_MMA_THREADS,
+            kernels::PREFILL_MMA_SMEM_BYTES,
+        )
+    } else {
+        (
+            "attention_bf16_kv8",
+            grid,
+            kernels::ATTN_THREADS,
+            kernels::attention_smem_bytes(a.d),
+        )
+    };
+    let mut b = gpu.stream.launch_builder(gpu.func(name)?);
+    b.arg(p);
+    // SAFETY: the caller's promise (see attention_with's call); every kernel takes the one
+    // AttnParams, whose layout params.cuh checks.
+    unsafe { b.launch(cfg(grid, threads, smem)) }
+        .map(|_| ())
+        .map_err(BackendError::from)
 }
 
 /// A linear layer `y[m, n] = x[m, k] · w[n, k]ᵀ` (HF `Linear` weight layout).
