@@ -65,13 +65,14 @@ __device__ __forceinline__ void mma_top_k8(float& c0, float& c1, u32 a0, u32 b0)
             : "r"(a0), "r"(b0), "r"(0u), "f"(0.f));
 }
 
-// The FP8-cache variant's shared memory: per warp a converted (f16) copy of its 8 keys' K and V
-// rows for the current tile (laid out and swizzled as a bf16 stage's rows), then a ring of E4M3
-// stages (32 keys of K, then V, 128 bytes a row), all within the bf16 kernel's budget.
+// The FP8-cache variant's shared memory (DECODE_KV8_SMEM_BYTES, 3 blocks an SM): per warp a
+// converted (f16) copy of its 8 keys' K and V rows for the current tile (laid out and swizzled as
+// a bf16 stage's rows), then a ring of E4M3 stages (32 keys of K, then V, 128 bytes a row): 7
+// stages, so an SM has 168 KiB of the cache in flight (the bf16 kernel: 4 blocks of 48 KiB).
 #define DM8_CONV (DECODE_THREADS / 32 * 2 * DM_KW * 128 * 2)
 #define DM8_STAGE (2 * DEC_TK * 128)
-#define DM8_NST ((DECODE_RING_BYTES_2 - DM8_CONV) / DM8_STAGE)
-static_assert(DM8_NST >= 2 && DM8_CONV + DM8_NST * DM8_STAGE <= DECODE_RING_BYTES_2, "kv8 ring");
+#define DM8_NST ((DECODE_KV8_SMEM_BYTES - DM8_CONV) / DM8_STAGE)
+static_assert(DM8_NST >= 2 && DM8_CONV + DM8_NST * DM8_STAGE == DECODE_KV8_SMEM_BYTES, "kv8 ring");
 
 // KV8: the cache holds E4M3 codes (the K scale is in scale_log2, the V scale applied to the
 // output): each warp copies its keys' 128-byte rows into an E4M3 stage, converts them (exactly)
@@ -166,9 +167,13 @@ template <bool KV8> __device__ __forceinline__ void decode_mma_impl(const AttnPa
             }
         }
     }
-    u32 rows = group_rows(0);
+    // The first NST tiles (more than one group of 4 with a deep ring).
+    u32 rows = 0;
 #pragma unroll
-    for (int tt = 0; tt < NST; tt++) issue(tt, rows);
+    for (int tt = 0; tt < NST; tt++) {
+        if (tt % 4 == 0) rows = group_rows(tt / 4);
+        issue(tt, rows);
+    }
 
     // ldmatrix row address of this lane (K plain, V .trans alike): matrix lane / 8 is chunk
     // 4q + lane / 8 of the warp's key rows, row lane & 7; XOR in q << 6 per step.
@@ -285,6 +290,6 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) attn_decode_mma_bf1
     decode_mma_impl<false>(p);
 }
 // bf16 queries and outputs over an FP8 (E4M3) cache.
-extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) attn_decode_mma_kv8_d128(AttnParams p) {
+extern "C" __global__ void __launch_bounds__(DEC_THREADS, 3) attn_decode_mma_kv8_d128(AttnParams p) {
     decode_mma_impl<true>(p);
 }

@@ -140,12 +140,15 @@ pub const DECODE_KEY_TILE: usize = 32;
 pub const DECODE_RING_BYTES_2: usize = 49152;
 /// The K/V ring budget of a decode block for 4-byte elements.
 pub const DECODE_RING_BYTES_4: usize = 65536;
+/// Dynamic shared memory of the FP8-cache decode kernel: 16 KiB of f16 conversion buffers and 7
+/// E4M3 stages of 8 KiB (3 blocks an SM).
+pub const DECODE_KV8_SMEM_BYTES: usize = 73728;
 /// The tensor-core decode attention kernel (bf16, head size 128, every group of
 /// [`DECODE_GROUPS`]); same grid, block, shared memory and parameters as
 /// `attn_decode_bf16_d128_g<G>`.
 pub const DECODE_MMA_KERNEL: &str = "attn_decode_mma_bf16_d128";
 /// [`DECODE_MMA_KERNEL`] over an FP8 (E4M3) cache: same grid, block and parameters; its shared
-/// memory is [`DECODE_RING_BYTES_2`] (an f16 conversion buffer per warp and a ring of E4M3 stages).
+/// memory is [`DECODE_KV8_SMEM_BYTES`] (an f16 conversion buffer per warp and a ring of E4M3 stages).
 pub const DECODE_MMA_KV8_KERNEL: &str = "attn_decode_mma_kv8_d128";
 /// The tensor-core prefill kernel over an FP8 cache (mma.sync on f16; same items, grid, block and
 /// [`PREFILL_MMA_SMEM_BYTES`] as `attn_prefill_bf16_d128`).
@@ -232,6 +235,7 @@ pub const LAUNCH_CONSTANTS: &[(&str, usize)] = &[
     ("DECODE_KEY_TILE", DECODE_KEY_TILE),
     ("DECODE_RING_BYTES_2", DECODE_RING_BYTES_2),
     ("DECODE_RING_BYTES_4", DECODE_RING_BYTES_4),
+    ("DECODE_KV8_SMEM_BYTES", DECODE_KV8_SMEM_BYTES),
     ("PREFILL_MMA_TOKENS", PREFILL_MMA_TOKENS),
     ("PREFILL_MMA_THREADS", PREFILL_MMA_THREADS as usize),
     ("PREFILL_MMA_KEY_TILE", PREFILL_MMA_KEY_TILE),

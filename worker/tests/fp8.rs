@@ -320,7 +320,8 @@ fn unsupported_schemes_name_the_field() {
 fn kv_cache_scales_come_from_the_checkpoint_or_are_errors() {
     use worker::quant::kv::{KvCacheDtype, KvScales};
     let scalar = |v: f32| (StDtype::F32, vec![], v.to_le_bytes().to_vec());
-    let with = |entries: Vec<(&'static str, (StDtype, Vec<usize>, Vec<u8>))>| {
+    type Entry = (&'static str, (StDtype, Vec<usize>, Vec<u8>));
+    let with = |entries: Vec<Entry>| {
         edited("tiny-llama", move |_, t: &mut Tensors| {
             for (name, value) in entries {
                 t.insert(name.to_owned(), value);

@@ -664,7 +664,7 @@ unsafe fn attention_kv8(
             kernels::DECODE_MMA_KV8_KERNEL,
             grid,
             kernels::DECODE_THREADS,
-            kernels::DECODE_RING_BYTES_2,
+            kernels::DECODE_KV8_SMEM_BYTES,
         )
     } else if !a.decode && a.d == 128 {
         (

@@ -94,7 +94,7 @@ impl LayerWeights {
 /// A product's scales, as [`upload_product`] returns them.
 enum ProductScales {
     Fp8(Fp8Scales),
-    Int4(Int4Scales),
+    Int4(Box<Int4Scales>),
 }
 
 /// The whole model (or this rank's share of it) on the device.
@@ -442,7 +442,7 @@ fn upload_int4(
     let packed = int4::pack(w)
         .map_err(|e| BackendError::Weights(format!("{}: {e}", what.trim_end_matches(".weight"))))?;
     let (words, scales) = Int4Scales::upload(gpu, &packed)?;
-    Ok((words, Some(ProductScales::Int4(scales))))
+    Ok((words, Some(ProductScales::Int4(Box::new(scales)))))
 }
 
 /// Validates the checkpoint against `config` and uploads this rank's share (`dims`) of every
@@ -521,10 +521,10 @@ pub fn upload(
                 Some(ProductScales::Int4(gate_up)),
                 Some(ProductScales::Int4(down)),
             ) => Some(LayerQuant::Int4(Box::new(Int4Layer {
-                qkv,
-                o,
-                gate_up,
-                down,
+                qkv: *qkv,
+                o: *o,
+                gate_up: *gate_up,
+                down: *down,
             }))),
             (None, None, None, None) => None,
             _ => {
