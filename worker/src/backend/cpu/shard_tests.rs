@@ -228,6 +228,37 @@ fn fp8_tp2_stays_close_to_tp1() {
     }
 }
 
+/// An FP8 KV cache under TP=2: each rank holds its KV heads' codes with the layer's scales, so
+/// the logits stay within the cache's own rounding noise of TP=1's with the same cache (a code
+/// may flip where the all-reduce's summation order moves a value across a rounding boundary), and
+/// clearly closer to them than to the unquantized cache's.
+#[test]
+fn fp8_kv_cache_tp2_stays_close_to_tp1() {
+    let (config, ckpt, expected) = fixture();
+    let fp8_kv = CpuOptions {
+        kv_cache_dtype: crate::quant::kv::KvCacheDtype::Fp8E4m3,
+        ..OPTIONS
+    };
+    let mut solo = CpuBackend::new(&config, &ckpt, fp8_kv).expect("backend");
+    let mut exact = CpuBackend::new(&config, &ckpt, OPTIONS).expect("backend");
+    let group = run_group(2, fp8_kv, "tiny-llama");
+    let rel = |a: &[f32], b: &[f32]| {
+        let num: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
+        let den: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
+        (num / den).sqrt()
+    };
+    for ((prompt, want), (_, logits)) in cases(&expected).iter().zip(&group) {
+        let (_, solo_logits) = greedy(&mut solo, prompt, want.len());
+        let (_, exact_logits) = greedy(&mut exact, prompt, want.len());
+        let (near, far) = (rel(logits, &solo_logits), rel(&solo_logits, &exact_logits));
+        eprintln!(
+            "FP8 KV TP=2 vs TP=1, prompt of {}: {near:.2e} (the FP8 cache against the f32 one: {far:.2e})",
+            prompt.len()
+        );
+        assert!(near < 0.25 * far, "prompt of {}: {near} vs {far}", prompt.len());
+    }
+}
+
 /// With static input scales (the llm-compressor FP8 fixture) a shard quantizes its inputs exactly as
 /// TP=1 does, so TP=2 must match TP=1 up to the all-reduce's summation order: this pins the split
 /// of FP8 weights and their scales.
