@@ -255,7 +255,11 @@ fn fp8_kv_cache_tp2_stays_close_to_tp1() {
             "FP8 KV TP=2 vs TP=1, prompt of {}: {near:.2e} (the FP8 cache against the f32 one: {far:.2e})",
             prompt.len()
         );
-        assert!(near < 0.25 * far, "prompt of {}: {near} vs {far}", prompt.len());
+        assert!(
+            near < 0.25 * far,
+            "prompt of {}: {near} vs {far}",
+            prompt.len()
+        );
     }
 }
 

@@ -217,11 +217,7 @@ impl CudaBackend {
         let fp8 = matches!(quant, LinearQuant::Fp8 { .. });
         let dims = LocalDims::new(cfg, shard)?;
         if fp8 {
-            check_fp8_options(
-                (cfg, &dims, shard),
-                (opts.dtype, opts.batch_invariant),
-                &quant,
-            )?;
+            check_fp8_options((cfg, &dims), (opts.dtype, opts.batch_invariant), &quant)?;
         } else if quant.int4().is_some() {
             check_int4_options(&dims, cfg, (opts.dtype, opts.batch_invariant), &quant)?;
         } else {

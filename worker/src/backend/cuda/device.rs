@@ -292,7 +292,10 @@ impl Gpu {
                 kernels::DECODE_MMA_KERNEL,
                 kernels::decode_smem_bytes(2, 128),
             ),
-            (kernels::DECODE_MMA_KV8_KERNEL, kernels::DECODE_KV8_SMEM_BYTES),
+            (
+                kernels::DECODE_MMA_KV8_KERNEL,
+                kernels::DECODE_KV8_SMEM_BYTES,
+            ),
             // The tensor-core prefill kernels' K/V ring and Q tile: 96 KiB, two blocks per SM.
             ("attn_prefill_bf16_d128", kernels::PREFILL_MMA_SMEM_BYTES),
             (

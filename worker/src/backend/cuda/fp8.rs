@@ -17,7 +17,7 @@ use super::ops::{cfg, dim, int};
 use crate::backend::BackendError;
 use crate::config::ModelConfig;
 use crate::quant::LinearQuant;
-use crate::tp::{LocalDims, TpShard};
+use crate::tp::LocalDims;
 
 /// Rows of weights per block of the FP8 GEMV kernels (`gemv_fp8_r<R>`): 16 (2 tiles, 4 k-steps of
 /// 64 in flight per warp; the backend's choice) or 32 (4 tiles, 2 steps). Run 19d also timed 8
@@ -418,7 +418,7 @@ impl Drop for Fp8Gemm {
 /// What FP8 linear layers need of the options and the model on CUDA (today: one rank, bf16, not
 /// batch-invariant, every product's `k` a multiple of 16 and `n` of 8).
 pub(super) fn check_fp8_options(
-    (cfg, dims, shard): (&ModelConfig, &LocalDims, TpShard),
+    (cfg, dims): (&ModelConfig, &LocalDims),
     (dtype, batch_invariant): (DType, bool),
     quant: &LinearQuant,
 ) -> Result<(), BackendError> {
@@ -429,9 +429,6 @@ pub(super) fn check_fp8_options(
     }
     if batch_invariant {
         return refuse("--batch-invariant is not available with FP8 yet".into());
-    }
-    if shard.world > 1 {
-        return refuse("FP8 with tensor parallelism runs on --device cpu only so far".into());
     }
     let h = cfg.hidden_size;
     let shapes = [
@@ -455,6 +452,7 @@ pub(super) fn check_fp8_options(
 mod tests {
     use super::*;
     use crate::quant::Quantization;
+    use crate::tp::TpShard;
 
     #[test]
     fn fp8_needs_sm89() {
@@ -469,12 +467,12 @@ mod tests {
         let cfg = ModelConfig::load(&dir).expect("fixture");
         let quant = LinearQuant::resolve(Some(Quantization::Fp8), None).expect("fp8");
         let solo = LocalDims::new(&cfg, TpShard::SOLO).expect("dims");
-        let check = |dims: &LocalDims, shard, dtype, invariant| {
-            check_fp8_options((&cfg, dims, shard), (dtype, invariant), &quant)
+        let check = |dims: &LocalDims, dtype, invariant| {
+            check_fp8_options((&cfg, dims), (dtype, invariant), &quant)
                 .err()
                 .map(|e| e.to_string())
         };
-        assert_eq!(check(&solo, TpShard::SOLO, DType::Bf16, false), None);
+        assert_eq!(check(&solo, DType::Bf16, false), None);
         let refused = |e: Option<String>, what: &str| {
             let e = e.expect("refused");
             assert!(
@@ -482,24 +480,15 @@ mod tests {
                 "{e}"
             );
         };
-        refused(
-            check(&solo, TpShard::SOLO, DType::F32, false),
-            "--dtype bfloat16",
-        );
-        refused(
-            check(&solo, TpShard::SOLO, DType::Bf16, true),
-            "--batch-invariant",
-        );
-        let shard = TpShard { rank: 0, world: 2 };
-        let half = LocalDims::new(&cfg, shard).expect("dims");
-        refused(
-            check(&half, shard, DType::Bf16, false),
-            "tensor parallelism",
-        );
+        refused(check(&solo, DType::F32, false), "--dtype bfloat16");
+        refused(check(&solo, DType::Bf16, true), "--batch-invariant");
+        // A rank's share is what must fit: tiny-llama's 176-wide down input halves to 88.
+        let half = LocalDims::new(&cfg, TpShard { rank: 0, world: 2 }).expect("dims");
+        refused(check(&half, DType::Bf16, false), "down product (64 × 88)");
         let mut odd = cfg.clone();
         odd.intermediate_size = 100;
         let dims = LocalDims::new(&odd, TpShard::SOLO).expect("dims");
-        let e = check_fp8_options((&odd, &dims, TpShard::SOLO), (DType::Bf16, false), &quant);
+        let e = check_fp8_options((&odd, &dims), (DType::Bf16, false), &quant);
         refused(e.err().map(|e| e.to_string()), "multiple of 16");
     }
 }

@@ -257,6 +257,47 @@ fn upload_stacked(
     Ok(buf)
 }
 
+/// `--quantization fp8` for a product with column shards (o and down under `--tp`): every row
+/// is quantized whole on the host — its bf16 values with the quantizer `quant_fp8_rows_bf16`
+/// matches bit for bit — and then split, so each rank holds TP=1's codes and row scales (a shard
+/// quantized on its own would take its half row's amax). Returns the parts' codes stacked and
+/// their row scales.
+fn quantize_column_shard(
+    ckpt: &Checkpoint,
+    parts: &[(String, Part)],
+) -> Result<(Vec<u8>, Vec<f32>), BackendError> {
+    let (mut codes, mut scales) = (Vec::new(), Vec::new());
+    for (name, part) in parts {
+        let view = ckpt.tensor(name).map_err(weights_err)?;
+        let rows = view.shape.first().copied().unwrap_or(1);
+        let width = view.numel().checked_div(rows).unwrap_or(0);
+        let w: Vec<f32> = view
+            .to_f32_vec()
+            .into_iter()
+            .map(|x| bf16::from_f32(x).to_f32())
+            .collect();
+        let quantized: Vec<crate::quant::fp8::Fp8Rows> = w
+            .par_chunks(width.max(1))
+            .map(|row| crate::quant::fp8::Fp8Rows::quantize(row, width))
+            .collect();
+        let (cols, row_range) = match part {
+            Part::All => (0..width, 0..rows),
+            Part::Cols(c) if c.end <= width => (c.clone(), 0..rows),
+            Part::Rows(r) if r.end <= rows => (0..width, r.clone()),
+            other => {
+                return Err(BackendError::Weights(format!(
+                    "{name}: slice {other:?} outside its {rows} × {width}"
+                )));
+            }
+        };
+        for q in &quantized[row_range] {
+            codes.extend_from_slice(&q.codes[cols.clone()]);
+            scales.extend_from_slice(&q.scales);
+        }
+    }
+    Ok((codes, scales))
+}
+
 /// One linear product's weights (its parts stacked) of `n` rows × `k`, as `quant` asks: `dtype`
 /// values, or E4M3 codes with their row scales — the checkpoint's own, or quantized here on the
 /// device from bf16, row by row with the kernel that quantizes activations (the CPU reference's
@@ -274,6 +315,27 @@ fn upload_product(
         LinearQuant::Int4(spec) => {
             let w = int4_product(config, parts, checkpoint_int4(ckpt, spec), (n, k))?;
             upload_int4(gpu, &w, &parts[0].0)
+        }
+        LinearQuant::Fp8 { stored: None }
+            if parts.iter().any(|(_, p)| matches!(p, Part::Cols(_))) =>
+        {
+            let (codes, row_scales) = quantize_column_shard(ckpt, parts)?;
+            if (codes.len(), row_scales.len()) != (n * k, n) {
+                return Err(BackendError::Weights(format!(
+                    "{}: {} codes and {} row scales for a {n} × {k} product",
+                    parts[0].0,
+                    codes.len(),
+                    row_scales.len()
+                )));
+            }
+            let scales = Fp8Scales {
+                rows: gpu.upload_f32(&row_scales, DType::F32)?,
+                static_input: None,
+            };
+            Ok((
+                gpu.upload_bytes(&codes, DType::U8)?,
+                Some(ProductScales::Fp8(scales)),
+            ))
         }
         LinearQuant::Fp8 { stored: None } => {
             let dense = upload_stacked(gpu, staging, ckpt, parts, DType::Bf16)?;
@@ -654,5 +716,44 @@ mod tests {
         }
         let empty = view(&[0, 4], &data[..0]);
         assert_eq!(part_bytes(&empty, &Part::Cols(0..2)).unwrap().1, 0);
+    }
+
+    /// A column shard of `--quantization fp8` holds TP=1's codes and row scales: each row
+    /// quantized whole (its bf16 values) and then split; a row shard the rows it names.
+    #[test]
+    fn fp8_column_shards_carry_the_whole_rows_quantization() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-llama");
+        let ckpt = Checkpoint::open(&dir).unwrap();
+        let name = "model.layers.0.self_attn.o_proj.weight".to_string();
+        let w: Vec<f32> = ckpt
+            .tensor(&name)
+            .unwrap()
+            .to_f32_vec()
+            .iter()
+            .map(|&x| bf16::from_f32(x).to_f32())
+            .collect();
+        let whole = crate::quant::fp8::Fp8Rows::quantize(&w, 64);
+        let (codes, scales) =
+            quantize_column_shard(&ckpt, &[(name.clone(), Part::Cols(16..48))]).unwrap();
+        assert_eq!(scales, whole.scales);
+        let want: Vec<u8> = whole
+            .codes
+            .chunks(64)
+            .flat_map(|r| r[16..48].to_vec())
+            .collect();
+        assert_eq!(codes, want);
+        let (rows, row_scales) =
+            quantize_column_shard(&ckpt, &[(name.clone(), Part::Rows(3..5))]).unwrap();
+        assert_eq!(
+            (rows, row_scales),
+            (
+                whole.codes[3 * 64..5 * 64].to_vec(),
+                whole.scales[3..5].to_vec()
+            )
+        );
+        let e = quantize_column_shard(&ckpt, &[(name, Part::Cols(60..70))])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("o_proj") && e.contains("outside"), "{e}");
     }
 }
