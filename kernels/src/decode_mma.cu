@@ -187,7 +187,8 @@ template <bool KV8> __device__ __forceinline__ void decode_mma_impl(const AttnPa
 
     for (int tt = 0; tt < tiles; tt++) {
         const int refill = tt + NST;
-        if (refill % 4 == 0 && refill < tiles) rows = group_rows(refill / 4); // used after the math
+        // Used by this iteration's refill (after the math; KV8: right after the conversion).
+        if (refill % 4 == 0 && refill < tiles) rows = group_rows(refill / 4);
         cp_async_wait<NST - 1>();
         __syncwarp(); // the warp's copies of this stage visible to all its lanes
         u32 ks, vs;

@@ -307,7 +307,7 @@ impl CudaBackend {
             &dims,
             samples,
         )?;
-        if gguf_int4 {
+        if gguf_int4 && gguf::is_gguf_path(ckpt.dir()) {
             tracing::info!(
                 int4_layers = weights.layers.iter().filter(|l| l.int4().is_some()).count(),
                 layers = weights.layers.len(),
