@@ -110,6 +110,30 @@ impl KvScales {
     }
 }
 
+impl KvCacheDtype {
+    /// The scales a backend's cache of this type needs for `layers` layers: `None` for `auto`,
+    /// else [`KvScales::load`]'s (and a log line saying where they came from).
+    pub fn scales(
+        self,
+        ckpt: &Checkpoint,
+        layers: usize,
+    ) -> Result<Option<KvScales>, CheckpointError> {
+        match self {
+            Self::Auto => Ok(None),
+            Self::Fp8E4m3 => {
+                let s = KvScales::load(ckpt, layers)?;
+                let from = if s.from_checkpoint {
+                    "the checkpoint"
+                } else {
+                    "1.0 (none in the checkpoint)"
+                };
+                tracing::info!(scales = from, "KV cache in FP8 (E4M3)");
+                Ok(Some(s))
+            }
+        }
+    }
+}
+
 /// One positive finite scale (a tensor of shape `[]` or `[1]`).
 fn scalar(view: &TensorView<'_>) -> Result<f32, CheckpointError> {
     let bad = |reason: String| CheckpointError::BadQuantization {

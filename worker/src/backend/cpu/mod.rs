@@ -196,22 +196,10 @@ impl CpuBackend {
         let final_norm = checkpoint
             .tensor_f32(names::FINAL_NORM)
             .map_err(weights_err)?;
-        let kv_scales = match options.kv_cache_dtype {
-            KvCacheDtype::Auto => None,
-            KvCacheDtype::Fp8E4m3 => {
-                let s =
-                    KvScales::load(checkpoint, config.num_hidden_layers).map_err(weights_err)?;
-                tracing::info!(
-                    scales = if s.from_checkpoint {
-                        "from the checkpoint"
-                    } else {
-                        "1.0"
-                    },
-                    "KV cache in FP8 (E4M3)"
-                );
-                Some(s)
-            }
-        };
+        let kv_scales = options
+            .kv_cache_dtype
+            .scales(checkpoint, config.num_hidden_layers)
+            .map_err(weights_err)?;
         let mut k_cache = Vec::with_capacity(config.num_hidden_layers);
         let mut v_cache = Vec::with_capacity(config.num_hidden_layers);
         for _ in 0..config.num_hidden_layers {

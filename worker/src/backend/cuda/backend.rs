@@ -272,21 +272,10 @@ impl CudaBackend {
                 opts.ordinal, gpu.capability.0, gpu.capability.1
             )));
         }
-        let kv_scales = if kv_fp8 {
-            let s = KvScales::load(ckpt, cfg.num_hidden_layers)
-                .map_err(|e| BackendError::Weights(e.to_string()))?;
-            tracing::info!(
-                scales = if s.from_checkpoint {
-                    "from the checkpoint"
-                } else {
-                    "1.0"
-                },
-                "KV cache in FP8 (E4M3)"
-            );
-            Some(s)
-        } else {
-            None
-        };
+        let kv_scales = opts
+            .kv_cache_dtype
+            .scales(ckpt, cfg.num_hidden_layers)
+            .map_err(|e| BackendError::Weights(e.to_string()))?;
         if quant != LinearQuant::None {
             tracing::info!(quantization = %quant.describe(), "CUDA linear layers");
         }
