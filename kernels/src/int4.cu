@@ -30,13 +30,12 @@
 // memory (gemv_sum). y[b, n] does not depend on the batch size or the variant.
 #include "common.cuh"
 
-__device__ __forceinline__ u32 int4_pair(u32 word, int i) { return ((word >> (4 * i)) & 0x000F000Fu) | 0x43004300u; }
-
-// Pair i of a packed word as bf16x2 {code 2i - 8, code 2i + 1 - 8}, exact.
-__device__ __forceinline__ u32 int4_centred(u32 word, int i) {
-    const u32 v = int4_pair(word, i), c = 0x43084308u; // bf16x2 {136, 136}
-    const __nv_bfloat162 r = __hsub2(*(const __nv_bfloat162*)&v, *(const __nv_bfloat162*)&c);
-    return *(const u32*)&r;
+// Codes 2i, 2i + 1 of a packed word as the bf16x2 {128 + q(2i), 128 + q(2i + 1)}: one lop3,
+// (w >> 4i) & 0x000F000F | 0x43004300 (written out, so that the and and the or are not two).
+__device__ __forceinline__ u32 int4_pair(u32 word, int i) {
+    u32 r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(r) : "r"(word >> (4 * i)), "n"(0x000F000F), "r"(0x43004300u));
+    return r;
 }
 
 // Pair i of a packed word, dequantized: {w(code 2i), w(code 2i + 1)} as bf16x2.
@@ -175,93 +174,244 @@ __device__ __forceinline__ void gemv_int4_impl(const GemvInt4Params& p) {
     }
 }
 
-// The same product for group sizes that are multiples of 128, where a warp's 128-wide k-step lies
-// in one group of every row: the mmas take the bf16 values q - 8 (128 + q from the packed bits,
-// less 136: exact), and the step's group is applied to the f32 sums afterwards,
-// sum_k x (q - z) s = s (sum_k x (q - 8) - (z - 8) sum_k x), with sum_k x from one more mma
-// against ones, shared by the warp's tiles. Centring the codes on 0 keeps the sums small (with
-// 128 + q the common-mode term 135 sum_k x would dominate them, and the tensor cores' f32
-// accumulation truncates). The weights are never rounded to bf16 here, so the result is the
-// product with the exact (q - z) s, not the bf16-rounded weights the other variant multiplies.
-template <int NT, int U>
-__device__ __forceinline__ void gemv_int4_g128_impl(const GemvInt4Params& p) {
-    __shared__ __align__(16) float red[GEMV_WARPS * NT * 64]; // [warp][tile][batch 8][row 8]
-    const int row0 = blockIdx.x * (8 * NT), n = p.n, k = p.k;
+// gemv_int4_t16_k128_b8 .. _k64_b32: the small-batch product for groups that are multiples of 64
+// (AWQ's and GPTQ's usual 128, also 64, 256, or one group a row), with the weights as the mma's A
+// operand: one mma.m16n8k16 takes 16 weight rows x 16 k (every A row used, half the mmas of the
+// kernels above) and 8 batch rows of x as B, so a batch of up to 8 costs what a batch of 1 does.
+// A block takes 16 weight rows (one tile; rows >= n load zeros); its warps split the k-steps (KS
+// wide, KS = 128 or 64, inside one group of every row) into contiguous ranges. Lane (g = lane / 4,
+// t = lane % 4) reads, per step, KS / 32 words (KS / 4 codes: 16 or 8 bytes) of weight rows g and
+// g + 8 at column KS s + (KS / 4) t, and x[batch 8 nb + g] at the same columns; word i, pairs 2h
+// and 2h + 1 (codes 8i + 4h .. +4) feed mma 2i + h as a0/a2 (row g) and a1/a3 (row g + 8),
+// against x's pairs at the same columns as b0/b1, so A and B map each logical k to one physical k.
+// The pairs dequantize to q - z exactly ((0x4300 | q) - (0x4300 + z) in bf16); a step's f32 sums
+// are multiplied by the row's scale s and added up: the product with the exact weights (q - z) s,
+// never rounded to bf16. Scales and zeros come from p.tsz, where a lane's two rows of a group are
+// one 8-byte word pair and a tile's 16 rows 64 contiguous bytes (the scale, an f16 or bf16 value,
+// as f32 bits, whose low 8 bits are free for the zero point). The weights and group constants of D steps are
+// in flight per lane (a register ring refilled as each step is consumed). The warps' sums meet in
+// shared memory in warp order, so y[b, n] does not depend on the batch size or on NB.
+template <int WPL> struct Int4Words {
+    u32 v[WPL];
+};
+
+// The ring loads of the tile kernels, predicated without branches: with ok false the destination
+// keeps its value (a ring slot's earlier, finite contents: see gemv_int4_t16_impl). Read-only
+// (ld.global.nc); the weights stream past L1.
+__device__ __forceinline__ void ld_words_if(Int4Words<4>& r, const u32* p, bool ok) {
+    asm("{\n.reg .pred q;\nsetp.ne.b32 q, %5, 0;\n"
+        "@q ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+        : "+r"(r.v[0]), "+r"(r.v[1]), "+r"(r.v[2]), "+r"(r.v[3])
+        : "l"(p), "r"((int)ok));
+}
+__device__ __forceinline__ void ld_words_if(Int4Words<2>& r, const u32* p, bool ok) {
+    asm("{\n.reg .pred q;\nsetp.ne.b32 q, %3, 0;\n@q ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n}\n"
+        : "+r"(r.v[0]), "+r"(r.v[1])
+        : "l"(p), "r"((int)ok));
+}
+__device__ __forceinline__ void ld_u32x2_if(u32 (&r)[2], const u32* p, bool ok) {
+    asm("{\n.reg .pred q;\nsetp.ne.b32 q, %3, 0;\n@q ld.global.nc.v2.u32 {%0, %1}, [%2];\n}\n"
+        : "+r"(r[0]), "+r"(r[1])
+        : "l"(p), "r"((int)ok));
+}
+__device__ __forceinline__ void ld_u32_if(u32& r, const u32* p, bool ok) {
+    asm("{\n.reg .pred q;\nsetp.ne.b32 q, %2, 0;\n@q ld.global.nc.u32 %0, [%1];\n}\n" : "+r"(r) : "l"(p), "r"((int)ok));
+}
+__device__ __forceinline__ void ld_u8_if(u32& r, const unsigned char* p, bool ok) {
+    asm("{\n.reg .pred q;\nsetp.ne.b32 q, %2, 0;\n@q ld.global.nc.u8 %0, [%1];\n}\n" : "+r"(r) : "l"(p), "r"((int)ok));
+}
+
+// c += A * B, a full 16 x 16 A (four registers) and an 8-column B.
+__device__ __forceinline__ void mma_bf16_16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// c = A * B (no accumulator to read).
+__device__ __forceinline__ void mma_bf16_16816_first(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%10,%10,%10};\n"
+        : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.f));
+}
+
+// Pair i of a packed word less its bf16x2 {128 + z, 128 + z}: {q(2i) - z, q(2i + 1) - z}, exact.
+__device__ __forceinline__ u32 int4_less_zero(u32 word, int i, u32 zz) {
+    const u32 v = int4_pair(word, i);
+    const __nv_bfloat162 r = __hsub2(*(const __nv_bfloat162*)&v, *(const __nv_bfloat162*)&zz);
+    return *(const u32*)&r;
+}
+
+// A block loops over the 16-row tiles blockIdx.x + i gridDim.x (the grid is at most the blocks
+// that fit at once), and its ring runs on across them: the last items of a tile refill their
+// slots with the next tile's first. Rows past n are read as row n - 1 (clamped) and x rows past b
+// as row b - 1: their products land only in outputs never stored (an mma's D[row][col] depends
+// on A's row and B's column alone). k is a multiple of KS, so every step is whole.
+template <int KS, int NB, int D>
+__device__ __forceinline__ void gemv_int4_t16_impl(const GemvInt4Params& p) {
+    constexpr int WPL = KS / 32; // words a lane reads of each of its two rows per step
+    // [tile parity][warp][nb][row 16][batch 8]: the warps' sums of the last two tiles.
+    __shared__ __align__(16) float red[2][GEMV_WARPS * NB * 128];
+    const int n = p.n, k = p.k;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int nsteps = (k + 127) >> 7;
-    const bool xrow = g < p.b;
-    const bf16* x = p.x + (size_t)(xrow ? g : 0) * k + 32 * t;
-    const u32* w[NT];
-    bool wrow[NT];
-    int er[NT][2]; // the rows of this lane's outputs c0, c1 in tile j (clamped into range)
+    const int ntiles = (n + 15) >> 4, nsteps = (k + KS - 1) / KS;
+    // Warp w takes steps [s_begin, s_begin + cnt) of every tile as its items j < per_warp (a
+    // multiple of D, so that item j of any tile lives in ring slot j % D). Items j >= cnt are
+    // computed on the slot's earlier (finite) codes and scales and x of a step in range, and
+    // scaled by 0: they add exact zeros.
+    const int span = (nsteps + GEMV_WARPS - 1) / GEMV_WARPS;
+    const int per_warp = (span + D - 1) / D * D;
+    const int s_begin = min(nsteps, warp * span);
+    const int cnt = min(nsteps, s_begin + span) - s_begin;
+    // A step's group, s >> sh: group_size / KS is a power of two, or one group spans k.
+    const int sh = p.group_size >= k ? 31 : __ffs(p.group_size / KS) - 1;
+    const u32 kw = (u32)(k >> 3);
+    // Word offsets of the lane's two rows in a tile, and of its (row g, row g + 8) scale pair
+    // in tile group 0 (p.tsz: [tile][group][g][h]).
+    auto rows_of = [&](int tile, u32(&wo)[2], u32& so) {
 #pragma unroll
-    for (int j = 0; j < NT; j++) {
-        const int r = row0 + 8 * j + g;
-        wrow[j] = r < n;
-        w[j] = p.w + (size_t)(wrow[j] ? r : 0) * (k >> 3) + 4 * t;
-        er[j][0] = min(row0 + 8 * j + 2 * t, n - 1);
-        er[j][1] = min(row0 + 8 * j + 2 * t + 1, n - 1);
-    }
-    float acc[NT][4];
+        for (int h = 0; h < 2; h++) wo[h] = (u32)min(16 * tile + g + 8 * h, n - 1) * kw + WPL * t;
+        so = ((u32)tile * (u32)p.groups * 8u + g) * 2u;
+    };
+    const bf16* xp[NB];
 #pragma unroll
-    for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    const u32 ones = 0x3f803f80u; // bf16x2 {1, 1}
-    for (int s0 = warp; s0 < nsteps; s0 += GEMV_WARPS * U) {
-        uint4 wv[U][NT], xv[U][4];
-        bool kok[U];
-        int4_load_steps<NT, U>(w, wrow, x, xrow, k, t, s0, wv, xv, kok);
+    for (int nb = 0; nb < NB; nb++) xp[nb] = p.x + (size_t)min(8 * nb + g, p.b - 1) * k + (KS / 4) * t;
+
+    // The ring: slot d holds an item's words and its two rows' scale | zero words.
+    Int4Words<WPL> wv[D][2];
+    u32 sz[D][2];
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int s = s0 + u * GEMV_WARPS;
-            if (128 * s >= k) continue; // warp-uniform: mma.sync needs every lane
-            const int grp = (128 * s) / p.group_size;
-            float xs[4] = {0.f, 0.f, 0.f, 0.f}; // xs[0] = sum of batch row g's x over the step
+    for (int d = 0; d < D; d++)
 #pragma unroll
-            for (int m = 0; m < 8; m++) {
-                const uint4 xq = xv[u][m >> 1];
-                gemv_mma(xs, (m & 1) ? xq.z : xq.x, (m & 1) ? xq.w : xq.y, ones, ones);
-            }
+        for (int h = 0; h < 2; h++) {
 #pragma unroll
-            for (int j = 0; j < NT; j++) {
-                float st[4] = {0.f, 0.f, 0.f, 0.f};
-                const u32 words[4] = {wv[u][j].x, wv[u][j].y, wv[u][j].z, wv[u][j].w};
+            for (int i = 0; i < WPL; i++) wv[d][h].v[i] = 0u;
+            sz[d][h] = 0u;
+        }
+    auto load = [&](const u32(&wo)[2], u32 so, int j, bool tile_ok, int d) {
+        const int s = s_begin + j;
+        const bool real = tile_ok && j < cnt;
+        const u32 grp = (u32)s >> sh;
 #pragma unroll
-                for (int m = 0; m < 8; m++) {
-                    const u32 word = words[m >> 1];
-                    const int i = 2 * (m & 1);
-                    const uint4 xq = xv[u][m >> 1];
-                    gemv_mma(st, (m & 1) ? xq.z : xq.x, (m & 1) ? xq.w : xq.y, int4_centred(word, i),
-                             int4_centred(word, i + 1));
+        for (int h = 0; h < 2; h++) ld_words_if(wv[d][h], p.w + (wo[h] + (KS / 8) * s), real);
+        ld_u32x2_if(sz[d], p.tsz + (so + 16u * grp), real);
+    };
+
+    int tile = blockIdx.x;
+    u32 wo[2], so, wn[2], sn;
+    rows_of(tile, wo, so);
+    rows_of(min(tile + (int)gridDim.x, ntiles - 1), wn, sn);
+#pragma unroll
+    for (int d = 0; d < D; d++) load(wo, so, d, true, d);
+    for (int parity = 0; tile < ntiles; tile += gridDim.x, parity ^= 1) { // block-uniform
+        const bool next_ok = tile + (int)gridDim.x < ntiles;
+        float acc[NB][4];
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
+        for (int j0 = 0; j0 < per_warp; j0 += D) {
+            // The group's refills come from the next tile when it is the tile's last.
+            const bool last = j0 + D >= per_warp;
+#pragma unroll
+            for (int d = 0; d < D; d++) {
+                const int j = j0 + d, real = j < cnt;
+                // x of the item: the lane's KS / 4 bf16 of batch rows 8 nb + g, 8 a uint4
+                // (uint4 i holds the columns of word i's codes).
+                const int s = real ? s_begin + j : s_begin;
+                uint4 xv[NB][WPL];
+#pragma unroll
+                for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+                    for (int i = 0; i < WPL; i++) xv[nb][i] = __ldg((const uint4*)(xp[nb] + KS * s) + i);
+                u32 zz[2];
+                float sc[2];
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    zz[h] = (0x4300u + (sz[d][h] & 0xffu)) * 0x10001u;
+                    sc[h] = real ? __uint_as_float(sz[d][h] & 0xffffff00u) : 0.f;
+                }
+                // Two independent mma chains (even and odd halves) a step.
+                float st[2][NB][4];
+#pragma unroll
+                for (int i = 0; i < WPL; i++) {
+#pragma unroll
+                    for (int hh = 0; hh < 2; hh++) {
+                        const u32 a0 = int4_less_zero(wv[d][0].v[i], 2 * hh, zz[0]);
+                        const u32 a1 = int4_less_zero(wv[d][1].v[i], 2 * hh, zz[1]);
+                        const u32 a2 = int4_less_zero(wv[d][0].v[i], 2 * hh + 1, zz[0]);
+                        const u32 a3 = int4_less_zero(wv[d][1].v[i], 2 * hh + 1, zz[1]);
+#pragma unroll
+                        for (int nb = 0; nb < NB; nb++) {
+                            const uint4 xq = xv[nb][i]; // x at codes 8i + 4hh .. +4: half hh
+                            const u32 b0 = hh ? xq.z : xq.x, b1 = hh ? xq.w : xq.y;
+                            if (i == 0) {
+                                mma_bf16_16816_first(st[hh][nb], a0, a1, a2, a3, b0, b1);
+                            } else {
+                                mma_bf16_16816(st[hh][nb], a0, a1, a2, a3, b0, b1);
+                            }
+                        }
+                    }
                 }
 #pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    const size_t o = (size_t)er[j][c] * p.groups + grp;
-                    const u32 sz = __ldg(p.sz + o);
-                    const float sc = __uint_as_float(sz << 16) + __uint_as_float(sz & 0xffff0000u);
-                    const float zz = (float)__ldg(p.z + o) - 8.f;
-                    acc[j][c] = fmaf(sc, st[c] - zz * xs[0], acc[j][c]);
+                for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++)
+                        acc[nb][c] = fmaf(sc[c >> 1], st[1][nb][c], fmaf(sc[c >> 1], st[0][nb][c], acc[nb][c]));
+                // Refill slot d with the item D ahead: this tile's, or the block's next tile's.
+                if (last) {
+                    load(wn, sn, j + D - per_warp, next_ok, d);
+                } else {
+                    load(wo, so, j + D, true, d);
                 }
             }
         }
-    }
+        // c0, c1 = (row g, batch 8 nb + 2t, +1); c2, c3 = (row g + 8, the same batches).
+        float* rp = red[parity];
 #pragma unroll
-    for (int j = 0; j < NT; j++)
-        *(float2*)&red[((warp * NT + j) * 8 + g) * 8 + 2 * t] = make_float2(acc[j][0], acc[j][1]);
-    __syncthreads();
-    for (int o = threadIdx.x; o < NT * 64; o += blockDim.x) {
-        const int bb = o / (8 * NT), v = o % (8 * NT);
-        const int row = row0 + v;
-        if (bb < p.b && row < n) p.y[(size_t)bb * n + row] = __float2bfloat16(gemv_sum<NT>(red, bb, v));
+        for (int nb = 0; nb < NB; nb++) {
+            float* r = rp + (warp * NB + nb) * 128;
+            *(float2*)&r[g * 8 + 2 * t] = make_float2(acc[nb][0], acc[nb][1]);
+            *(float2*)&r[(g + 8) * 8 + 2 * t] = make_float2(acc[nb][2], acc[nb][3]);
+        }
+        // One barrier a tile: red[parity] is written again two tiles on, after the next
+        // barrier, which every thread reaches only once done reading it below.
+        __syncthreads();
+        for (int o = threadIdx.x; o < NB * 128; o += blockDim.x) {
+            // o = (nb, batch bb, row rr) with the row fastest, so that y's stores are contiguous.
+            const int nb = o >> 7, bb = (o >> 4) & 7, rr = o & 15;
+            const int b = 8 * nb + bb, row = 16 * tile + rr;
+            if (b < p.b && row < n) {
+                float v = rp[nb * 128 + rr * 8 + bb];
+#pragma unroll
+                for (int w = 1; w < GEMV_WARPS; w++) v += rp[(w * NB + nb) * 128 + rr * 8 + bb];
+                p.y[(size_t)b * n + row] = __float2bfloat16(v);
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) wo[h] = wn[h];
+        so = sn;
+        rows_of(min(tile + 2 * (int)gridDim.x, ntiles - 1), wn, sn);
     }
 }
 
-extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_int4_g128_r16(GemvInt4Params p) {
-    gemv_int4_g128_impl<2, 2>(p);
-}
-extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 2) gemv_int4_g128_r32(GemvInt4Params p) {
-    gemv_int4_g128_impl<4, 2>(p);
-}
+// gemv_int4_t16_k{KS}_b{8 NB}: D items in flight, at least `blocks` blocks an SM; the grid is at
+// most the blocks that fit at once (each block loops over tiles blockIdx.x + i gridDim.x).
+#define INT4_T16(name, ks, nb, d, blocks)                                                                \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, blocks) name(GemvInt4Params p) {          \
+        gemv_int4_t16_impl<ks, nb, d>(p);                                                                \
+    }
+INT4_T16(gemv_int4_t16_k128_b8, 128, 1, 2, 3)
+INT4_T16(gemv_int4_t16_k128_b16, 128, 2, 2, 2)
+INT4_T16(gemv_int4_t16_k128_b32, 128, 4, 2, 1)
+INT4_T16(gemv_int4_t16_k64_b8, 64, 1, 4, 3)
+INT4_T16(gemv_int4_t16_k64_b16, 64, 2, 4, 2)
+INT4_T16(gemv_int4_t16_k64_b32, 64, 4, 4, 1)
+// Variants timed by `cuda_bench int4` (the same contract as gemv_int4_t16_k128_b8).
+INT4_T16(gemv_int4_t16x_d4_k128_b8, 128, 1, 4, 2)
+INT4_T16(gemv_int4_t16x_d6_k128_b8, 128, 1, 6, 2)
+INT4_T16(gemv_int4_t16x_d2m4_k128_b8, 128, 1, 2, 4)
 
 // 16 weight rows per block.
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_int4_r16(GemvInt4Params p) {

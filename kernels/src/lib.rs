@@ -106,8 +106,15 @@ pub const KERNELS: &[&str] = &[
     "scale_fp8_out_bf16",
     "gemv_int4_r16",
     "gemv_int4_r32",
-    "gemv_int4_g128_r16",
-    "gemv_int4_g128_r32",
+    "gemv_int4_t16_k128_b8",
+    "gemv_int4_t16_k128_b16",
+    "gemv_int4_t16_k128_b32",
+    "gemv_int4_t16_k64_b8",
+    "gemv_int4_t16_k64_b16",
+    "gemv_int4_t16_k64_b32",
+    "gemv_int4_t16x_d4_k128_b8",
+    "gemv_int4_t16x_d6_k128_b8",
+    "gemv_int4_t16x_d2m4_k128_b8",
     "dequant_int4_bf16",
     "gemv_int4_min_r16",
     "gemv_int4_min_r32",
@@ -564,7 +571,10 @@ mod tests {
         let all: String = SOURCES.iter().map(|(_, t)| *t).collect();
         for k in KERNELS {
             let (op, dtype) = k.rsplit_once('_').expect("named <op>_<dtype>");
-            let direct = all.contains(&format!(" {k}(")) || all.contains(&format!("\n{k}("));
+            // Defined by name, or named as a macro's first argument (INT4_T16(<name>, ...)).
+            let direct = all.contains(&format!(" {k}("))
+                || all.contains(&format!("\n{k}("))
+                || all.contains(&format!("({k}, "));
             let by_macro =
                 all.contains(&format!(" {op}_##S(")) && all.contains(&format!(", {dtype})"));
             // attn_decode_<dtype>_d<D>_g<G>, instantiated by DECODE_G(T, <dtype>, <D>).

@@ -142,6 +142,7 @@ struct GemvInt4Params {
     const u32* sz;          // [n, groups] bf16 s_hi | s_lo << 16
     const unsigned char* z; // [n, groups] zero points
     const float* m;         // [n, groups] offsets (the *_min kernels: w = q * s + m), else null
+    const u32* tsz;         // [ceil(n / 16), groups, 8, 2] the tile kernels' scales | zeros, else null
     bf16* y;                // [b, n] (gemv_int4_*), or [n, k] (dequant_int4_bf16)
     int b, n, k;            // k a multiple of 32 and < 2^30; x, w 16-byte aligned
     int groups, group_size; // group_size a multiple of 32; groups = ceil(k / group_size)
@@ -153,6 +154,7 @@ RS_CHECK_FIELD(GemvInt4Params, w);
 RS_CHECK_FIELD(GemvInt4Params, sz);
 RS_CHECK_FIELD(GemvInt4Params, z);
 RS_CHECK_FIELD(GemvInt4Params, m);
+RS_CHECK_FIELD(GemvInt4Params, tsz);
 RS_CHECK_FIELD(GemvInt4Params, y);
 RS_CHECK_FIELD(GemvInt4Params, b);
 RS_CHECK_FIELD(GemvInt4Params, n);

@@ -135,7 +135,7 @@ pub struct GemvFp8Params {
 }
 
 /// `GemvInt4Params`: the small-batch product of bf16 activations with packed INT4 weights
-/// (`gemv_int4_r16`, `gemv_int4_r32`), and a matrix's dequantization to bf16
+/// (`gemv_int4_r16`, `gemv_int4_r32`, `gemv_int4_t16*`), and a matrix's dequantization to bf16
 /// (`dequant_int4_bf16`, which leaves `x` and `b` unused and writes `[n, k]` to `y`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
@@ -150,6 +150,10 @@ pub struct GemvInt4Params {
     pub z: u64,
     /// `f32[n, groups]` offsets for the `*_min` kernels (`w = q · s + m`); 0 for the others.
     pub m: u64,
+    /// `u32[ceil(n / 16), groups, 8, 2]` for the tile kernels (`gemv_int4_t16*`): entry (tile,
+    /// group, g, h) is row 16 tile + g + 8 h's scale as f32 bits with its zero point in the low
+    /// 8 bits (zeros past n); 0 for the others.
+    pub tsz: u64,
     /// `bf16[b, n]`, or `bf16[n, k]` for the dequantization.
     pub y: u64,
     pub b: i32,
@@ -339,6 +343,7 @@ pub fn layout_defines() -> Vec<(&'static str, usize)> {
             w,
             z,
             m,
+            tsz,
             y,
             b,
             n,
@@ -370,7 +375,7 @@ mod tests {
     #[test]
     fn every_field_has_its_offset() {
         let defines = layout_defines();
-        assert_eq!(defines.len(), 5 + 19 + 12 + 7 + 5 + 6 + 8 + 10 + 13 + 6 + 4);
+        assert_eq!(defines.len(), 5 + 19 + 12 + 7 + 5 + 6 + 8 + 10 + 14 + 6 + 4);
         let get = |n: &str| defines.iter().find(|(k, _)| *k == n).unwrap().1;
         assert_eq!(get("RS_SIZEOF_AttnParams"), 112);
         assert_eq!(get("RS_OFFSETOF_AttnParams_scale_log2"), 104);
@@ -385,9 +390,9 @@ mod tests {
         assert_eq!(get("RS_OFFSETOF_Fp8QuantParams_static_scale"), 32);
         assert_eq!(get("RS_SIZEOF_GemvFp8Params"), 56);
         assert_eq!(get("RS_OFFSETOF_GemvFp8Params_b"), 40);
-        assert_eq!(get("RS_SIZEOF_GemvInt4Params"), 72);
+        assert_eq!(get("RS_SIZEOF_GemvInt4Params"), 80);
         assert_eq!(get("RS_OFFSETOF_GemvInt4Params_m"), 32);
-        assert_eq!(get("RS_OFFSETOF_GemvInt4Params_group_size"), 64);
+        assert_eq!(get("RS_OFFSETOF_GemvInt4Params_group_size"), 72);
         assert_eq!(get("RS_SIZEOF_PermuteColsParams"), 32);
     }
 }

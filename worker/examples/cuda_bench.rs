@@ -11,6 +11,9 @@
 //!                                    BATCHES comma-separated)
 //!        cuda_bench gemv OUT_JSON    (GEMV kernel vs cuBLAS at the 8B shapes, batch 1-8, no model)
 //!        cuda_bench kernels OUT_JSON (every attention case alone at the 8B shape, no model)
+//!        cuda_bench int4 OUT_JSON    (the INT4 GEMVs and dequantization + cuBLAS at the 8B shapes,
+//!                                    batch 1-128, groups of 128, no model)
+//!        cuda_bench int4one SHAPE M KERNEL (one INT4 tile kernel launched thrice, for ncu)
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -560,6 +563,212 @@ fn linear_alone(g: &Gpu) -> Res<Value> {
     Ok(Value::Object(out))
 }
 
+/// Per-call time in ms of `calls` calls of `f(i)` captured into one CUDA graph and replayed
+/// (after one warm-up replay), so that launches cost what they cost in a decode step's graph.
+fn time_graph_ms(g: &Gpu, calls: usize, mut f: impl FnMut(usize) -> Res<()>) -> Res<f64> {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    f(0)?; // loads the kernel outside the capture
+    g.sync()?;
+    g.stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let launched = (0..calls).try_for_each(&mut f);
+    let graph = g
+        .stream
+        .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY);
+    launched?;
+    let graph = graph?.ok_or("capture produced no graph")?;
+    graph.launch()?;
+    g.sync()?;
+    let reps = 5;
+    let t = Instant::now();
+    for _ in 0..reps {
+        graph.launch()?;
+    }
+    g.sync()?;
+    Ok(t.elapsed().as_secs_f64() * 1e3 / (reps * calls) as f64)
+}
+
+/// Batch sizes `cuda_bench int4` times.
+const INT4_BATCHES: [usize; 7] = [1, 4, 8, 16, 32, 64, 128];
+
+/// The INT4 products alone at the 8B shapes, groups of 128, random codes: the per-weight GEMV
+/// (16 or 32 rows a block, as the backend picks; up to 32 batch rows), the 16-row tile GEMV
+/// (32 batch rows a launch; up to 8 rows, its variants too) and dequantization + cuBLAS, each call on another copy of the
+/// weights (more than the L2 holds in all), timed inside a CUDA graph. GB/s counts the codes,
+/// scales and zero points a call reads.
+fn int4_alone(g: &Gpu) -> Res<Value> {
+    use worker::backend::cuda::int4::{
+        Int4Linear, Int4Packed, Int4Scales, TILE_VARIANTS, dequant_int4, gemv_int4, launch_tile,
+        split_scale, tile_scales,
+    };
+    let mut out = serde_json::Map::new();
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let gs = 128;
+    for (name, n, k) in [
+        ("qkv", 6144usize, 4096usize),
+        ("o", 4096, 4096),
+        ("gate_up", 28672, 4096),
+        ("down", 4096, 14336),
+    ] {
+        let groups = k / gs;
+        let bytes = n * k / 2 + n * groups * 5;
+        let copies = GEMV_ROTATE_BYTES.div_ceil(bytes).max(2);
+        let mut ws = Vec::new();
+        for _ in 0..copies {
+            let sc: Vec<f32> = (0..n * groups)
+                .map(|_| half::f16::from_f32(0.001 + (next() % 1000) as f32 * 2e-6).to_f32())
+                .collect();
+            let zeros: Vec<u8> = (0..n * groups).map(|_| (next() % 17) as u8).collect();
+            let packed = Int4Packed {
+                n,
+                k,
+                group_size: gs,
+                groups,
+                words: (0..n * k / 8).map(|_| next() as u32).collect(),
+                scales: sc
+                    .iter()
+                    .map(|&s| {
+                        let (hi, lo) = split_scale(s);
+                        u32::from(hi.to_bits()) | (u32::from(lo.to_bits()) << 16)
+                    })
+                    .collect(),
+                tile_scales: tile_scales(n, groups, &sc, &zeros),
+                zeros,
+                perm: None,
+                mins: None,
+            };
+            ws.push(Int4Scales::upload(g, &packed)?);
+        }
+        let wdq = g.alloc(DType::Bf16, n * k)?;
+        let rows = if n >= ops::GEMV_TALL_ROWS { 32 } else { 16 };
+        for m in INT4_BATCHES {
+            let x = g.upload_f32(&vec![0.01; m * k], DType::Bf16)?;
+            let y = g.alloc(DType::Bf16, m * n)?;
+            let lin = |i: usize| Int4Linear {
+                x: &x,
+                w: &ws[i % copies].0,
+                s: &ws[i % copies].1,
+                y: &y,
+                m,
+                n,
+                k,
+            };
+            let calls = 4 * copies;
+            let mut row = serde_json::Map::new();
+            let gb = |ms: f64| bytes as f64 / ms / 1e6;
+            let tiles = time_graph_ms(g, calls, |i| Ok(gemv_int4(g, &lin(i), rows, true)?))?;
+            row.insert("tiles_ms".into(), json!(tiles));
+            let mut line = format!(
+                "int4 {name} m{m}: tiles {tiles:.4} ms ({:.0} GB/s)",
+                gb(tiles)
+            );
+            if m <= 8 {
+                for v in &TILE_VARIANTS {
+                    let ms = time_graph_ms(g, calls, |i| Ok(launch_tile(g, &lin(i), v, 0, m)?))?;
+                    row.insert(format!("{}_ms", v.name), json!(ms));
+                    line += &format!(", {} {ms:.4} ms ({:.0} GB/s)", v.name, gb(ms));
+                }
+            }
+            if m <= 32 {
+                let per_weight =
+                    time_graph_ms(g, calls, |i| Ok(gemv_int4(g, &lin(i), rows, false)?))?;
+                row.insert("per_weight_ms".into(), json!(per_weight));
+                line += &format!(
+                    ", per-weight r{rows} {per_weight:.4} ms ({:.0} GB/s)",
+                    gb(per_weight)
+                );
+            }
+            if m >= 8 {
+                let deq = time_graph_ms(g, calls, |i| {
+                    let l = lin(i);
+                    dequant_int4(g, &l, &wdq)?;
+                    Ok(ops::gemm(
+                        g,
+                        &Linear {
+                            x: &x,
+                            w: &wdq,
+                            y: &y,
+                            m,
+                            n,
+                            k,
+                        },
+                    )?)
+                })?;
+                row.insert("dequant_cublas_ms".into(), json!(deq));
+                line += &format!(", dequant + cuBLAS {deq:.4} ms");
+            }
+            println!("{line}");
+            out.insert(format!("{name}_m{m}"), Value::Object(row));
+        }
+    }
+    Ok(Value::Object(out))
+}
+
+/// `cuda_bench int4one SHAPE M KERNEL`: one INT4 product of an 8B shape (qkv, o, gate_up, down;
+/// groups of 128, random codes) at M rows on tile kernel KERNEL (a name from `TILE_KERNELS` or
+/// `TILE_VARIANTS`), launched three times: for a profiler (ncu -k KERNEL).
+fn int4_one(g: &Gpu, shape: &str, m: usize, kernel: &str) -> Res<()> {
+    use worker::backend::cuda::int4::{
+        Int4Linear, Int4Packed, Int4Scales, TILE_KERNELS, TILE_VARIANTS, launch_tile, tile_scales,
+    };
+    let (n, k) = match shape {
+        "qkv" => (6144, 4096),
+        "o" => (4096, 4096),
+        "gate_up" => (28672, 4096),
+        "down" => (4096, 14336),
+        other => return Err(format!("unknown shape {other}").into()),
+    };
+    let tk = TILE_KERNELS
+        .iter()
+        .chain(TILE_VARIANTS.iter())
+        .find(|t| t.name == kernel)
+        .ok_or_else(|| format!("unknown tile kernel {kernel}"))?;
+    let groups = k / 128;
+    let packed = Int4Packed {
+        n,
+        k,
+        group_size: 128,
+        groups,
+        words: (0..n * k / 8)
+            .map(|i| (i as u32).wrapping_mul(2_654_435_761))
+            .collect(),
+        scales: vec![0x3b80; n * groups],
+        zeros: vec![8; n * groups],
+        perm: None,
+        mins: None,
+        tile_scales: tile_scales(
+            n,
+            groups,
+            &vec![2f32.powi(-8); n * groups],
+            &vec![8; n * groups],
+        ),
+    };
+    let (w, s) = Int4Scales::upload(g, &packed)?;
+    let x = g.upload_f32(&vec![0.01; m * k], DType::Bf16)?;
+    let y = g.alloc(DType::Bf16, m * n)?;
+    let l = Int4Linear {
+        x: &x,
+        w: &w,
+        s: &s,
+        y: &y,
+        m,
+        n,
+        k,
+    };
+    for _ in 0..3 {
+        launch_tile(g, &l, tk, 0, m)?;
+    }
+    g.sync()?;
+    println!("int4one {shape} m{m} {kernel}: ok");
+    Ok(())
+}
+
 /// The logits of the last token of every chunk: the 4 prompts are fed together, step `i` taking
 /// `chunks[i]` tokens of each over the context the earlier steps cached.
 fn logits_by_chunks(b: &mut CudaBackend, prompts: &[Vec<u32>], chunks: &[usize]) -> Res<Vec<f32>> {
@@ -755,6 +964,17 @@ fn main() -> Res<()> {
         let res = linear_alone(&gpu)?;
         std::fs::write(&args[2], serde_json::to_string_pretty(&res)?)?;
         return Ok(());
+    }
+    if args.len() == 3 && args[1] == "int4" {
+        // `cuda_bench int4 OUT_JSON`: the INT4 products alone (no model).
+        let gpu = Gpu::new(0, &switches()?)?;
+        let res = int4_alone(&gpu)?;
+        std::fs::write(&args[2], serde_json::to_string_pretty(&res)?)?;
+        return Ok(());
+    }
+    if args.len() == 5 && args[1] == "int4one" {
+        let gpu = Gpu::new(0, &switches()?)?;
+        return int4_one(&gpu, &args[2], args[3].parse()?, &args[4]);
     }
     if args.len() == 6 && args[1] == "decode" {
         // `cuda_bench decode MODEL_DIR BATCHES CTX STEPS`: decode steps alone (for nsys / A-B).

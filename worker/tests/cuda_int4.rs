@@ -1,7 +1,8 @@
 //! INT4 linear layers on the CUDA backend: the kernels against the CPU reference at shapes that are
 //! not tile multiples (dequantization bit for bit against the twin's weights rounded to bf16; the
-//! GEMV within bf16 rounding of an f64 product, for 1–40 rows, act order included), and whole
-//! models (the AWQ and GPTQ fixtures) against the CPU INT4 reference, eager and not.
+//! GEMV kernels — per-weight and 16-row tiles — within bf16 rounding of an f64 product, for 1–40
+//! rows, act order included), and whole models (the AWQ and GPTQ fixtures) against the CPU INT4
+//! reference, eager and not, with the tile kernel and without.
 //!
 //! Run on a GPU machine: `cargo test --release --features cuda --test cuda_int4 --
 //! --include-ignored` (set `FIXTURES_DIR` when the fixtures are not at their source path).
@@ -13,7 +14,7 @@ use common::{fixture, last_logits, rel_l2};
 use half::bf16;
 use worker::backend::cpu::{CpuBackend, CpuOptions};
 use worker::backend::cuda::int4::{
-    Int4Linear, Int4Scales, dequant_int4, gemv_int4, pack, permute_cols,
+    Int4Linear, Int4Scales, dequant_int4, gemv_int4, pack, permute_cols, tile_step,
 };
 use worker::backend::cuda::{CudaBackend, CudaOptions, DType, Gpu};
 use worker::backend::switches::KernelSwitches;
@@ -175,23 +176,23 @@ fn int4_kernels_match_the_reference_at_odd_shapes() {
                 n,
                 k,
             };
-            // Both variants where groups are multiples of 128 (offsets have only the exact one).
-            let variants: &[bool] = if gs % 128 == 0 && !q41 {
+            // The per-weight kernel, and the tile kernel where the groups allow it.
+            let variants: &[bool] = if tile_step(&scales, k).is_some() {
                 &[false, true]
             } else {
                 &[false]
             };
-            for &per_step in variants {
-                gemv_int4(&g, &l, if n >= 16384 { 32 } else { 16 }, per_step).expect("gemv");
+            for &tiles in variants {
+                gemv_int4(&g, &l, if n >= 16384 { 32 } else { 16 }, tiles).expect("gemv");
                 let got = bf16s(&g.download_bytes(&y, m * n).expect("download"));
                 for b in 0..m {
                     for r in 0..n {
                         let (mut want, mut mag) = (0f64, 0f64);
                         for c in 0..k {
-                            // The exact variant multiplies bf16-rounded weights; the per-step one
+                            // The per-weight kernel multiplies bf16-rounded weights; the tile one
                             // applies the scales to f32 sums, so its weights are never rounded.
                             let w = deq[r * k + c];
-                            let wv = if per_step {
+                            let wv = if tiles {
                                 f64::from(w)
                             } else {
                                 f64::from(bf16::from_f32(w).to_f32())
@@ -202,8 +203,8 @@ fn int4_kernels_match_the_reference_at_odd_shapes() {
                         let err = (f64::from(got[b * n + r]) - want).abs();
                         assert!(
                             err <= 4e-3 * want.abs() + 1e-5 * mag + 1e-6,
-                            "{n}x{k} (groups of {gs}, act order {act}, Q4_1 {q41}, per-step \
-                             scales {per_step}) m {m} [{b}, {r}]: {} vs {want}",
+                            "{n}x{k} (groups of {gs}, act order {act}, Q4_1 {q41}, tiles \
+                             {tiles}) m {m} [{b}, {r}]: {} vs {want}",
                             got[b * n + r]
                         );
                     }
@@ -237,7 +238,7 @@ fn int4_models_on_cuda_match_the_cpu_reference() {
             },
         )
         .expect("cpu");
-        for eager in [true, false] {
+        for (eager, int4_tiles) in [(true, true), (false, true), (true, false), (false, false)] {
             let opts = CudaOptions {
                 ordinal: 0,
                 dtype: DType::Bf16,
@@ -247,7 +248,10 @@ fn int4_models_on_cuda_match_the_cpu_reference() {
                 enforce_eager: eager,
                 max_batch_tokens: 512,
                 batch_invariant: false,
-                kernels: KernelSwitches::default(),
+                kernels: KernelSwitches {
+                    int4_tiles,
+                    ..KernelSwitches::default()
+                },
                 quantization: None,
                 kv_cache_dtype: worker::quant::kv::KvCacheDtype::Auto,
             };
@@ -257,7 +261,7 @@ fn int4_models_on_cuda_match_the_cpu_reference() {
                 let (want, got) = (last_logits(&mut cpu, p), last_logits(&mut cuda, p));
                 let err = rel_l2(&got, &want);
                 println!(
-                    "{name} eager {eager} prompt of {}: rel L2 {err:.2e}",
+                    "{name} eager {eager} tiles {int4_tiles} prompt of {}: rel L2 {err:.2e}",
                     p.len()
                 );
                 assert!(err < 2e-2, "{name}: rel L2 {err}");

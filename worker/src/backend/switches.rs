@@ -16,7 +16,7 @@ pub const KERNEL_SWITCH_VARS: [(&str, &str); 8] = [
     ("RINGSERVE_CUDA_FUSE_ROPE", "0 or 1"),
     ("RINGSERVE_CUDA_L2_PREFETCH", "0 or 1"),
     ("RINGSERVE_CUDA_GEMM_TUNE", "0 or 1"),
-    ("RINGSERVE_CUDA_INT4_G128", "0 or 1"),
+    ("RINGSERVE_CUDA_INT4_TILES", "0 or 1"),
     ("RINGSERVE_CUDA_GGUF_INT4", "0 or 1"),
 ];
 
@@ -72,11 +72,11 @@ pub struct KernelSwitches {
     /// Before a decode bucket's capture, time its bf16 products through cuBLAS and cuBLASLt's
     /// heuristic algorithms and keep the fastest.
     pub gemm_tune: bool,
-    /// INT4 layers with groups of 128 (or a multiple) run the GEMV variant that applies scales
-    /// and zero points once per 128-wide k-step (`gemv_int4_g128_*`) instead of per weight. Off
-    /// by default: its kernel test passes (run 24) and it measured 4–7 % faster (run 29), but the
-    /// INT4 model test has not run with it on yet (docs/quantization.md).
-    pub int4_g128: bool,
+    /// Small-batch INT4 products whose groups are multiples of 64 (no GGUF offsets) run the
+    /// 16-row tile GEMV (`gemv_int4_t16_*`: weights as the mma's A operand, up to 32 batch rows
+    /// a launch, scales applied to each k-step's f32 sums); off: the per-weight kernels
+    /// (`gemv_int4_r16/_r32`, 8 batch rows a launch) take them too.
+    pub int4_tiles: bool,
     /// A GGUF file's layers whose linears are all `Q4_0` / `Q4_1` run on the INT4 kernels (bf16,
     /// not batch-invariant); off: every weight dequantized to the compute type at load.
     pub gguf_int4: bool,
@@ -91,7 +91,7 @@ impl Default for KernelSwitches {
             fuse_rope: true,
             l2_prefetch: true,
             gemm_tune: true,
-            int4_g128: false,
+            int4_tiles: true,
             gguf_int4: true,
         }
     }
@@ -146,7 +146,7 @@ impl KernelSwitches {
                 }
                 "RINGSERVE_CUDA_FUSE_ROPE" => s.fuse_rope = flag()?,
                 "RINGSERVE_CUDA_L2_PREFETCH" => s.l2_prefetch = flag()?,
-                "RINGSERVE_CUDA_INT4_G128" => s.int4_g128 = flag()?,
+                "RINGSERVE_CUDA_INT4_TILES" => s.int4_tiles = flag()?,
                 "RINGSERVE_CUDA_GGUF_INT4" => s.gguf_int4 = flag()?,
                 _ => s.gemm_tune = flag()?,
             }
@@ -165,13 +165,13 @@ impl fmt::Display for KernelSwitches {
         write!(
             f,
             "prefill={:?} decode_mma={} gemv={gemv} fuse_rope={} l2_prefetch={} gemm_tune={} \
-             int4_g128={} gguf_int4={}",
+             int4_tiles={} gguf_int4={}",
             self.prefill,
             self.decode_mma,
             self.fuse_rope,
             self.l2_prefetch,
             self.gemm_tune,
-            self.int4_g128,
+            self.int4_tiles,
             self.gguf_int4
         )
     }
@@ -194,7 +194,7 @@ mod tests {
         let s = parse(&[]).unwrap();
         assert_eq!(s, KernelSwitches::default());
         assert_eq!(s.prefill, PrefillChoice::Auto);
-        assert!(s.decode_mma && s.fuse_rope && s.l2_prefetch && s.gemm_tune && !s.int4_g128);
+        assert!(s.decode_mma && s.fuse_rope && s.l2_prefetch && s.gemm_tune && s.int4_tiles);
         assert!(s.gguf_int4);
         assert_eq!(s.gemv, GemvChoice::UpTo(GEMV_MAX_WEIGHT));
     }
@@ -208,11 +208,11 @@ mod tests {
             ("RINGSERVE_CUDA_FUSE_ROPE", "0"),
             ("RINGSERVE_CUDA_L2_PREFETCH", "0"),
             ("RINGSERVE_CUDA_GEMM_TUNE", "0"),
-            ("RINGSERVE_CUDA_INT4_G128", "1"),
+            ("RINGSERVE_CUDA_INT4_TILES", "0"),
             ("RINGSERVE_CUDA_GGUF_INT4", "0"),
         ])
         .unwrap();
-        assert!(s.int4_g128 && !s.gguf_int4);
+        assert!(!s.int4_tiles && !s.gguf_int4);
         assert_eq!(s.prefill, PrefillChoice::Mma);
         assert!(!s.decode_mma && !s.fuse_rope && !s.l2_prefetch && !s.gemm_tune);
         assert_eq!(s.gemv, GemvChoice::UpTo(1000));

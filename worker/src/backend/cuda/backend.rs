@@ -156,8 +156,8 @@ pub struct CudaBackend {
     fp8_gemm: Option<Fp8Gemm>,
     /// What the workspace holds for quantized products.
     quant_bufs: QuantBufs,
-    /// [`KernelSwitches::int4_g128`].
-    int4_g128: bool,
+    /// [`KernelSwitches::int4_tiles`].
+    int4_tiles: bool,
     /// Whether small-batch steps prefetch each layer's o_proj weights into L2 while RoPE and
     /// attention run ([`KernelSwitches::l2_prefetch`], where the device has it).
     l2_prefetch: bool,
@@ -413,7 +413,7 @@ impl CudaBackend {
             lt,
             fp8_gemm,
             quant_bufs,
-            int4_g128: opts.kernels.int4_g128,
+            int4_tiles: opts.kernels.int4_tiles,
             l2_prefetch: opts.dtype == DType::Bf16
                 && ops::has_l2_prefetch(capability)
                 && opts.kernels.l2_prefetch,
@@ -613,7 +613,7 @@ impl CudaBackend {
         };
         if l.m <= INT4_GEMV_MAX_ROWS {
             let rows = if l.n >= ops::GEMV_TALL_ROWS { 32 } else { 16 };
-            return super::int4::gemv_int4(g, &q, rows, self.int4_g128);
+            return super::int4::gemv_int4(g, &q, rows, self.int4_tiles);
         }
         super::int4::dequant_int4(g, &q, &ws.wdq)?;
         self.linear(&Linear {

@@ -34,6 +34,8 @@ pub struct Int4Packed {
     pub perm: Option<Vec<u32>>,
     /// `[n, groups]` offsets (GGUF `Q4_1`), for the `*_min` kernels.
     pub mins: Option<Vec<f32>>,
+    /// The tile kernels' scales and zeros where they take the weight ([`tile_scales`]).
+    pub tile_scales: Option<Vec<u32>>,
 }
 
 /// `s` as `s_hi + s_lo`, two bf16 values whose sum is `s` exactly for any f16 scale (and any
@@ -89,6 +91,9 @@ pub fn pack(w: &Int4Weight) -> Result<Int4Packed, String> {
             u32::from(hi.to_bits()) | (u32::from(lo.to_bits()) << 16)
         })
         .collect();
+    let tile_scales = (w.mins.is_none() && tile_step_for(k, gs).is_some())
+        .then(|| tile_scales(n, groups, &w.scales, &w.zeros))
+        .flatten();
     Ok(Int4Packed {
         n,
         k,
@@ -99,7 +104,28 @@ pub fn pack(w: &Int4Weight) -> Result<Int4Packed, String> {
         zeros: w.zeros.clone(),
         perm,
         mins: w.mins.clone(),
+        tile_scales,
     })
+}
+
+/// The tile kernels' `u32[ceil(n / 16), groups, 8, 2]` (kernels' `GemvInt4Params::tsz`):
+/// entry (tile, group, g, h) holds row `16 tile + g + 8 h`'s scale as f32 bits with its zero
+/// point in the low 8 bits, zeros past `n`. None when a scale needs those bits (an f16 or bf16
+/// scale never does: both have at most 11 significant bits of f32's 24) or a zero is over 255.
+pub fn tile_scales(n: usize, groups: usize, scales: &[f32], zeros: &[u8]) -> Option<Vec<u32>> {
+    let tiles = n.div_ceil(16);
+    let mut out = vec![0u32; tiles * groups * 16];
+    for r in 0..n {
+        for grp in 0..groups {
+            let (s, z) = (scales[r * groups + grp].to_bits(), zeros[r * groups + grp]);
+            if s & 0xff != 0 {
+                return None;
+            }
+            let (tile, g, h) = (r / 16, r % 8, (r % 16) / 8);
+            out[((tile * groups + grp) * 8 + g) * 2 + h] = s | u32::from(z);
+        }
+    }
+    Some(out)
 }
 
 /// An INT4 product's scales, zero points and column order on the device; its weight buffer holds
@@ -113,6 +139,8 @@ pub struct Int4Scales {
     pub perm: Option<Buf>,
     /// F32 `[n, groups]` offsets (GGUF `Q4_1`): the weights are `q · s + m`.
     pub mins: Option<Buf>,
+    /// U32 `[ceil(n / 16), groups, 16]`: the tile kernels' scales and zeros ([`tile_scales`]).
+    pub tile: Option<Buf>,
     pub groups: usize,
     pub group_size: usize,
 }
@@ -132,6 +160,11 @@ impl Int4Scales {
                     .as_deref()
                     .map(|m| gpu.upload_f32(m, DType::F32))
                     .transpose()?,
+                tile: p
+                    .tile_scales
+                    .as_deref()
+                    .map(|t| gpu.upload_u32(t))
+                    .transpose()?,
                 groups: p.groups,
                 group_size: p.group_size,
             },
@@ -144,6 +177,7 @@ impl Int4Scales {
             + self.zeros.bytes()
             + self.perm.as_ref().map_or(0, Buf::bytes)
             + self.mins.as_ref().map_or(0, Buf::bytes)
+            + self.tile.as_ref().map_or(0, Buf::bytes)
     }
 }
 
@@ -185,6 +219,13 @@ impl Int4Linear<'_> {
         if let Some(m) = &w.mins {
             m.check("int4 mins", DType::F32, self.n * w.groups)?;
         }
+        if let Some(t) = &w.tile {
+            t.check(
+                "int4 tile scales",
+                DType::U32,
+                self.n.div_ceil(16) * w.groups * 16,
+            )?;
+        }
         self.x.check("int4 x", DType::Bf16, self.m * self.k)?;
         self.y.check("int4 y", DType::Bf16, self.m * self.n)?;
         if !self.x.ptr().is_multiple_of(16) || !self.w.ptr().is_multiple_of(16) {
@@ -207,6 +248,7 @@ impl Int4Linear<'_> {
             sz: self.s.scales.ptr(),
             z: self.s.zeros.ptr(),
             m: self.s.mins.as_ref().map_or(0, Buf::ptr),
+            tsz: self.s.tile.as_ref().map_or(0, Buf::ptr),
             y: y.ptr_at(row0 * self.n),
             b: int(b, "m")?,
             n: int(self.n, "n")?,
@@ -218,35 +260,51 @@ impl Int4Linear<'_> {
     }
 }
 
-/// `y = x · wᵀ` on the GEMV kernel, [`kernels::GEMV_MAX_BATCH`] rows of `x` (already permuted
-/// for act order) a launch, `rows_per_block` 16 or 32; with `per_step_scales` and groups of 128
-/// (or a multiple), the variant that applies scales and zeros once per k-step
-/// ([`crate::backend::switches::KernelSwitches::int4_g128`]).
+/// The k-step of the tile kernels (`gemv_int4_t16_k{ks}_*`) for a product of input width `k`
+/// with scales `s`, if they take it: the weight has their scales ([`Int4Scales::tile`]) and
+/// [`tile_step_for`] a step.
+pub fn tile_step(s: &Int4Scales, k: usize) -> Option<usize> {
+    s.tile.as_ref().and(tile_step_for(k, s.group_size))
+}
+
+/// 128 where `k` and the group size are multiples of 128, else 64 where they are multiples of
+/// 64; the groups must also hold a power-of-two number of steps (or span `k`).
+pub fn tile_step_for(k: usize, group_size: usize) -> Option<usize> {
+    [128, 64].into_iter().find(|&ks| {
+        k.is_multiple_of(ks)
+            && group_size.is_multiple_of(ks)
+            && ((group_size / ks).is_power_of_two() || group_size >= k)
+    })
+}
+
+/// `y = x · wᵀ` on the GEMV kernels for `x` already permuted for act order. With `tiles` and
+/// groups [`tile_step`] takes, the 16-row tile kernel, up to [`TILE_MAX_BATCH`] rows a launch;
+/// otherwise the per-weight kernel with `rows_per_block` 16 or 32, [`kernels::GEMV_MAX_BATCH`]
+/// rows a launch.
 pub fn gemv_int4(
     gpu: &Gpu,
     l: &Int4Linear<'_>,
     rows_per_block: usize,
-    per_step_scales: bool,
+    tiles: bool,
 ) -> Result<(), BackendError> {
     l.check()?;
-    let mins = l.s.mins.is_some();
-    let g128 = per_step_scales && l.s.group_size.is_multiple_of(128) && !mins;
-    let name = match (rows_per_block, g128, mins) {
-        (16, false, false) => "gemv_int4_r16",
-        (32, false, false) => "gemv_int4_r32",
-        (16, true, _) => "gemv_int4_g128_r16",
-        (32, true, _) => "gemv_int4_g128_r32",
-        (16, false, true) => "gemv_int4_min_r16",
-        (32, false, true) => "gemv_int4_min_r32",
-        (other, ..) => {
+    if l.n == 0 {
+        return Ok(());
+    }
+    if let Some(ks) = tile_step(l.s, l.k).filter(|_| tiles) {
+        return gemv_int4_tiles(gpu, l, ks);
+    }
+    let name = match (rows_per_block, l.s.mins.is_some()) {
+        (16, false) => "gemv_int4_r16",
+        (32, false) => "gemv_int4_r32",
+        (16, true) => "gemv_int4_min_r16",
+        (32, true) => "gemv_int4_min_r32",
+        (other, _) => {
             return Err(BackendError::InvalidBatch(format!(
                 "gemv_int4: no kernel for {other} rows per block"
             )));
         }
     };
-    if l.n == 0 {
-        return Ok(());
-    }
     let f = gpu.func(name)?;
     let grid = (dim(l.n.div_ceil(rows_per_block), "n")?, 1, 1);
     for row0 in (0..l.m).step_by(kernels::GEMV_MAX_BATCH) {
@@ -261,14 +319,107 @@ pub fn gemv_int4(
         // matching the kernel picked) and the grid covers ceil(n / R) blocks. A lane reads 16
         // bytes of weight row r < n at word 16 s + 4 t and 64 bytes of x row g < rows at element
         // 128 s + 32 t only when 128 s + 32 t < k (so + 32 <= k), the scale and zero of group
-        // (128 s + 32 t) / group_size < groups for such lanes (group 0 for the others; the g128
-        // kernel: group 128 s / group_size of rows clamped below n, for steps 128 s < k), and
+        // (128 s + 32 t) / group_size < groups for such lanes (group 0 for the others), and
         // writes y[bb, r] for bb < rows, r < n. Every mma runs on all 32 lanes (steps are
         // skipped warp-uniformly). The *_min kernels read the offset of the same (row, group) as
         // the scale, and check() gave mins >= n*groups f32 when they are picked (mins is Some).
         // GEMV_WARPS assumes kernels::GEMV_THREADS threads; shared memory is static.
         unsafe { b.launch(cfg(grid, kernels::GEMV_THREADS, 0)) }?;
     }
+    Ok(())
+}
+
+/// Batch rows one launch of the tile kernels takes at most.
+pub const TILE_MAX_BATCH: usize = 32;
+
+/// A kernel of the 16-row tile family (`gemv_int4_t16*`): its name, k-step and batch rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TileKernel {
+    pub name: &'static str,
+    pub ks: usize,
+    pub batch: usize,
+}
+
+/// The tile kernels [`gemv_int4`] picks from, by k-step and batch rows.
+pub const TILE_KERNELS: [TileKernel; 6] = [
+    tile("gemv_int4_t16_k128_b8", 128, 8),
+    tile("gemv_int4_t16_k128_b16", 128, 16),
+    tile("gemv_int4_t16_k128_b32", 128, 32),
+    tile("gemv_int4_t16_k64_b8", 64, 8),
+    tile("gemv_int4_t16_k64_b16", 64, 16),
+    tile("gemv_int4_t16_k64_b32", 64, 32),
+];
+
+/// Variants of `gemv_int4_t16_k128_b8` (other ring depths and occupancies) that `cuda_bench
+/// int4` times beside it.
+pub const TILE_VARIANTS: [TileKernel; 3] = [
+    tile("gemv_int4_t16x_d4_k128_b8", 128, 8),
+    tile("gemv_int4_t16x_d6_k128_b8", 128, 8),
+    tile("gemv_int4_t16x_d2m4_k128_b8", 128, 8),
+];
+
+const fn tile(name: &'static str, ks: usize, batch: usize) -> TileKernel {
+    TileKernel { name, ks, batch }
+}
+
+/// [`gemv_int4`] on the tile kernels with k-steps of `ks` (from [`tile_step`]).
+fn gemv_int4_tiles(gpu: &Gpu, l: &Int4Linear<'_>, ks: usize) -> Result<(), BackendError> {
+    for row0 in (0..l.m).step_by(TILE_MAX_BATCH) {
+        let rows = (l.m - row0).min(TILE_MAX_BATCH);
+        let kernel = TILE_KERNELS
+            .iter()
+            .find(|t| t.ks == ks && rows <= t.batch)
+            .ok_or_else(|| BackendError::InvalidBatch(format!("int4: no tile kernel for {ks}")))?;
+        launch_tile(gpu, l, kernel, row0, rows)?;
+    }
+    Ok(())
+}
+
+/// Rows `row0 .. row0 + rows` of `l` on tile kernel `kernel` (which must take `l`'s groups and
+/// that many rows): public for `cuda_bench int4`, which times the variants.
+pub fn launch_tile(
+    gpu: &Gpu,
+    l: &Int4Linear<'_>,
+    kernel: &TileKernel,
+    row0: usize,
+    rows: usize,
+) -> Result<(), BackendError> {
+    l.check()?;
+    if tile_step(l.s, l.k) != Some(kernel.ks) || rows > kernel.batch || row0 + rows > l.m {
+        return Err(BackendError::InvalidBatch(format!(
+            "int4: {} does not take groups of {} ({} rows from {row0} of {})",
+            kernel.name, l.s.group_size, rows, l.m
+        )));
+    }
+    if l.n == 0 || rows == 0 {
+        return Ok(());
+    }
+    let f = gpu.func(kernel.name)?;
+    let tiles = l.n.div_ceil(16);
+    // The blocks that fit at once (each loops over its tiles), at least one an SM.
+    let per_sm = f
+        .occupancy_max_active_blocks_per_multiprocessor(kernels::GEMV_THREADS, 0, None)
+        .map_err(BackendError::from)?
+        .max(1) as usize;
+    let grid = (dim(tiles.min(per_sm * gpu.sms), "n")?, 1, 1);
+    let p = l.params(l.y, row0, rows)?;
+    let mut b = gpu.stream.launch_builder(f);
+    b.arg(&p);
+    // SAFETY: check() gave words >= n*k/8, the tile scales (Some: tile_step checked) =
+    // ceil(n / 16)*groups*16 u32 with groups = ceil(k / group_size), x >= m*k and y >= m*n bf16
+    // elements, x and words 16-byte aligned (the tile scales 8-byte aligned, as allocations are);
+    // tile_step gave k and group_size multiples of the kernel's k-step ks, group_size / ks a
+    // power of two or group_size >= k. This launch sees rows row0 .. row0 + rows <= m
+    // of x and y, 1 <= rows <= the kernel's batch. Block i takes the 16-row tiles i, i + grid, ...
+    // < ceil(n / 16), rows clamped below n and x rows below rows. For k-steps s < k / ks (loads
+    // of steps past a warp's range are predicated off; its x reads fall back to a step in range),
+    // a lane reads ks / 32 words (8 or 16 bytes, aligned) of a weight row < n at word (ks / 8) s +
+    // (ks / 32) t <= k/8 - ks / 32, ks / 4 bf16 of an x row < rows at element ks s + (ks / 4) t,
+    // the tile-scale pair (tile, s >> log2(group_size / ks) (or group 0) < groups, g), and writes
+    // y[bb, r] for bb < rows, r < n. Every mma runs on all 32 lanes (no lane skips an item)
+    // and every thread reaches each tile's barrier (the tile loop is the same for the whole
+    // block). GEMV_WARPS assumes kernels::GEMV_THREADS threads; shared memory is static.
+    unsafe { b.launch(cfg(grid, kernels::GEMV_THREADS, 0)) }?;
     Ok(())
 }
 
@@ -410,6 +561,45 @@ mod tests {
             g_idx,
             mins: None,
         }
+    }
+
+    #[test]
+    fn tile_scales_pair_rows_g_and_g_plus_8_of_each_tile() {
+        // 20 rows (two tiles, the second partial), 3 groups; f16 scales.
+        let (n, groups) = (20, 3);
+        let scales: Vec<f32> = (0..n * groups)
+            .map(|i| half::f16::from_f32(0.01 + i as f32 * 1e-3).to_f32())
+            .collect();
+        let zeros: Vec<u8> = (0..n * groups).map(|i| (i % 17) as u8).collect();
+        let t = tile_scales(n, groups, &scales, &zeros).expect("f16 scales fit");
+        assert_eq!(t.len(), 2 * groups * 16);
+        for r in 0..n {
+            for grp in 0..groups {
+                let e = t[((r / 16 * groups + grp) * 8 + r % 8) * 2 + (r % 16) / 8];
+                assert_eq!(
+                    f32::from_bits(e & !0xff),
+                    scales[r * groups + grp],
+                    "row {r}"
+                );
+                assert_eq!((e & 0xff) as u8, zeros[r * groups + grp], "row {r}");
+            }
+        }
+        // Rows 20..32 of the second tile are zeros.
+        assert_eq!(t[((groups + 2) * 8 + 4) * 2 + 1], 0);
+        // A scale using the low bits has no tile form.
+        assert!(tile_scales(1, 1, &[0.1], &[3]).is_none());
+    }
+
+    #[test]
+    fn tile_step_needs_whole_steps_and_power_of_two_groups() {
+        assert_eq!(tile_step_for(4096, 128), Some(128));
+        assert_eq!(tile_step_for(4096, 4096), Some(128));
+        assert_eq!(tile_step_for(14336, 14336), Some(128));
+        assert_eq!(tile_step_for(4096, 64), Some(64));
+        assert_eq!(tile_step_for(320, 128), Some(64));
+        assert_eq!(tile_step_for(4096, 384), None);
+        assert_eq!(tile_step_for(4096, 32), None);
+        assert_eq!(tile_step_for(96, 96), None);
     }
 
     /// The kernel's dequantization of packed word `c` of row `r`, pair `i`, in Rust.
