@@ -174,12 +174,12 @@ __device__ __forceinline__ void gemv_int4_impl(const GemvInt4Params& p) {
     }
 }
 
-// gemv_int4_t16_k128_b8 .. _k64_b32: the small-batch product for groups that are multiples of 64
-// (AWQ's and GPTQ's usual 128, also 64, 256, or one group a row), with the weights as the mma's A
-// operand: one mma.m16n8k16 takes 16 weight rows x 16 k (every A row used, half the mmas of the
-// kernels above) and 8 batch rows of x as B, so a batch of up to 8 costs what a batch of 1 does.
-// A block takes 16 weight rows (one tile; rows >= n load zeros); its warps split the k-steps (KS
-// wide, KS = 128 or 64, inside one group of every row) into contiguous ranges. Lane (g = lane / 4,
+// gemv_int4_t16_k128_b8 .. _k64_b32: the small-batch product for k and groups that are multiples
+// of the k-step KS (128, else 64), groups of a power-of-two number of steps or one group a row
+// (AWQ's and GPTQ's usual 128, also 64, 256, -1), with the weights as the mma's A operand: one
+// mma.m16n8k16 takes 16 weight rows x 16 k (every A row used, half the mmas of the kernels above)
+// and 8 batch rows of x as B, so a batch of up to 8 costs what a batch of 1 does. A block works on
+// 16-row tiles; its warps split each tile's k-steps into contiguous ranges. Lane (g = lane / 4,
 // t = lane % 4) reads, per step, KS / 32 words (KS / 4 codes: 16 or 8 bytes) of weight rows g and
 // g + 8 at column KS s + (KS / 4) t, and x[batch 8 nb + g] at the same columns; word i, pairs 2h
 // and 2h + 1 (codes 8i + 4h .. +4) feed mma 2i + h as a0/a2 (row g) and a1/a3 (row g + 8),
@@ -188,7 +188,7 @@ __device__ __forceinline__ void gemv_int4_impl(const GemvInt4Params& p) {
 // are multiplied by the row's scale s and added up: the product with the exact weights (q - z) s,
 // never rounded to bf16. Scales and zeros come from p.tsz, where a lane's two rows of a group are
 // one 8-byte word pair and a tile's 16 rows 64 contiguous bytes (the scale, an f16 or bf16 value,
-// as f32 bits, whose low 8 bits are free for the zero point). The weights and group constants of D steps are
+// as f32 bits, whose low 8 bits are free for the zero point). The codes and scales of D steps are
 // in flight per lane (a register ring refilled as each step is consumed). The warps' sums meet in
 // shared memory in warp order, so y[b, n] does not depend on the batch size or on NB.
 template <int WPL> struct Int4Words {
@@ -213,12 +213,6 @@ __device__ __forceinline__ void ld_u32x2_if(u32 (&r)[2], const u32* p, bool ok) 
     asm("{\n.reg .pred q;\nsetp.ne.b32 q, %3, 0;\n@q ld.global.nc.v2.u32 {%0, %1}, [%2];\n}\n"
         : "+r"(r[0]), "+r"(r[1])
         : "l"(p), "r"((int)ok));
-}
-__device__ __forceinline__ void ld_u32_if(u32& r, const u32* p, bool ok) {
-    asm("{\n.reg .pred q;\nsetp.ne.b32 q, %2, 0;\n@q ld.global.nc.u32 %0, [%1];\n}\n" : "+r"(r) : "l"(p), "r"((int)ok));
-}
-__device__ __forceinline__ void ld_u8_if(u32& r, const unsigned char* p, bool ok) {
-    asm("{\n.reg .pred q;\nsetp.ne.b32 q, %2, 0;\n@q ld.global.nc.u8 %0, [%1];\n}\n" : "+r"(r) : "l"(p), "r"((int)ok));
 }
 
 // c += A * B, a full 16 x 16 A (four registers) and an 8-column B.
@@ -408,10 +402,8 @@ INT4_T16(gemv_int4_t16_k128_b32, 128, 4, 2, 1)
 INT4_T16(gemv_int4_t16_k64_b8, 64, 1, 4, 3)
 INT4_T16(gemv_int4_t16_k64_b16, 64, 2, 4, 2)
 INT4_T16(gemv_int4_t16_k64_b32, 64, 4, 4, 1)
-// Variants timed by `cuda_bench int4` (the same contract as gemv_int4_t16_k128_b8).
+// A variant timed by `cuda_bench int4` (the same contract as gemv_int4_t16_k128_b8): a ring of 4.
 INT4_T16(gemv_int4_t16x_d4_k128_b8, 128, 1, 4, 2)
-INT4_T16(gemv_int4_t16x_d6_k128_b8, 128, 1, 6, 2)
-INT4_T16(gemv_int4_t16x_d2m4_k128_b8, 128, 1, 2, 4)
 
 // 16 weight rows per block.
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_int4_r16(GemvInt4Params p) {
