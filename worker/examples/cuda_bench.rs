@@ -5,7 +5,8 @@
 //!
 //! usage: cuda_bench MODEL_DIR OUT_JSON LOGITS_DUMP PROMPTS_JSON
 //!        cuda_bench accuracy MODEL_DIR LOGITS_DUMP PROMPTS_JSON (only the two logits dumps)
-//!        (any mode that loads a model: `--kv-cache-dtype=fp8` for an FP8 KV cache)
+//!        (any mode that loads a model: `--kv-cache-dtype=fp8` for an FP8 KV cache,
+//!        `--quantization=fp8` for FP8 linear layers)
 //!        cuda_bench attention CASE   (one attention case alone, for profiling)
 //!        cuda_bench decode MODEL_DIR BATCHES CTX STEPS (decode ms/step only, e.g. under a profiler;
 //!                                    BATCHES comma-separated)
@@ -918,8 +919,12 @@ fn switches() -> Res<KernelSwitches> {
     Ok(KernelSwitches::from_env()?)
 }
 
-/// The backend settings every model measurement here uses (the server's defaults, bf16).
-fn bench_options(kv_cache_dtype: worker::quant::kv::KvCacheDtype) -> Res<CudaOptions> {
+/// The backend settings every model measurement here uses (the server's defaults, bf16, with the
+/// command line's KV cache dtype and quantization).
+fn bench_options(
+    kv_cache_dtype: worker::quant::kv::KvCacheDtype,
+    quantization: Option<worker::quant::Quantization>,
+) -> Res<CudaOptions> {
     Ok(CudaOptions {
         ordinal: 0,
         dtype: DType::Bf16,
@@ -930,19 +935,24 @@ fn bench_options(kv_cache_dtype: worker::quant::kv::KvCacheDtype) -> Res<CudaOpt
         max_batch_tokens: 8192,
         batch_invariant: false,
         kernels: switches()?,
-        quantization: None,
+        quantization,
         kv_cache_dtype,
     })
 }
 
 fn main() -> Res<()> {
-    // `--kv-cache-dtype=VALUE` anywhere: the model's KV cache (the model-running modes).
+    // `--kv-cache-dtype=VALUE` and `--quantization=VALUE` anywhere: the model's KV cache and
+    // linear layers (the model-running modes).
     let mut kv_cache_dtype = worker::quant::kv::KvCacheDtype::Auto;
+    let mut quantization = None;
     let mut args: Vec<String> = Vec::new();
     for a in std::env::args() {
-        match a.strip_prefix("--kv-cache-dtype=") {
-            Some(v) => kv_cache_dtype = v.parse()?,
-            None => args.push(a),
+        if let Some(v) = a.strip_prefix("--kv-cache-dtype=") {
+            kv_cache_dtype = v.parse()?;
+        } else if let Some(v) = a.strip_prefix("--quantization=") {
+            quantization = Some(v.parse()?);
+        } else {
+            args.push(a);
         }
     }
     if args.len() == 3 && args[1] == "attention" {
@@ -979,7 +989,7 @@ fn main() -> Res<()> {
     if args.len() == 6 && args[1] == "decode" {
         // `cuda_bench decode MODEL_DIR BATCHES CTX STEPS`: decode steps alone (for nsys / A-B).
         let (model, ckpt) = Checkpoint::load(Path::new(&args[2]))?;
-        let mut b = CudaBackend::new(&model, &ckpt, &bench_options(kv_cache_dtype)?)?;
+        let mut b = CudaBackend::new(&model, &ckpt, &bench_options(kv_cache_dtype, quantization)?)?;
         let (ctx, steps): (usize, usize) = (args[4].parse()?, args[5].parse()?);
         for batch in args[3].split(',') {
             let batch: usize = batch.parse()?;
@@ -1006,7 +1016,7 @@ fn main() -> Res<()> {
     let mut res = serde_json::Map::new();
     let t0 = Instant::now();
     let (model, ckpt) = Checkpoint::load(model_dir)?;
-    let opts = bench_options(kv_cache_dtype)?;
+    let opts = bench_options(kv_cache_dtype, quantization)?;
     let t1 = Instant::now();
     let mut b = CudaBackend::new(&model, &ckpt, &opts)?;
     let startup = t0.elapsed().as_secs_f64();
