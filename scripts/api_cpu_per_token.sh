@@ -3,14 +3,18 @@
 # `serve --device null` on the demo model, the same `bench serve` load through each door in turn
 # (alternating, ROUNDS times), the gateway's utime+stime from /proc/PID/stat around each run.
 # Usage: scripts/api_cpu_per_token.sh [CONCURRENCY] [ROUNDS]   (after cargo build --release)
+# PIN=1: the server (gateway and worker) on CPU 0, the load generator on CPU 1, so the client's own
+# cost (the HTTP client parses JSON, the gRPC one protobuf) does not preempt the gateway it measures.
 set -euo pipefail
 C=${1:-16}
 ROUNDS=${2:-2}
 BIN=target/release/ringserve
+SERVER_CPU=(); CLIENT_CPU=()
+if [ "${PIN:-0}" = 1 ]; then SERVER_CPU=(taskset -c 0); CLIENT_CPU=(taskset -c 1); fi
 DEMO=$(mktemp -d)
 $BIN demo-model --out "$DEMO" >/dev/null 2>&1
 LOG=$(mktemp)
-$BIN serve --model "$DEMO" --device null --addr 127.0.0.1:0 --http-addr 127.0.0.1:0 \
+${SERVER_CPU[@]+"${SERVER_CPU[@]}"} $BIN serve --model "$DEMO" --device null --addr 127.0.0.1:0 --http-addr 127.0.0.1:0 \
     --metrics-addr 127.0.0.1:0 >"$LOG" 2>/dev/null &
 SERVE=$!
 trap 'kill $SERVE 2>/dev/null; rm -rf "$DEMO" "$LOG"' EXIT
@@ -23,7 +27,7 @@ run() { # $1: label, rest: extra bench flags
     local label=$1; shift
     local before after out tokens
     before=$(ticks)
-    out=$($BIN bench serve --addr "http://$GRPC" --concurrency "$C" --num-requests $((4 * C)) \
+    out=$(${CLIENT_CPU[@]+"${CLIENT_CPU[@]}"} $BIN bench serve --addr "http://$GRPC" --concurrency "$C" --num-requests $((4 * C)) \
         --input-len 32 --output-len 2000 --quiet "$@")
     after=$(ticks)
     tokens=$(echo "$out" | grep -o '[0-9]* out)' | cut -d' ' -f1)
