@@ -8,7 +8,7 @@
 set -euo pipefail
 C=${1:-16}
 ROUNDS=${2:-2}
-BIN=target/release/ringserve
+BIN=${BIN:-target/release/ringserve}
 SERVER_CPU=(); CLIENT_CPU=()
 if [ "${PIN:-0}" = 1 ]; then SERVER_CPU=(taskset -c 0); CLIENT_CPU=(taskset -c 1); fi
 DEMO=$(mktemp -d)
