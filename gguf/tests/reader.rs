@@ -205,3 +205,64 @@ fn malformed_files_are_typed_errors_naming_the_fault() {
     let e = err("alignment", write_gguf(3, &[align], &[], &[]));
     assert!(e.to_string().contains("power of two"), "{e}");
 }
+
+/// Everything a model load asks of a file, on a file that opened: a typed error or a value, never
+/// a panic.
+fn read_everything(f: &GgufFile) {
+    let _ = f.hf_config();
+    let _ = f.hf_tokenizer();
+    let _ = f.hf_tokenizer_config();
+    if let Ok(plan) = f.hf_tensor_plan() {
+        for p in &plan {
+            let _ = f.read_hf(p);
+            let _ = f.read_hf_q4(p);
+        }
+    }
+    for t in f.tensors() {
+        let _ = f.read_f32(t);
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 48, ..Default::default() })]
+
+    /// A real model file (`tests/fixtures/gguf-q4`: a llama with its tokenizer and chat template)
+    /// with bytes overwritten — mostly in the header, where every count, length, type and offset
+    /// lives — or cut short: opening it and reading config, tokenizer, template and every tensor
+    /// gives values or typed errors, never a panic.
+    #[test]
+    fn corrupted_or_cut_model_files_never_panic(
+        edits in proptest::collection::vec((0.0f64..1.0, proptest::bits::u8::ANY, proptest::bool::weighted(0.85)), 1..6),
+        cut in proptest::option::weighted(0.25, 0.0f64..1.0),
+    ) {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/gguf-q4/model.gguf");
+        let mut bytes = std::fs::read(path).unwrap();
+        let header = (64 * 1024).min(bytes.len());
+        for (at, byte, in_header) in edits {
+            let span = if in_header { header } else { bytes.len() };
+            let i = ((at * span as f64) as usize).min(span - 1);
+            bytes[i] = byte;
+        }
+        if let Some(c) = cut {
+            bytes.truncate((c * bytes.len() as f64) as usize);
+        }
+        if let Ok(f) = open_bytes("fuzz", &bytes) {
+            read_everything(&f);
+        }
+    }
+
+    /// Arbitrary bytes behind a GGUF magic and version: a typed error (or, rarely, an empty file
+    /// that reads), never a panic.
+    #[test]
+    fn arbitrary_bytes_after_the_magic_never_panic(
+        version in 2u32..4,
+        rest in proptest::collection::vec(proptest::bits::u8::ANY, 0..512),
+    ) {
+        let mut bytes = b"GGUF".to_vec();
+        bytes.extend(version.to_le_bytes());
+        bytes.extend(rest);
+        if let Ok(f) = open_bytes("arbitrary", &bytes) {
+            read_everything(&f);
+        }
+    }
+}
