@@ -5,7 +5,7 @@ plain HF checkpoint whose linear weights are the INT4 weights dequantized, so th
 transformers, vLLM, ringserve) can be checked against it. Needs numpy only.
 
   python3 scripts/make_int4_checkpoint.py SRC DST --format awq|gptq|ct [--group-size 128] [--sym]
-      [--desc-act] [--gptq-v2] [--twin DIR] [--twin-dtype f32|bf16]
+      [--desc-act] [--gptq-v2] [--numpy-pack] [--twin DIR] [--twin-dtype f32|bf16]
   python3 scripts/make_int4_checkpoint.py --random-source DIR --hidden 128 --intermediate 256 \\
       --heads 4 --kv-heads 2 --layers 2 --vocab 256 [--seed 7]
 
@@ -18,7 +18,11 @@ Layouts (every decoder linear q/k/v/o/gate/up/down; embeddings, norms and lm_hea
   compressed-tensors' own `pack_to_int32`, so this needs torch and compressed-tensors); `weight_scale`
   bf16 [out, groups]; `weight_shape` int64 [2]; asymmetric (no --sym): `weight_zero_point` int32
   [out/8, groups] packed along the output dimension. --sym here is compressed-tensors' symmetric
-  scheme (zero 8, scale = 2 max|w| / 15, as above).
+  scheme (zero 8, scale = 2 max|w| / 15, as above). With --desc-act, compressed-tensors'
+  `actorder: "group"`: columns quantized in a seeded random order, saved in their original order,
+  and `weight_g_idx` int32 [in] maps each column to its group (as GPTQ's g_idx). --numpy-pack packs
+  with this script's own numpy code instead of `pack_to_int32` (no torch needed; the same bits:
+  `int4-ct-sym`/`-asym` rebuilt with it are byte-identical to the committed ones).
 - gptq (AutoGPTQ 0.7 / GPTQModel, `checkpoint_format: "gptq"`): `qweight` int32 [in/8, out], input
   rows 8p..8p+7 in bits 0..31 in order; `qzeros` int32 [groups, out/8], output columns in order, each
   stored as zero - 1 (masked to 4 bits: the historical off-by-one, which readers undo with + 1, so a
@@ -150,6 +154,17 @@ def input_of(module):
     return layer, kind
 
 
+def pack_nibbles(v, packed_dim=1):
+    """Codes 0..15 packed eight a word along `packed_dim`, the first in bits 0..3 (what
+    compressed-tensors' `pack_to_int32` makes of the signed codes v - 8)."""
+    v = np.moveaxis(v.astype(np.uint32), packed_dim, -1)
+    v = v.reshape(*v.shape[:-1], v.shape[-1] // 8, 8)
+    words = np.zeros(v.shape[:-1], dtype=np.uint32)
+    for i in range(8):
+        words |= v[..., i] << np.uint32(4 * i)
+    return np.moveaxis(words.view(np.int32), -1, packed_dim)
+
+
 def quantize_linear(w, args, rng, perms, key):
     """One linear layer: ({tensor suffix: (dtype, shape, bytes)}, dequantized f32 [out, in] or None
     without --twin)."""
@@ -170,16 +185,25 @@ def quantize_linear(w, args, rng, perms, key):
     if args.format == "ct":
         # Packed by compressed-tensors' own pack_to_int32 (the signed codes q - 8, shifted back
         # by its + 8): a packer this project did not write.
-        import torch
-        from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
-        packed = pack_to_int32(torch.from_numpy((q - 8).astype(np.int8)), 4)  # [out, in/8]
+        if args.numpy_pack:
+            pack = pack_nibbles
+        else:
+            import torch
+            from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+
+            def pack(v, packed_dim=1):
+                return pack_to_int32(torch.from_numpy((v - 8).astype(np.int8)), 4,
+                                     packed_dim=packed_dim).numpy()
+        packed = pack(q)  # [out, in/8]
         read_zeros = zeros
-        tensors = {"weight_packed": ("I32", list(packed.shape), packed.numpy().astype("<i4").tobytes()),
+        tensors = {"weight_packed": ("I32", list(packed.shape), packed.astype("<i4").tobytes()),
                    "weight_scale": ("BF16", [out_f, groups], bf16_bytes(scales.astype(np.float32))),
                    "weight_shape": ("I64", [2], np.array([out_f, in_f], dtype="<i8").tobytes())}
         if not args.sym:
-            zp = pack_to_int32(torch.from_numpy((zeros - 8).astype(np.int8)), 4, packed_dim=0)
-            tensors["weight_zero_point"] = ("I32", list(zp.shape), zp.numpy().astype("<i4").tobytes())
+            zp = pack(zeros, packed_dim=0)
+            tensors["weight_zero_point"] = ("I32", list(zp.shape), zp.astype("<i4").tobytes())
+        if perm is not None:
+            tensors["weight_g_idx"] = ("I32", [in_f], col_group.astype("<i4").tobytes())
         qweight = packed
     elif args.format == "awq":
         qweight = pack_rows(q.T.copy(), AWQ_ORDER)  # [in, out/8]
@@ -217,7 +241,8 @@ def quant_config(args):
                 "config_groups": {"group_0": {
                     "targets": ["Linear"], "input_activations": None, "output_activations": None,
                     "weights": dict(group, num_bits=4, type="int", symmetric=args.sym, dynamic=False,
-                                    actorder=None, observer="minmax")}}}
+                                    actorder="group" if args.desc_act else None,
+                                    observer="minmax")}}}
     if args.format == "awq":
         return {"quant_method": "awq", "bits": 4, "group_size": args.group_size, "zero_point": True,
                 "version": "gemm", "modules_to_not_convert": None}
@@ -328,6 +353,7 @@ def main():
     ap.add_argument("--sym", action="store_true")
     ap.add_argument("--desc-act", action="store_true")
     ap.add_argument("--gptq-v2", action="store_true")
+    ap.add_argument("--numpy-pack", action="store_true")
     ap.add_argument("--twin")
     ap.add_argument("--twin-dtype", choices=["f32", "bf16"], default="f32")
     ap.add_argument("--seed", type=int, default=7)

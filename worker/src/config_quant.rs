@@ -196,15 +196,23 @@ fn parse_pack_quantized(q: &Fields<'_>, g: &Fields<'_>) -> Result<Int4Checkpoint
             return Err(w.unsupported("strategy", other, "expected group or channel"));
         }
     };
-    if let Some(order) = w.get("actorder").filter(|v| !v.is_null())
-        && order.as_str() != Some("static")
-    {
-        return Err(w.unsupported(
-            "actorder",
-            &order.to_string(),
-            "only null or static activation order (no weight_g_idx) is implemented",
-        ));
-    }
+    // compressed-tensors' activation orders: `group` (alias `dynamic`) saves the columns in their
+    // original order with `weight_g_idx` naming each one's group, as GPTQ's `desc_act`; `weight`
+    // (alias `static`) changes only the calibration, not the layout.
+    let desc_act = match w.get("actorder").filter(|v| !v.is_null()) {
+        None => false,
+        Some(order) => match order.as_str() {
+            Some("group" | "dynamic") => true,
+            Some("weight" | "static") => false,
+            _ => {
+                return Err(w.unsupported(
+                    "actorder",
+                    &order.to_string(),
+                    "expected null, group (dynamic) or weight (static)",
+                ));
+            }
+        },
+    };
     if w.bool_opt("dynamic")?.unwrap_or(false) {
         return Err(w.unsupported("dynamic", "true", "weights must have stored scales"));
     }
@@ -218,7 +226,7 @@ fn parse_pack_quantized(q: &Fields<'_>, g: &Fields<'_>) -> Result<Int4Checkpoint
     Ok(Int4Checkpoint {
         format: Int4Format::CompressedTensors,
         group_size,
-        desc_act: false,
+        desc_act,
         sym: w.bool_opt("symmetric")?.unwrap_or(true),
         ignored: strings(q, "ignore")?,
     })

@@ -225,6 +225,7 @@ fn int4_models_on_cuda_match_the_cpu_reference() {
         "int4-gptq-sym",
         "int4-ct-sym",
         "int4-ct-asym",
+        "int4-ct-group",
     ] {
         let (config, ckpt) = Checkpoint::load(&fixture(name)).expect("fixture");
         let mut cpu = CpuBackend::new(

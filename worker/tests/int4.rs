@@ -18,6 +18,7 @@ use worker::config::{ConfigError, ModelConfig};
 use worker::quant::int4::{self, AWQ_PACK_ORDER};
 use worker::quant::{Int4Format, Quantization, StoredQuant};
 
+/// INT4 fixtures whose twin holds HF transformers' run (`expected.json`).
 const FIXTURES: [&str; 5] = [
     "int4-awq",
     "int4-gptq",
@@ -25,6 +26,11 @@ const FIXTURES: [&str; 5] = [
     "int4-ct-sym",
     "int4-ct-asym",
 ];
+
+/// INT4 fixtures checked against their twin only: `int4-ct-group` (compressed-tensors'
+/// `actorder: "group"`) was written where torch, and so transformers, was not installed. Its twin is
+/// a plain float32 Llama like the others', whose arithmetic those check against transformers.
+const TWIN_ONLY: [&str; 1] = ["int4-ct-group"];
 
 fn backend(dir: &Path, quantization: Option<Quantization>) -> Result<CpuBackend, String> {
     let (config, ckpt) = Checkpoint::load(dir).map_err(|e| e.to_string())?;
@@ -106,6 +112,11 @@ fn int4_configs_are_detected() {
     );
     let ct = q("int4-ct-asym");
     assert_eq!((ct.group_size, ct.sym), (Some(64), false));
+    let ct = q("int4-ct-group");
+    assert_eq!(
+        (ct.format, ct.group_size, ct.sym, ct.desc_act),
+        (Int4Format::CompressedTensors, Some(32), false, true)
+    );
     assert_eq!(
         ModelConfig::load(&fixture("int4-awq-twin"))
             .unwrap()
@@ -117,7 +128,7 @@ fn int4_configs_are_detected() {
 #[test]
 fn int4_models_equal_their_dequantized_twins_bit_for_bit() {
     let prompts: [&[u32]; 3] = [&[1, 17, 42, 99, 3], &[1, 200, 5], &[7; 20]];
-    for name in FIXTURES {
+    for name in FIXTURES.into_iter().chain(TWIN_ONLY) {
         let mut int4 = backend(&fixture(name), None).unwrap();
         let mut twin = backend(&fixture(&format!("{name}-twin")), None).unwrap();
         for p in prompts {
@@ -264,6 +275,23 @@ fn bad_int4_tensors_are_errors_naming_the_tensor() {
             "down_proj.g_idx`: value 9 at index 0: groups are 0..4",
         ),
         (
+            "int4-ct-group",
+            "actorder group without weight_g_idx",
+            Box::new(|_, t| {
+                t.remove(&format!("{D1}.weight_g_idx"));
+            }),
+            "missing tensor `model.layers.1.mlp.down_proj.weight_g_idx`",
+        ),
+        (
+            "int4-ct-group",
+            "a weight_g_idx out of range",
+            Box::new(|_, t| {
+                let g = t.get_mut(&format!("{D1}.weight_g_idx")).unwrap();
+                g.2[4..8].copy_from_slice(&(-1i32).to_le_bytes());
+            }),
+            "down_proj.weight_g_idx`: value -1 at index 1: groups are 0..8",
+        ),
+        (
             "int4-ct-asym",
             "asymmetric pack-quantized without its zero points",
             Box::new(|_, t| {
@@ -332,7 +360,7 @@ fn unsupported_int4_configs_name_the_field() {
     assert_eq!(field(&format), "quantization_config.checkpoint_format");
     let w = "quantization_config.config_groups.group_0.weights";
     let order = config("int4-ct-sym", &|c| {
-        c[q]["config_groups"]["group_0"]["weights"]["actorder"] = "group".into()
+        c[q]["config_groups"]["group_0"]["weights"]["actorder"] = "random".into()
     });
     assert_eq!(field(&order), format!("{w}.actorder"));
     let w4a8 = config("int4-ct-sym", &|c| {

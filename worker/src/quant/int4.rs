@@ -2,8 +2,8 @@
 //! GPTQ checkpoint layouts, unpacked into one canonical form ([`Int4Weight`]) every backend reads.
 //!
 //! A weight is `w[o, i] = (q[o, i] − z[o, g(i)]) · s[o, g(i)]` for a 4-bit code `q`, a zero point
-//! `z` and a scale `s` of the group `g(i)` of input column `i` — `i / group_size`, or GPTQ's
-//! `g_idx[i]` with `desc_act`. `q − z` is a small integer and `s` an f16 (or bf16), so the product
+//! `z` and a scale `s` of the group `g(i)` of input column `i` — `i / group_size`, or the layer's
+//! `g_idx[i]` with act order (GPTQ's `g_idx`, compressed-tensors' `weight_g_idx`). `q − z` is a small integer and `s` an f16 (or bf16), so the product
 //! is exact in f32: the CPU reference's weight equals the "dequantized twin" a tool would write.
 //!
 //! Packing, as the tools write it (eight codes in an `int32`, code `j` in bits `4j .. 4j + 4`):
@@ -41,7 +41,8 @@ pub struct Int4Checkpoint {
     pub format: Int4Format,
     /// Input columns per group; `None`: one group spans the whole input (GPTQ's `-1`).
     pub group_size: Option<usize>,
-    /// GPTQ `desc_act`: each input column's group comes from the layer's `g_idx`.
+    /// Act order (GPTQ `desc_act`, compressed-tensors `actorder: "group"`): each input column's
+    /// group comes from the layer's `g_idx` (`weight_g_idx`).
     pub desc_act: bool,
     /// GPTQ `sym` (zero points all 8) or AWQ `zero_point: false`; informational, the stored zero
     /// points are used as they are.
@@ -87,7 +88,7 @@ pub struct Int4Weight {
     pub scales: Vec<f32>,
     /// `rows × groups` zero points in `0..=16` (16 only from GPTQ v1's off-by-one).
     pub zeros: Vec<u8>,
-    /// Each input column's group (GPTQ `desc_act`); `None`: column `i` is in group `i / group_size`.
+    /// Each input column's group (act order); `None`: column `i` is in group `i / group_size`.
     pub g_idx: Option<Vec<u32>>,
     /// `rows × groups` offsets added to every weight of their group, `w = (q − z) · s + m`
     /// (GGUF's `Q4_1`: `q · d + m`, zero points 0); `None`: no offsets.

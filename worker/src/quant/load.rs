@@ -140,7 +140,8 @@ fn int4_tensor<'a>(
 
 /// Reads INT4 linear `module` (`model.layers.3.mlp.down_proj`) of an `[rows, cols]` (`[out, in]`)
 /// layer as `spec`'s tool packed it, checking every tensor's dtype and shape, the group size
-/// against the input width, the scales (finite) and `g_idx` (present with `desc_act`, in range).
+/// against the input width, the scales (finite) and the act-order `g_idx` or `weight_g_idx` (present
+/// with `desc_act`, in range).
 pub fn int4_layer(
     ckpt: &Checkpoint,
     module: &str,
@@ -239,29 +240,10 @@ pub fn int4_layer(
             if v1_zeros {
                 zeros.iter_mut().for_each(|z| *z += 1);
             }
-            let g_idx = if spec.desc_act {
-                let g = int4_tensor(
-                    ckpt,
-                    &name("g_idx"),
-                    &[Dtype::I32],
-                    &[cols],
-                    "desc_act: each input feature's group",
-                )?;
-                let values = g.to_i32_vec();
-                if let Some((i, v)) = values
-                    .iter()
-                    .enumerate()
-                    .find(|(_, v)| !(0..groups as i32).contains(v))
-                {
-                    return Err(bad_int4(
-                        &g,
-                        format!("value {v} at index {i}: groups are 0..{groups}"),
-                    ));
-                }
-                Some(values.into_iter().map(|v| v as u32).collect())
-            } else {
-                None
-            };
+            let g_idx = spec
+                .desc_act
+                .then(|| g_idx(ckpt, &name("g_idx"), cols, groups))
+                .transpose()?;
             (
                 int4::unpack_gptq_transposed(&q.to_i32_vec(), cols, rows),
                 int4::transpose(&zeros, groups, rows),
@@ -288,10 +270,14 @@ pub fn int4_layer(
                 )?;
                 int4::unpack_cols_in_order(&z.to_i32_vec(), rows, groups)
             };
+            let g_idx = spec
+                .desc_act
+                .then(|| g_idx(ckpt, &name("weight_g_idx"), cols, groups))
+                .transpose()?;
             (
                 int4::unpack_rows_in_order(&q.to_i32_vec(), rows, cols),
                 zeros,
-                None,
+                g_idx,
             )
         }
     };
@@ -309,6 +295,35 @@ pub fn int4_layer(
         g_idx,
         mins: None,
     })
+}
+
+/// An act-order layer's group of each of its `cols` input features (GPTQ's `g_idx`,
+/// compressed-tensors' `weight_g_idx`): I32 `[cols]`, every entry in `0..groups`.
+fn g_idx(
+    ckpt: &Checkpoint,
+    tensor: &str,
+    cols: usize,
+    groups: usize,
+) -> Result<Vec<u32>, CheckpointError> {
+    let g = int4_tensor(
+        ckpt,
+        tensor,
+        &[Dtype::I32],
+        &[cols],
+        "act order: each input feature's group",
+    )?;
+    let values = g.to_i32_vec();
+    if let Some((i, v)) = values
+        .iter()
+        .enumerate()
+        .find(|(_, v)| !(0..groups as i32).contains(v))
+    {
+        return Err(bad_int4(
+            &g,
+            format!("value {v} at index {i}: groups are 0..{groups}"),
+        ));
+    }
+    Ok(values.into_iter().map(|v| v as u32).collect())
 }
 
 /// A GGUF checkpoint's linear `weight` (`….q_proj.weight`) as an [`Int4Weight`] when the file
