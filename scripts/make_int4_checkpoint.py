@@ -184,7 +184,7 @@ def quantize_linear(w, args, rng, perms, key):
         col_group = g_idx
     if args.format == "ct":
         # Packed by compressed-tensors' own pack_to_int32 (the signed codes q - 8, shifted back
-        # by its + 8): a packer this project did not write.
+        # by its + 8): a packer this project did not write; --numpy-pack: by pack_nibbles.
         if args.numpy_pack:
             pack = pack_nibbles
         else:

@@ -3,8 +3,9 @@
 //!
 //! A weight is `w[o, i] = (q[o, i] − z[o, g(i)]) · s[o, g(i)]` for a 4-bit code `q`, a zero point
 //! `z` and a scale `s` of the group `g(i)` of input column `i` — `i / group_size`, or the layer's
-//! `g_idx[i]` with act order (GPTQ's `g_idx`, compressed-tensors' `weight_g_idx`). `q − z` is a small integer and `s` an f16 (or bf16), so the product
-//! is exact in f32: the CPU reference's weight equals the "dequantized twin" a tool would write.
+//! `g_idx[i]` with act order (GPTQ's `g_idx`, compressed-tensors' `weight_g_idx`). `q − z` is a
+//! small integer and `s` an f16 (or bf16), so the product is exact in f32: the CPU reference's
+//! weight equals the "dequantized twin" a tool would write.
 //!
 //! Packing, as the tools write it (eight codes in an `int32`, code `j` in bits `4j .. 4j + 4`):
 //! - AutoAWQ (`version: "gemm"`): `qweight` `[in, out / 8]` packs eight *output* columns in the
