@@ -33,7 +33,6 @@ type Tensors = HashMap<String, (StDtype, Vec<usize>, Vec<u8>)>;
 fn good_tensors(config: &Value) -> Tensors {
     let cfg = ModelConfig::from_json(Path::new("config.json"), config, None).unwrap();
     expected_tensors(&cfg)
-        .into_iter()
         .enumerate()
         .map(|(k, (name, shape))| {
             let n: usize = shape.iter().product();

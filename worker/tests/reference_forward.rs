@@ -332,7 +332,6 @@ fn qwen2_bias_linear_rope_gqa() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
     let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = expected_tensors(&cfg)
-        .into_iter()
         .enumerate()
         .map(|(k, (name, shape))| {
             let n: usize = shape.iter().product();

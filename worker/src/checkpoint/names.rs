@@ -59,33 +59,45 @@ pub fn lm_head_name(config: &ModelConfig) -> &'static str {
     }
 }
 
-/// Every tensor `config` needs, with its expected shape (HF layout: linear weights are `[out, in]`).
-pub fn expected_tensors(config: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+/// Every tensor `config` needs, with its expected shape (HF layout: linear weights are `[out, in]`),
+/// made as it is asked for: a config naming billions of layers costs nothing until its tensors are
+/// looked up (and the first missing one ends a validation).
+pub fn expected_tensors(config: &ModelConfig) -> impl Iterator<Item = (String, Vec<usize>)> + '_ {
     let h = config.hidden_size;
     let q = config.q_dim();
     let kv = config.kv_dim();
     let inter = config.intermediate_size;
-    let mut out = vec![(EMBED_TOKENS.to_owned(), vec![config.vocab_size, h])];
-    for i in 0..config.num_hidden_layers {
-        let mut push = |suffix: &str, shape: Vec<usize>| out.push((layer_tensor(i, suffix), shape));
-        push(layer::INPUT_NORM, vec![h]);
-        push(layer::POST_ATTENTION_NORM, vec![h]);
-        push(layer::Q_PROJ, vec![q, h]);
-        push(layer::K_PROJ, vec![kv, h]);
-        push(layer::V_PROJ, vec![kv, h]);
-        push(layer::O_PROJ, vec![h, q]);
-        if config.qkv_bias {
-            push(layer::Q_BIAS, vec![q]);
-            push(layer::K_BIAS, vec![kv]);
-            push(layer::V_BIAS, vec![kv]);
-        }
-        push(layer::GATE_PROJ, vec![inter, h]);
-        push(layer::UP_PROJ, vec![inter, h]);
-        push(layer::DOWN_PROJ, vec![h, inter]);
-    }
-    out.push((FINAL_NORM.to_owned(), vec![h]));
-    if !config.tie_word_embeddings {
-        out.push((LM_HEAD.to_owned(), vec![config.vocab_size, h]));
-    }
-    out
+    let layers = (0..config.num_hidden_layers).flat_map(move |i| {
+        let bias: &[(&str, Vec<usize>)] = if config.qkv_bias {
+            &[
+                (layer::Q_BIAS, vec![q]),
+                (layer::K_BIAS, vec![kv]),
+                (layer::V_BIAS, vec![kv]),
+            ]
+        } else {
+            &[]
+        };
+        [
+            (layer::INPUT_NORM, vec![h]),
+            (layer::POST_ATTENTION_NORM, vec![h]),
+            (layer::Q_PROJ, vec![q, h]),
+            (layer::K_PROJ, vec![kv, h]),
+            (layer::V_PROJ, vec![kv, h]),
+            (layer::O_PROJ, vec![h, q]),
+        ]
+        .into_iter()
+        .chain(bias.to_vec())
+        .chain([
+            (layer::GATE_PROJ, vec![inter, h]),
+            (layer::UP_PROJ, vec![inter, h]),
+            (layer::DOWN_PROJ, vec![h, inter]),
+        ])
+        .map(move |(suffix, shape)| (layer_tensor(i, suffix), shape))
+    });
+    std::iter::once((EMBED_TOKENS.to_owned(), vec![config.vocab_size, h]))
+        .chain(layers)
+        .chain([(FINAL_NORM.to_owned(), vec![h])])
+        .chain(
+            (!config.tie_word_embeddings).then(|| (LM_HEAD.to_owned(), vec![config.vocab_size, h])),
+        )
 }

@@ -149,7 +149,6 @@ pub fn write_demo_model(dir: &Path) -> Result<(), DemoError> {
 fn write_weights(path: &Path, config: &ModelConfig) -> Result<(), DemoError> {
     let mut rng = ChaCha8Rng::seed_from_u64(DEMO_SEED);
     let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = expected_tensors(config)
-        .into_iter()
         .map(|(name, shape)| {
             let n: usize = shape.iter().product();
             let values: Vec<f32> = if shape.len() == 1 {

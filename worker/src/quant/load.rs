@@ -101,7 +101,6 @@ pub fn linear_f32(
 /// The `[out, in]` shape `config` gives decoder linear `weight`, if it is one.
 pub fn linear_shape_of(config: &ModelConfig, weight: &str) -> Option<(usize, usize)> {
     names::expected_tensors(config)
-        .into_iter()
         .find(|(n, _)| n == weight)
         .and_then(|(_, s)| Some((*s.first()?, *s.get(1)?)))
 }
