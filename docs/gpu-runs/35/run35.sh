@@ -64,24 +64,7 @@ a)
   for cfg in default cap512 cap1024 cap2048 mnbt2048; do
     case $cfg in
       default) f=();; cap*) f=(--max-prefill-tokens-while-decoding ${cfg#cap});; mnbt*) f=(--max-num-batched-tokens ${cfg#mnbt});;
-    e)
-  [ -f /tmp/site/.ok ] || { echo "vllm not installed on this machine"; exit 3; }
-  open_loop() {  # port name
-    for rate in 16 32 48; do
-      "${VLLM[@]}" bench serve --backend openai --base-url "http://127.0.0.1:$1" --model $M --tokenizer $TOK \
-        --dataset-name random --random-input-len 512 --random-output-len 128 --num-prompts 400 \
-        --request-rate $rate --ignore-eos --seed 0 --num-warmups 0 --save-result --result-dir $R \
-        --result-filename ${2}_$rate.json --disable-tqdm > "$R/${2}_$rate.log" 2>&1
-      echo "== $2 $rate req/s"; grep -E "Output token throughput|Median TTFT|P99 TTFT|Mean TPOT|Median ITL|P99 ITL" "$R/${2}_$rate.log"
-    done
-  }
-  serve_up cap512 --max-prefill-tokens-while-decoding 512 && { open_loop 8012 rs_cap512; serve_down; }
-  serve_up default && { open_loop 8012 rs_default; serve_down; }
-  vllm_up || exit 2
-  open_loop 8011 vllm
-  vllm_down
-  tar czf "$OUT/r35e.tgz" -C $R . ;;
-esac
+    esac
     serve_up $cfg "${f[@]}" || continue
     own_bench ${cfg}_c128 --concurrency 128 --num-requests 640
     serve_down
@@ -94,24 +77,7 @@ print(best[1], best[0]); open("/tmp/best_cap", "w").write(str(best[1]))
 PY
   CAP=$(cat /tmp/best_cap)
   for cfg in default cap$CAP; do
-    case $cfg in default) f=();; *) f=(--max-prefill-tokens-while-decoding $CAP);; e)
-  [ -f /tmp/site/.ok ] || { echo "vllm not installed on this machine"; exit 3; }
-  open_loop() {  # port name
-    for rate in 16 32 48; do
-      "${VLLM[@]}" bench serve --backend openai --base-url "http://127.0.0.1:$1" --model $M --tokenizer $TOK \
-        --dataset-name random --random-input-len 512 --random-output-len 128 --num-prompts 400 \
-        --request-rate $rate --ignore-eos --seed 0 --num-warmups 0 --save-result --result-dir $R \
-        --result-filename ${2}_$rate.json --disable-tqdm > "$R/${2}_$rate.log" 2>&1
-      echo "== $2 $rate req/s"; grep -E "Output token throughput|Median TTFT|P99 TTFT|Mean TPOT|Median ITL|P99 ITL" "$R/${2}_$rate.log"
-    done
-  }
-  serve_up cap512 --max-prefill-tokens-while-decoding 512 && { open_loop 8012 rs_cap512; serve_down; }
-  serve_up default && { open_loop 8012 rs_default; serve_down; }
-  vllm_up || exit 2
-  open_loop 8011 vllm
-  vllm_down
-  tar czf "$OUT/r35e.tgz" -C $R . ;;
-esac
+    case $cfg in default) f=();; *) f=(--max-prefill-tokens-while-decoding $CAP);; esac
     serve_up $cfg "${f[@]}" || continue
     own_bench ${cfg}_open --num-requests 400 --sweep 16,32,48 --plot $R/own_${cfg}_open.png
     serve_down

@@ -68,15 +68,13 @@ pub fn expected_tensors(config: &ModelConfig) -> impl Iterator<Item = (String, V
     let kv = config.kv_dim();
     let inter = config.intermediate_size;
     let layers = (0..config.num_hidden_layers).flat_map(move |i| {
-        let bias: &[(&str, Vec<usize>)] = if config.qkv_bias {
-            &[
+        let bias = config.qkv_bias.then(|| {
+            [
                 (layer::Q_BIAS, vec![q]),
                 (layer::K_BIAS, vec![kv]),
                 (layer::V_BIAS, vec![kv]),
             ]
-        } else {
-            &[]
-        };
+        });
         [
             (layer::INPUT_NORM, vec![h]),
             (layer::POST_ATTENTION_NORM, vec![h]),
@@ -86,7 +84,7 @@ pub fn expected_tensors(config: &ModelConfig) -> impl Iterator<Item = (String, V
             (layer::O_PROJ, vec![h, q]),
         ]
         .into_iter()
-        .chain(bias.to_vec())
+        .chain(bias.into_iter().flatten())
         .chain([
             (layer::GATE_PROJ, vec![inter, h]),
             (layer::UP_PROJ, vec![inter, h]),
