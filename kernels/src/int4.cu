@@ -1,7 +1,8 @@
-// INT4 linear layers (AWQ / GPTQ weights, bf16 activations): the small-batch product on the bf16
-// tensor cores with the weights dequantized in registers, the dequantization of a whole matrix to
-// bf16 for larger batches (then cuBLAS), and the column permutation of activations that GPTQ's act
-// order (desc_act) needs.
+// INT4 linear layers (AWQ / GPTQ weights, bf16 activations): the small-batch products on the bf16
+// tensor cores with the weights dequantized in registers, the same for batches of up to a few
+// hundred rows with the activations staged in shared memory (gemm_int4_mma), the dequantization of
+// a whole matrix to bf16 for larger ones (then cuBLAS), and the column permutation of activations
+// that GPTQ's act order (desc_act) needs.
 //
 // Layout (written by worker/src/backend/cuda/int4.rs): w is u32[n, k / 8], word c of row r holding
 // the codes of input columns 8c .. 8c + 7, code 8c + ORDER[p] in bits 4p .. 4p + 3 with ORDER =
@@ -419,6 +420,200 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_int4_min_r16(
 }
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 2) gemv_int4_min_r32(GemvInt4Params p) {
     gemv_int4_impl<4, 2, true>(p);
+}
+
+// gemm_int4_mma_t{TA}w{W}: y[b, n] = x[b, k] . w[n, k]^T for batches past the GEMVs' (b >
+// 32) and up to a few hundred rows, where dequantizing the whole matrix to bf16 for cuBLAS costs
+// more than the product. Every weight is dequantized in registers exactly as dequant_int4_bf16
+// writes it (bf16 of (q - z) s, int4_dequant), so y is the dequantize-then-GEMM product up to the
+// order of the f32 sums. A block of W warps takes weight rows [16 TA W bx, +16 TA W), x rows
+// [BATCH by, +BATCH) and k-steps of 64 [steps bz, +steps); warp w takes 16 TA weight rows as TA
+// 16-row mma A tiles against all the block's x rows as 8-column B tiles. x goes through shared
+// memory in a ring of INT4_MMA_STAGES steps (fewer past 48 KiB; cp.async, 16-byte chunk c of x row r
+// stored at chunk c ^ (r & 7), so that a warp's reads hit 32 banks); the weights go straight to
+// registers, two steps ahead. Lane (g = lane / 4, t = lane % 4) holds, per step, words 2t and
+// 2t + 1 of the step (codes 16t .. 16t + 16) of its warp's rows g + 8q (q < 2 TA) and reads the
+// same 16 k of x: word i, pairs 2h and 2h + 1 feed mma 2i + h as a0/a2 (row 16a + g) and a1/a3
+// (row 16a + g + 8) against x's codes 16t + 8i + 4h .. +4 as b0/b1, so A and B map each logical k
+// to one physical k (the tile GEMV's mapping). Rows past n read row n - 1 and x rows past b read
+// row b - 1: their products land only in outputs never stored. k-chunks past k (k is a multiple
+// of 32) are zero codes against zero-filled x. With splits > 1 block bz writes its f32 sums to
+// part[bz] and gemm_int4_reduce adds them up; otherwise it writes y.
+// The raw group constants of a lane's row for a step, and the bf16x2 forms int4_dequant takes.
+struct I4mRaw {
+    u32 sz, z;
+};
+__device__ __forceinline__ Int4Group<false> i4m_group(I4mRaw r) {
+    const u32 z = 0x4300u + r.z;
+    const u32 zz = z | (z << 16), hi = (r.sz & 0xffffu) * 0x10001u, lo = (r.sz >> 16) * 0x10001u;
+    Int4Group<false> g;
+    g.zz = *(const __nv_bfloat162*)&zz;
+    g.s_hi = *(const __nv_bfloat162*)&hi;
+    g.s_lo = *(const __nv_bfloat162*)&lo;
+    return g;
+}
+
+template <int TA, int W, int BATCH> __device__ __forceinline__ void gemm_int4_mma_impl(const GemmInt4Params& prm) {
+    constexpr int Q = 2 * TA;         // weight rows a lane holds
+    constexpr int I4M_NB = BATCH / 8; // 8-column B tiles a warp
+    static_assert(BATCH * 8 % (32 * W) == 0, "gemm_int4_mma: whole x chunks a thread");
+    // Ring stages: INT4_MMA_STAGES, or fewer where they would pass static shared memory's 48 KiB.
+    constexpr int STAGES = 48 * 1024 / (BATCH * 128) < INT4_MMA_STAGES ? 48 * 1024 / (BATCH * 128) : INT4_MMA_STAGES;
+    const GemvInt4Params& p = prm.g;
+    __shared__ __align__(128) uint4 xs[STAGES][BATCH * 8]; // [stage][row][chunk]
+    const int n = p.n, k = p.k, b = p.b;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int row0 = (blockIdx.x * W + warp) * 16 * TA, b0 = blockIdx.y * BATCH;
+    const int total = (k + 63) >> 6;
+    const int s_begin = min(total, (int)blockIdx.z * prm.steps);
+    const int steps = min(total, s_begin + prm.steps) - s_begin;
+    const u32 kw = (u32)(k >> 3);
+
+    // The lane's weight rows (clamped below n) and their word / group offsets.
+    u32 wo[Q], go[Q];
+#pragma unroll
+    for (int q = 0; q < Q; q++) {
+        const u32 r = (u32)min(row0 + g + 8 * q, n - 1);
+        wo[q] = r * kw + 2 * t;
+        go[q] = r * (u32)p.groups;
+    }
+    // x: the thread's chunks of a step, rows clamped below b.
+    auto load_x = [&](int j, int slot) {
+        const int s = s_begin + j;
+        const bool in = j < steps;
+#pragma unroll
+        for (int i = 0; i < BATCH * 8 / (32 * W); i++) {
+            const int idx = threadIdx.x + i * 32 * W, r = idx >> 3, c = idx & 7;
+            const int col = 64 * s + 8 * c;
+            const bool valid = in && col < k;
+            const bf16* src = p.x + (size_t)min(b0 + r, b - 1) * k + (valid ? col : 0);
+            cp_async16(&xs[slot][r * 8 + (c ^ (r & 7))], (const uint4*)src, valid);
+        }
+    };
+    // Weights of step j: words 2t, 2t + 1 of the lane's rows, and their group constants.
+    auto load_w = [&](int j, uint2 (&wv)[Q], I4mRaw (&raw)[Q]) {
+        const int s = s_begin + j;
+        const int col = 64 * s + 16 * t;
+        const bool valid = j < steps && col < k;
+        const u32 grp = valid ? (u32)(col / p.group_size) : 0u;
+#pragma unroll
+        for (int q = 0; q < Q; q++) {
+            u32 v[2] = {0u, 0u};
+            ld_u32x2_if(v, p.w + wo[q] + 8u * (u32)s, valid);
+            wv[q] = make_uint2(v[0], v[1]);
+            raw[q].sz = __ldg(p.sz + go[q] + grp);
+            raw[q].z = __ldg(p.z + go[q] + grp);
+        }
+    };
+
+    float acc[TA][I4M_NB][4];
+#pragma unroll
+    for (int a = 0; a < TA; a++)
+#pragma unroll
+        for (int j = 0; j < I4M_NB; j++) acc[a][j][0] = acc[a][j][1] = acc[a][j][2] = acc[a][j][3] = 0.f;
+
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; st++) {
+        load_x(st, st);
+        cp_async_commit();
+    }
+    uint2 wv[2][Q];
+    I4mRaw raw[2][Q];
+    load_w(0, wv[0], raw[0]);
+    load_w(1, wv[1], raw[1]);
+
+    for (int j0 = 0; j0 < steps; j0 += 2) { // block-uniform
+#pragma unroll
+        for (int d = 0; d < 2; d++) {
+            const int j = j0 + d;
+            if (j >= steps) break; // block-uniform
+            cp_async_wait<STAGES - 2>();
+            __syncthreads(); // step j's x is in; every warp is done with step j - 1's slot
+            load_x(j + STAGES - 1, (j + STAGES - 1) % STAGES);
+            cp_async_commit();
+            Int4Group<false> gr[Q];
+            uint2 w4[Q];
+#pragma unroll
+            for (int q = 0; q < Q; q++) {
+                gr[q] = i4m_group(raw[d][q]);
+                w4[q] = wv[d][q];
+            }
+            // Refill this ring slot with step j + 2's weights while the mmas run.
+            load_w(j + 2, wv[d], raw[d]);
+            const uint4* xt = xs[j % STAGES];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                // Word i's A fragments, [tile][half][a0..a3], and x at codes 16t + 8i .. +8 of
+                // every B tile; then 2 TA I4M_NB mmas, TA I4M_NB apart on one accumulator.
+                u32 af[TA][2][4];
+#pragma unroll
+                for (int a = 0; a < TA; a++) {
+                    const u32 wl = i ? w4[2 * a].y : w4[2 * a].x, wh = i ? w4[2 * a + 1].y : w4[2 * a + 1].x;
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        af[a][h][0] = int4_pair_of(wl, 2 * h, gr[2 * a]);
+                        af[a][h][1] = int4_pair_of(wh, 2 * h, gr[2 * a + 1]);
+                        af[a][h][2] = int4_pair_of(wl, 2 * h + 1, gr[2 * a]);
+                        af[a][h][3] = int4_pair_of(wh, 2 * h + 1, gr[2 * a + 1]);
+                    }
+                }
+                uint4 xq[I4M_NB];
+#pragma unroll
+                for (int nb = 0; nb < I4M_NB; nb++) xq[nb] = xt[(8 * nb + g) * 8 + ((2 * t + i) ^ g)];
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int a = 0; a < TA; a++)
+#pragma unroll
+                        for (int nb = 0; nb < I4M_NB; nb++) {
+                            const u32* f = af[a][h];
+                            mma_bf16_16816(acc[a][nb], f[0], f[1], f[2], f[3], h ? xq[nb].z : xq[nb].x,
+                                           h ? xq[nb].w : xq[nb].y);
+                        }
+            }
+        }
+    }
+    cp_async_wait<0>();
+    // c0, c1 = (row 16a + g, x row 8 nb + 2t, +1); c2, c3 = (row 16a + g + 8, the same).
+    const bool split = prm.splits > 1;
+#pragma unroll
+    for (int a = 0; a < TA; a++)
+#pragma unroll
+        for (int nb = 0; nb < I4M_NB; nb++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int row = row0 + 16 * a + g + 8 * (c >> 1), bb = b0 + 8 * nb + 2 * t + (c & 1);
+                if (row < n && bb < b) {
+                    const size_t o = (size_t)bb * n + row;
+                    if (split) {
+                        prm.part[(size_t)blockIdx.z * b * n + o] = acc[a][nb][c];
+                    } else {
+                        p.y[o] = __float2bfloat16(acc[a][nb][c]);
+                    }
+                }
+            }
+}
+
+// gemm_int4_mma_t{TA}w{W}: TA A tiles a warp, W warps a block, `batch` x rows a block (64: blocks
+// of 128 x rows measured no faster, run 36e), at least `blocks` blocks an SM.
+#define INT4_MMA(name, ta, nw, batch, blocks)                                                            \
+    extern "C" __global__ void __launch_bounds__(32 * nw, blocks) name(GemmInt4Params p) {              \
+        gemm_int4_mma_impl<ta, nw, batch>(p);                                                            \
+    }
+INT4_MMA(gemm_int4_mma_t2w4, 2, 4, 64, 2)
+INT4_MMA(gemm_int4_mma_t1w4, 1, 4, 64, 4)
+INT4_MMA(gemm_int4_mma_t1w8, 1, 8, 64, 2)
+INT4_MMA(gemm_int4_mma_t2w8, 2, 8, 64, 1)
+
+// y[i] = bf16(sum over splits s of part[s, i]) for i < b n, the splits in order.
+extern "C" __global__ void __launch_bounds__(INT4_DEQUANT_THREADS) gemm_int4_reduce(GemmInt4Params prm) {
+    const size_t total = (size_t)prm.g.b * prm.g.n;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        float v = 0.f;
+        for (int s = 0; s < prm.splits; s++) v += prm.part[(size_t)s * total + i];
+        prm.g.y[i] = __float2bfloat16(v);
+    }
 }
 
 // y = the bf16 matrix [n, k] of w (x and b unused): one packed word (8 weights, 16 bytes out) a

@@ -10,8 +10,9 @@
 //! attention, bf16, head size 128), `prefill_wgmma.cu` (the same on Hopper's wgmma; its body is
 //! compiled only for `sm_90a`, elsewhere it traps), `gemv.cu` (small-batch matrix-vector, alone
 //! or fused with RoPE and the KV write), `fp8.cu` (per-row E4M3 quantization and the FP8 small-batch
-//! product on sm_89+ tensor cores), `int4.cu` (the AWQ/GPTQ small-batch product with weights
-//! dequantized in registers, whole-matrix dequantization, act-order column permutation), `sampling.cu` (greedy, temperature, top-k, top-p, min-p,
+//! product on sm_89+ tensor cores), `int4.cu` (the AWQ/GPTQ small-batch products and the
+//! tensor-core product of larger batches with weights dequantized in registers, whole-matrix
+//! dequantization, act-order column permutation), `sampling.cu` (greedy, temperature, top-k, top-p, min-p,
 //! seeded). The parameter structs the kernels take live in `params.cuh`, mirrored once in
 //! [`params`] and checked against it at compile time; the launch constants come from
 //! [`LAUNCH_CONSTANTS`] as `-D` options. All sources form one translation unit, compiled straight to a CUBIN for the device's
@@ -117,6 +118,11 @@ pub const KERNELS: &[&str] = &[
     "gemv_int4_min_r16",
     "gemv_int4_min_r32",
     "dequant_int4_min_bf16",
+    "gemm_int4_mma_t2w4",
+    "gemm_int4_mma_t1w4",
+    "gemm_int4_mma_t1w8",
+    "gemm_int4_mma_t2w8",
+    "gemm_int4_reduce",
     "permute_cols_bf16",
     "sample_f32",
     "mask_logits",
@@ -212,6 +218,13 @@ pub const FP8_QUANT_THREADS: u32 = 256;
 pub const FP8_SCALE_THREADS: u32 = 256;
 /// Threads per block of `dequant_int4_bf16` and `permute_cols_bf16`.
 pub const INT4_DEQUANT_THREADS: u32 = 256;
+/// Steps of 64 k in `gemm_int4_mma_*`'s shared-memory ring of activations (fewer where they
+/// would pass 48 KiB of static shared memory).
+pub const INT4_MMA_STAGES: usize = 4;
+/// Most activation rows the CUDA backend gives `gemm_int4_mma_*`; larger products dequantize
+/// the whole matrix to bf16 for cuBLAS. At the 8B shapes on the H200 (run 36c) the tensor-core
+/// product is 1.2–1.7× faster than dequantization + cuBLAS at 64 rows and level or slower at 128.
+pub const INT4_MMA_MAX_ROWS: usize = 64;
 /// Bytes one thread of `l2_prefetch_u8` asks for at a time (`PREFETCH_PIECE`).
 pub const PREFETCH_PIECE: usize = 16384;
 
@@ -254,6 +267,7 @@ pub const LAUNCH_CONSTANTS: &[(&str, usize)] = &[
     ("FP8_QUANT_THREADS", FP8_QUANT_THREADS as usize),
     ("FP8_SCALE_THREADS", FP8_SCALE_THREADS as usize),
     ("INT4_DEQUANT_THREADS", INT4_DEQUANT_THREADS as usize),
+    ("INT4_MMA_STAGES", INT4_MMA_STAGES),
     ("PREFETCH_PIECE", PREFETCH_PIECE),
     ("SAMPLE_THREADS", SAMPLE_THREADS as usize),
     ("SAMPLE_PART_WORDS", SAMPLE_PART_WORDS),

@@ -163,6 +163,20 @@ RS_CHECK_FIELD(GemvInt4Params, groups);
 RS_CHECK_FIELD(GemvInt4Params, group_size);
 RS_CHECK_FIELD(GemvInt4Params, pad);
 
+// The INT4 product for batches past the GEMVs' (gemm_int4_mma_*) and the sum of its split-k
+// partials (gemm_int4_reduce).
+struct GemmInt4Params {
+    GemvInt4Params g; // x, w, sz, z, y, b, n, k, groups, group_size (m and tsz unused)
+    float* part;      // [splits, b, n] f32 partial sums when splits > 1, else unused
+    int splits;       // gridDim.z: the k-steps of 64 split in ranges of `steps`
+    int steps;        // k-steps of 64 a split takes (the last may take fewer)
+};
+RS_CHECK_SIZE(GemmInt4Params);
+RS_CHECK_FIELD(GemmInt4Params, g);
+RS_CHECK_FIELD(GemmInt4Params, part);
+RS_CHECK_FIELD(GemmInt4Params, splits);
+RS_CHECK_FIELD(GemmInt4Params, steps);
+
 struct PermuteColsParams {
     const bf16* x;  // [m, k]
     const u32* perm; // [k], each < k

@@ -165,6 +165,21 @@ pub struct GemvInt4Params {
     pub pad: u32,
 }
 
+/// `GemmInt4Params`: the INT4 product for batches past the GEMVs' (`gemm_int4_mma_*`) and the sum
+/// of its split-k partials (`gemm_int4_reduce`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct GemmInt4Params {
+    /// `x`, `w`, `sz`, `z`, `y`, `b`, `n`, `k`, `groups`, `group_size` (`m`, `tsz` unused).
+    pub g: GemvInt4Params,
+    /// `f32[splits, b, n]` partial sums when `splits > 1`.
+    pub part: u64,
+    /// Ranges the k-steps of 64 are split into (`gridDim.z`).
+    pub splits: i32,
+    /// k-steps of 64 a split takes (the last may take fewer).
+    pub steps: i32,
+}
+
 /// `PermuteColsParams`: `y[r, j] = x[r, perm[j]]` (`permute_cols_bf16`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
@@ -233,6 +248,8 @@ unsafe impl DeviceRepr for GemvFp8Params {}
 unsafe impl DeviceRepr for GemvInt4Params {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for PermuteColsParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for GemmInt4Params {}
 
 /// Pushes `RS_SIZEOF_<S>` and `RS_OFFSETOF_<S>_<field>` for every field of `S`; the pattern
 /// names every field without `..`, so a field added to the struct and not listed here does not
@@ -356,6 +373,15 @@ pub fn layout_defines() -> Vec<(&'static str, usize)> {
     layout!(out, PermuteColsParams { x, perm, y, m, k });
     layout!(
         out,
+        GemmInt4Params {
+            g,
+            part,
+            splits,
+            steps
+        }
+    );
+    layout!(
+        out,
         SampleRow {
             temperature,
             top_k,
@@ -375,7 +401,10 @@ mod tests {
     #[test]
     fn every_field_has_its_offset() {
         let defines = layout_defines();
-        assert_eq!(defines.len(), 5 + 19 + 12 + 7 + 5 + 6 + 8 + 10 + 14 + 6 + 4);
+        assert_eq!(
+            defines.len(),
+            5 + 19 + 12 + 7 + 5 + 6 + 8 + 10 + 14 + 6 + 4 + 5
+        );
         let get = |n: &str| defines.iter().find(|(k, _)| *k == n).unwrap().1;
         assert_eq!(get("RS_SIZEOF_AttnParams"), 112);
         assert_eq!(get("RS_OFFSETOF_AttnParams_scale_log2"), 104);
@@ -394,5 +423,7 @@ mod tests {
         assert_eq!(get("RS_OFFSETOF_GemvInt4Params_m"), 32);
         assert_eq!(get("RS_OFFSETOF_GemvInt4Params_group_size"), 72);
         assert_eq!(get("RS_SIZEOF_PermuteColsParams"), 32);
+        assert_eq!(get("RS_SIZEOF_GemmInt4Params"), 96);
+        assert_eq!(get("RS_OFFSETOF_GemmInt4Params_steps"), 92);
     }
 }

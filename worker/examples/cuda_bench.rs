@@ -12,9 +12,10 @@
 //!                                    BATCHES comma-separated)
 //!        cuda_bench gemv OUT_JSON    (GEMV kernel vs cuBLAS at the 8B shapes, batch 1-8, no model)
 //!        cuda_bench kernels OUT_JSON (every attention case alone at the 8B shape, no model)
-//!        cuda_bench int4 OUT_JSON    (the INT4 GEMVs and dequantization + cuBLAS at the 8B shapes,
-//!                                    batch 1-128, groups of 128, no model)
-//!        cuda_bench int4one SHAPE M KERNEL (one INT4 tile kernel launched thrice, for ncu)
+//!        cuda_bench int4 OUT_JSON    (the INT4 GEMVs, the tensor-core product and dequantization +
+//!                                    cuBLAS at the 8B shapes, batch 1-256, groups of 128, no model)
+//!        cuda_bench int4one SHAPE M KERNEL (one INT4 tile or tensor-core kernel launched thrice,
+//!                                    for ncu)
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -590,17 +591,18 @@ fn time_graph_ms(g: &Gpu, calls: usize, mut f: impl FnMut(usize) -> Res<()>) -> 
 }
 
 /// Batch sizes `cuda_bench int4` times.
-const INT4_BATCHES: [usize; 7] = [1, 4, 8, 16, 32, 64, 128];
+const INT4_BATCHES: [usize; 8] = [1, 4, 8, 16, 32, 64, 128, 256];
 
 /// The INT4 products alone at the 8B shapes, groups of 128, random codes: the per-weight GEMV
 /// (16 or 32 rows a block, as the backend picks; up to 32 batch rows), the 16-row tile GEMV
-/// (32 batch rows a launch; up to 8 rows, its variants too) and dequantization + cuBLAS, each call on another copy of the
-/// weights (more than the L2 holds in all), timed inside a CUDA graph. GB/s counts the codes,
+/// (32 batch rows a launch; up to 8 rows, its variants too), the tensor-core products
+/// `gemm_int4_mma_*` (32 rows and more) and dequantization + cuBLAS, each call on another copy of
+/// the weights (more than the L2 holds in all), timed inside a CUDA graph. GB/s counts the codes,
 /// scales and zero points a call reads.
 fn int4_alone(g: &Gpu) -> Res<Value> {
     use worker::backend::cuda::int4::{
-        Int4Linear, Int4Packed, Int4Scales, TILE_VARIANTS, dequant_int4, gemv_int4, launch_tile,
-        split_scale, tile_scales,
+        Int4Linear, Int4Packed, Int4Scales, MMA_KERNELS, TILE_VARIANTS, dequant_int4, gemv_int4,
+        launch_mma, launch_tile, split_scale, tile_scales,
     };
     let mut out = serde_json::Map::new();
     let mut seed = 0x2545_f491_4f6c_dd1du64;
@@ -685,6 +687,14 @@ fn int4_alone(g: &Gpu) -> Res<Value> {
                     gb(per_weight)
                 );
             }
+            if m >= 32 {
+                for kern in &MMA_KERNELS {
+                    let ms = time_graph_ms(g, calls, |i| Ok(launch_mma(g, &lin(i), kern, &wdq)?))?;
+                    row.insert(format!("{}_ms", kern.name), json!(ms));
+                    let tf = 2.0 * (m * n * k) as f64 / ms / 1e9;
+                    line += &format!(", {} {ms:.4} ms ({tf:.0} TFLOP/s)", kern.name);
+                }
+            }
             if m >= 8 {
                 let deq = time_graph_ms(g, calls, |i| {
                     let l = lin(i);
@@ -716,7 +726,8 @@ fn int4_alone(g: &Gpu) -> Res<Value> {
 /// `TILE_VARIANTS`), launched three times: for a profiler (ncu -k KERNEL).
 fn int4_one(g: &Gpu, shape: &str, m: usize, kernel: &str) -> Res<()> {
     use worker::backend::cuda::int4::{
-        Int4Linear, Int4Packed, Int4Scales, TILE_KERNELS, TILE_VARIANTS, launch_tile, tile_scales,
+        Int4Linear, Int4Packed, Int4Scales, MMA_KERNELS, TILE_KERNELS, TILE_VARIANTS, launch_mma,
+        launch_tile, tile_scales,
     };
     let (n, k) = match shape {
         "qkv" => (6144, 4096),
@@ -728,8 +739,11 @@ fn int4_one(g: &Gpu, shape: &str, m: usize, kernel: &str) -> Res<()> {
     let tk = TILE_KERNELS
         .iter()
         .chain(TILE_VARIANTS.iter())
-        .find(|t| t.name == kernel)
-        .ok_or_else(|| format!("unknown tile kernel {kernel}"))?;
+        .find(|t| t.name == kernel);
+    let mk = MMA_KERNELS.iter().find(|t| t.name == kernel);
+    if tk.is_none() && mk.is_none() {
+        return Err(format!("unknown INT4 kernel {kernel}").into());
+    }
     let groups = k / 128;
     let packed = Int4Packed {
         n,
@@ -762,8 +776,13 @@ fn int4_one(g: &Gpu, shape: &str, m: usize, kernel: &str) -> Res<()> {
         n,
         k,
     };
+    let scratch = g.alloc(DType::Bf16, n * k)?;
     for _ in 0..3 {
-        launch_tile(g, &l, tk, 0, m)?;
+        match (tk, mk) {
+            (Some(tk), _) => launch_tile(g, &l, tk, 0, m)?,
+            (None, Some(mk)) => launch_mma(g, &l, mk, &scratch)?,
+            (None, None) => unreachable!("checked above"),
+        }
     }
     g.sync()?;
     println!("int4one {shape} m{m} {kernel}: ok");

@@ -14,7 +14,8 @@ use common::{fixture, last_logits, rel_l2};
 use half::bf16;
 use worker::backend::cpu::{CpuBackend, CpuOptions};
 use worker::backend::cuda::int4::{
-    Int4Linear, Int4Scales, dequant_int4, gemv_int4, pack, permute_cols, tile_step,
+    Int4Linear, Int4Scales, MMA_KERNELS, dequant_int4, gemm_int4, gemv_int4, launch_mma, pack,
+    permute_cols, tile_step,
 };
 use worker::backend::cuda::{CudaBackend, CudaOptions, DType, Gpu};
 use worker::backend::switches::KernelSwitches;
@@ -36,6 +37,18 @@ impl Rng {
     fn unit(&mut self) -> f32 {
         (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
     }
+}
+
+/// The INT4 products the kernel test runs.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Kernel {
+    PerWeight,
+    Tiles,
+    Mma {
+        split: bool,
+    },
+    /// `MMA_KERNELS[i]`, k split where it takes it.
+    MmaVariant(usize),
 }
 
 fn random_weight(rng: &mut Rng, n: usize, k: usize, gs: usize, act_order: bool) -> Int4Weight {
@@ -110,6 +123,9 @@ fn int4_kernels_match_the_reference_at_odd_shapes() {
         (48, 320, 128, false),
         (40, 96, 96, false),
         (16392, 256, 128, false),
+        // k split by the tensor-core product: a half last step, and act order.
+        (136, 2080, 32, false),
+        (72, 1536, 128, true),
     ];
     // Every shape as AWQ/GPTQ store it; those without act order also with Q4_1's offsets.
     let cases = shapes
@@ -152,8 +168,12 @@ fn int4_kernels_match_the_reference_at_odd_shapes() {
                 );
             }
         }
-        // The GEMV, 1..=40 rows (chunks of 8 rows a launch), after act order's permutation.
-        for m in [1, 3, 8, 13, 40] {
+        // The GEMV, 1..=40 rows (chunks of 8 rows a launch), after act order's permutation; the
+        // tensor-core product (`gemm`, no offsets) at 33..=257 rows, with k split (a scratch for
+        // every split) and not (no scratch).
+        let big_scratch = g.alloc(DType::F32, 8 * 257 * n).expect("alloc");
+        let no_scratch = g.alloc(DType::F32, 1).expect("alloc");
+        for m in [1, 3, 8, 13, 40, 33, 64, 70, 130, 257] {
             let x: Vec<f32> = (0..m * k)
                 .map(|_| bf16::from_f32(rng.unit()).to_f32())
                 .collect();
@@ -176,14 +196,33 @@ fn int4_kernels_match_the_reference_at_odd_shapes() {
                 n,
                 k,
             };
-            // The per-weight kernel, and the tile kernel where the groups allow it.
-            let variants: &[bool] = if tile_step(&scales, k).is_some() {
-                &[false, true]
-            } else {
-                &[false]
-            };
-            for &tiles in variants {
-                gemv_int4(&g, &l, if n >= 16384 { 32 } else { 16 }, tiles).expect("gemv");
+            // The per-weight kernel and the tile kernel where the groups allow it, up to 40 rows;
+            // past 32, the tensor-core product.
+            let mut variants = Vec::new();
+            if m <= 40 {
+                variants.push(Kernel::PerWeight);
+                if tile_step(&scales, k).is_some() {
+                    variants.push(Kernel::Tiles);
+                }
+            }
+            if m > 32 && !q41 {
+                variants.extend([Kernel::Mma { split: true }, Kernel::Mma { split: false }]);
+                variants.extend((1..MMA_KERNELS.len()).map(Kernel::MmaVariant));
+            }
+            for &kernel in &variants {
+                let tiles = kernel == Kernel::Tiles;
+                match kernel {
+                    Kernel::PerWeight | Kernel::Tiles => {
+                        gemv_int4(&g, &l, if n >= 16384 { 32 } else { 16 }, tiles).expect("gemv")
+                    }
+                    Kernel::Mma { split } => {
+                        let scratch = if split { &big_scratch } else { &no_scratch };
+                        gemm_int4(&g, &l, scratch).expect("gemm_int4")
+                    }
+                    Kernel::MmaVariant(v) => {
+                        launch_mma(&g, &l, &MMA_KERNELS[v], &big_scratch).expect("gemm_int4")
+                    }
+                }
                 let got = bf16s(&g.download_bytes(&y, m * n).expect("download"));
                 for b in 0..m {
                     for r in 0..n {
@@ -203,8 +242,8 @@ fn int4_kernels_match_the_reference_at_odd_shapes() {
                         let err = (f64::from(got[b * n + r]) - want).abs();
                         assert!(
                             err <= 4e-3 * want.abs() + 1e-5 * mag + 1e-6,
-                            "{n}x{k} (groups of {gs}, act order {act}, Q4_1 {q41}, tiles \
-                             {tiles}) m {m} [{b}, {r}]: {} vs {want}",
+                            "{n}x{k} (groups of {gs}, act order {act}, Q4_1 {q41}, {kernel:?}) \
+                             m {m} [{b}, {r}]: {} vs {want}",
                             got[b * n + r]
                         );
                     }
@@ -217,8 +256,14 @@ fn int4_kernels_match_the_reference_at_odd_shapes() {
 #[test]
 #[ignore = "requires a CUDA device"]
 fn int4_models_on_cuda_match_the_cpu_reference() {
-    // 5 tokens: the GEMV path; 40: dequantization + cuBLAS.
-    let prompts: [Vec<u32>; 2] = [vec![1, 17, 42, 99, 3], (1..=40).collect()];
+    // 5 tokens: the GEMV path; 40 and 200: the tensor-core product (dequantization + cuBLAS with
+    // it off); 300: dequantization + cuBLAS.
+    let prompts: [Vec<u32>; 4] = [
+        vec![1, 17, 42, 99, 3],
+        (1..=40).collect(),
+        (0..200).map(|i| (i * 7 + 3) % 256).collect(),
+        (0..300).map(|i| (i * 13 + 5) % 256).collect(),
+    ];
     for name in [
         "int4-awq",
         "int4-gptq",
@@ -239,7 +284,12 @@ fn int4_models_on_cuda_match_the_cpu_reference() {
             },
         )
         .expect("cpu");
-        for (eager, int4_tiles) in [(true, true), (false, true), (true, false), (false, false)] {
+        for (eager, int4_tiles, int4_mma) in [
+            (true, true, true),
+            (false, true, true),
+            (true, false, false),
+            (false, false, false),
+        ] {
             let opts = CudaOptions {
                 ordinal: 0,
                 dtype: DType::Bf16,
@@ -251,6 +301,7 @@ fn int4_models_on_cuda_match_the_cpu_reference() {
                 batch_invariant: false,
                 kernels: KernelSwitches {
                     int4_tiles,
+                    int4_mma,
                     ..KernelSwitches::default()
                 },
                 quantization: None,
@@ -262,7 +313,8 @@ fn int4_models_on_cuda_match_the_cpu_reference() {
                 let (want, got) = (last_logits(&mut cpu, p), last_logits(&mut cuda, p));
                 let err = rel_l2(&got, &want);
                 println!(
-                    "{name} eager {eager} tiles {int4_tiles} prompt of {}: rel L2 {err:.2e}",
+                    "{name} eager {eager} tiles {int4_tiles} mma {int4_mma} prompt of {}: rel L2 \
+                     {err:.2e}",
                     p.len()
                 );
                 assert!(err < 2e-2, "{name}: rel L2 {err}");

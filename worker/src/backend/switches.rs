@@ -9,7 +9,7 @@
 use std::fmt;
 
 /// The environment variables [`KernelSwitches::from_env`] reads, with what each accepts.
-pub const KERNEL_SWITCH_VARS: [(&str, &str); 8] = [
+pub const KERNEL_SWITCH_VARS: [(&str, &str); 9] = [
     ("RINGSERVE_CUDA_PREFILL", "mma or wgmma"),
     ("RINGSERVE_CUDA_DECODE_MMA", "0 or 1"),
     ("RINGSERVE_CUDA_GEMV", "0, 1, or a weight size in elements"),
@@ -18,6 +18,7 @@ pub const KERNEL_SWITCH_VARS: [(&str, &str); 8] = [
     ("RINGSERVE_CUDA_GEMM_TUNE", "0 or 1"),
     ("RINGSERVE_CUDA_INT4_TILES", "0 or 1"),
     ("RINGSERVE_CUDA_GGUF_INT4", "0 or 1"),
+    ("RINGSERVE_CUDA_INT4_MMA", "0 or 1"),
 ];
 
 /// Largest weight (elements) the GEMV kernel takes by default. On the H200 it beats cuBLAS on the
@@ -80,6 +81,11 @@ pub struct KernelSwitches {
     /// A GGUF file's layers whose linears are all `Q4_0` / `Q4_1` run on the INT4 kernels (bf16,
     /// not batch-invariant); off: every weight dequantized to the compute type at load.
     pub gguf_int4: bool,
+    /// INT4 products of more rows than the GEMVs take (up to
+    /// [`kernels::INT4_MMA_MAX_ROWS`], no GGUF offsets) run
+    /// the tensor-core product with weights dequantized in registers (`gemm_int4_mma_*`); off: the
+    /// whole matrix is dequantized to bf16 for cuBLAS, as larger batches always are.
+    pub int4_mma: bool,
 }
 
 impl Default for KernelSwitches {
@@ -93,6 +99,7 @@ impl Default for KernelSwitches {
             gemm_tune: true,
             int4_tiles: true,
             gguf_int4: true,
+            int4_mma: true,
         }
     }
 }
@@ -148,6 +155,7 @@ impl KernelSwitches {
                 "RINGSERVE_CUDA_L2_PREFETCH" => s.l2_prefetch = flag()?,
                 "RINGSERVE_CUDA_INT4_TILES" => s.int4_tiles = flag()?,
                 "RINGSERVE_CUDA_GGUF_INT4" => s.gguf_int4 = flag()?,
+                "RINGSERVE_CUDA_INT4_MMA" => s.int4_mma = flag()?,
                 _ => s.gemm_tune = flag()?,
             }
         }
@@ -165,14 +173,15 @@ impl fmt::Display for KernelSwitches {
         write!(
             f,
             "prefill={:?} decode_mma={} gemv={gemv} fuse_rope={} l2_prefetch={} gemm_tune={} \
-             int4_tiles={} gguf_int4={}",
+             int4_tiles={} gguf_int4={} int4_mma={}",
             self.prefill,
             self.decode_mma,
             self.fuse_rope,
             self.l2_prefetch,
             self.gemm_tune,
             self.int4_tiles,
-            self.gguf_int4
+            self.gguf_int4,
+            self.int4_mma
         )
     }
 }
@@ -195,7 +204,7 @@ mod tests {
         assert_eq!(s, KernelSwitches::default());
         assert_eq!(s.prefill, PrefillChoice::Auto);
         assert!(s.decode_mma && s.fuse_rope && s.l2_prefetch && s.gemm_tune && s.int4_tiles);
-        assert!(s.gguf_int4);
+        assert!(s.gguf_int4 && s.int4_mma);
         assert_eq!(s.gemv, GemvChoice::UpTo(GEMV_MAX_WEIGHT));
     }
 
@@ -210,9 +219,10 @@ mod tests {
             ("RINGSERVE_CUDA_GEMM_TUNE", "0"),
             ("RINGSERVE_CUDA_INT4_TILES", "0"),
             ("RINGSERVE_CUDA_GGUF_INT4", "0"),
+            ("RINGSERVE_CUDA_INT4_MMA", "0"),
         ])
         .unwrap();
-        assert!(!s.int4_tiles && !s.gguf_int4);
+        assert!(!s.int4_tiles && !s.gguf_int4 && !s.int4_mma);
         assert_eq!(s.prefill, PrefillChoice::Mma);
         assert!(!s.decode_mma && !s.fuse_rope && !s.l2_prefetch && !s.gemm_tune);
         assert_eq!(s.gemv, GemvChoice::UpTo(1000));

@@ -158,6 +158,8 @@ pub struct CudaBackend {
     quant_bufs: QuantBufs,
     /// [`KernelSwitches::int4_tiles`].
     int4_tiles: bool,
+    /// [`KernelSwitches::int4_mma`].
+    int4_mma: bool,
     /// Whether small-batch steps prefetch each layer's o_proj weights into L2 while RoPE and
     /// attention run ([`KernelSwitches::l2_prefetch`], where the device has it).
     l2_prefetch: bool,
@@ -414,6 +416,7 @@ impl CudaBackend {
             fp8_gemm,
             quant_bufs,
             int4_tiles: opts.kernels.int4_tiles,
+            int4_mma: opts.kernels.int4_mma,
             l2_prefetch: opts.dtype == DType::Bf16
                 && ops::has_l2_prefetch(capability)
                 && opts.kernels.l2_prefetch,
@@ -591,8 +594,9 @@ impl CudaBackend {
     }
 
     /// An INT4 product: its input permuted first for act order; the GEMV kernel up to
-    /// [`INT4_GEMV_MAX_ROWS`] rows, else the weights dequantized into the workspace and
-    /// [`Self::linear`].
+    /// [`INT4_GEMV_MAX_ROWS`] rows, the tensor-core product up to
+    /// [`kernels::INT4_MMA_MAX_ROWS`] (its split-k partial sums in the dequantization
+    /// workspace), else the weights dequantized into the workspace and [`Self::linear`].
     fn product_int4(&self, l: &Linear<'_>, s: &Int4Scales) -> Result<(), BackendError> {
         let (g, ws) = (&self.gpu, &self.ws);
         let x = match &s.perm {
@@ -614,6 +618,9 @@ impl CudaBackend {
         if l.m <= INT4_GEMV_MAX_ROWS {
             let rows = if l.n >= ops::GEMV_TALL_ROWS { 32 } else { 16 };
             return super::int4::gemv_int4(g, &q, rows, self.int4_tiles);
+        }
+        if self.int4_mma && l.m <= kernels::INT4_MMA_MAX_ROWS && s.mins.is_none() {
+            return super::int4::gemm_int4(g, &q, &ws.wdq);
         }
         super::int4::dequant_int4(g, &q, &ws.wdq)?;
         self.linear(&Linear {

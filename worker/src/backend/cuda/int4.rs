@@ -1,8 +1,9 @@
 //! INT4 linear layers on CUDA: a checkpoint's [`Int4Weight`] repacked at load into the layout of
 //! `kernels/src/int4.cu` (codes in the order its dequantization wants, one `(s_hi, s_lo)` bf16
 //! pair per group and row so that `s_hi + s_lo` is the stored scale exactly, act-order layers'
-//! columns sorted by group), and the launches: the small-batch GEMV, whole-matrix dequantization
-//! to bf16 for cuBLAS, and the activation permutation act order needs.
+//! columns sorted by group), and the launches: the small-batch GEMVs, the tensor-core product of
+//! larger batches, whole-matrix dequantization to bf16 for cuBLAS, and the activation permutation
+//! act order needs.
 
 use half::bf16;
 use rayon::prelude::*;
@@ -417,6 +418,145 @@ pub fn launch_tile(
     // and every thread reaches each tile's barrier (the tile loop is the same for the whole
     // block). GEMV_WARPS assumes kernels::GEMV_THREADS threads; shared memory is static.
     unsafe { b.launch(cfg(grid, kernels::GEMV_THREADS, 0)) }?;
+    Ok(())
+}
+
+/// A kernel of the tensor-core family (`gemm_int4_mma_t{TA}w{W}`): its name, warps a
+/// block, weight rows a block (16 TA W) and activation rows a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MmaKernel {
+    pub name: &'static str,
+    pub warps: u32,
+    pub rows: usize,
+    pub batch: usize,
+}
+
+/// The tensor-core kernels [`mma_kernel_for`] picks from; `cuda_bench int4` times them all.
+pub const MMA_KERNELS: [MmaKernel; 4] = [
+    mma("gemm_int4_mma_t2w4", 4, 2, 64),
+    mma("gemm_int4_mma_t1w4", 4, 1, 64),
+    mma("gemm_int4_mma_t1w8", 8, 1, 64),
+    mma("gemm_int4_mma_t2w8", 8, 2, 64),
+];
+
+const fn mma(name: &'static str, warps: u32, tiles: usize, batch: usize) -> MmaKernel {
+    MmaKernel {
+        name,
+        warps,
+        rows: 16 * tiles * warps as usize,
+        batch,
+    }
+}
+
+/// How many ranges [`gemm_int4`] splits the k-steps (of 64) of an `m x n x k` product into on a
+/// kernel of `rows` weight rows and `batch` activation rows a block: enough blocks for two an SM where the output tiles
+/// alone are fewer, at least 8 steps a range, and no more partial sums than `scratch_bytes`
+/// holds (f32 `[splits, m, n]`).
+pub fn gemm_int4_splits(
+    (m, n, k): (usize, usize, usize),
+    (rows, batch): (usize, usize),
+    sms: usize,
+    scratch_bytes: usize,
+) -> usize {
+    let blocks = n.div_ceil(rows) * m.div_ceil(batch);
+    let steps = k.div_ceil(64);
+    let fit = scratch_bytes / (4 * m * n).max(1);
+    (2 * sms)
+        .div_ceil(blocks.max(1))
+        .min(steps / 8)
+        .min(fit)
+        .max(1)
+}
+
+/// The tensor-core kernel [`gemm_int4`] runs a product of input width `k` on: 8 warps of 32
+/// rows for wide inputs (the 8B shape's down product, 14,336: 0.048 against 0.057 ms at 64 rows,
+/// run 36c), else 4 warps of 32 rows.
+pub fn mma_kernel_for(k: usize) -> &'static MmaKernel {
+    if k > 8192 {
+        &MMA_KERNELS[3]
+    } else {
+        &MMA_KERNELS[0]
+    }
+}
+
+/// `y = x · wᵀ` on the tensor-core product ([`mma_kernel_for`]: weights dequantized in
+/// registers, as [`dequant_int4`] writes them) for any number of rows.
+pub fn gemm_int4(gpu: &Gpu, l: &Int4Linear<'_>, scratch: &Buf) -> Result<(), BackendError> {
+    launch_mma(gpu, l, mma_kernel_for(l.k), scratch)
+}
+
+/// [`gemm_int4`] on `kernel`; with k split ([`gemm_int4_splits`]), the f32 partial sums go to
+/// `scratch` and `gemm_int4_reduce` adds them into `y`. Weights with GGUF offsets are not taken.
+pub fn launch_mma(
+    gpu: &Gpu,
+    l: &Int4Linear<'_>,
+    kernel: &MmaKernel,
+    scratch: &Buf,
+) -> Result<(), BackendError> {
+    l.check()?;
+    if l.s.mins.is_some() {
+        return Err(BackendError::InvalidBatch(
+            "gemm_int4_mma does not take weights with offsets (GGUF Q4_1)".into(),
+        ));
+    }
+    if l.n == 0 || l.m == 0 {
+        return Ok(());
+    }
+    if !scratch.ptr().is_multiple_of(16) {
+        return Err(BackendError::InvalidBatch("int4: unaligned scratch".into()));
+    }
+    let total = l.k.div_ceil(64);
+    let mut splits = gemm_int4_splits(
+        (l.m, l.n, l.k),
+        (kernel.rows, kernel.batch),
+        gpu.sms,
+        scratch.bytes(),
+    );
+    let steps = total.div_ceil(splits);
+    splits = total.div_ceil(steps);
+    let p = kernels::params::GemmInt4Params {
+        g: l.params(l.y, 0, l.m)?,
+        part: if splits > 1 { scratch.ptr() } else { 0 },
+        splits: int(splits, "splits")?,
+        steps: int(steps, "steps")?,
+    };
+    let grid = (
+        dim(l.n.div_ceil(kernel.rows), "n")?,
+        dim(l.m.div_ceil(kernel.batch), "m")?,
+        dim(splits, "splits")?,
+    );
+    let mut b = gpu.stream.launch_builder(gpu.func(kernel.name)?);
+    b.arg(&p);
+    // SAFETY: check() gave words >= n*k/8 u32 (16-byte aligned, k a multiple of 32 so every row
+    // starts 16-byte aligned), scales and zeros >= n*groups with groups = ceil(k / group_size)
+    // and group_size a multiple of 32, x >= m*k and y >= m*n bf16 (x 16-byte aligned). With R =
+    // kernel.rows (16 TA W), W = kernel.warps and X = kernel.batch (the kernel's own), block
+    // (bx, by, bz) reads weight rows min(R bx + r, n - 1) at words 8 s + 2t (+1) only for
+    // 64 s + 16 t < k, so < k/8, and their group (64 s + 16 t) / group_size < groups (group 0
+    // otherwise); x rows min(X by + r, m - 1) at 16-byte chunks 64 s + 8 c < k only (the others zero-filled,
+    // reading nothing); it stores y[bb, r] for bb < m, r < n, or with splits > 1 the f32
+    // part[bz, bb, r] for bz < splits, where scratch holds splits*m*n f32 (gemm_int4_splits caps
+    // splits by its bytes) and is 16-byte aligned. Steps [bz*steps, +steps) are clipped to
+    // ceil(k / 64). Every mma runs on all 32 lanes and every thread reaches each step's barrier
+    // (the step loop is the same for the whole block). Shared memory is static
+    // (at most 48 KiB); the kernel assumes 32 W threads.
+    unsafe { b.launch(cfg(grid, 32 * kernel.warps, 0)) }?;
+    if splits > 1 {
+        let threads = kernels::INT4_DEQUANT_THREADS as usize;
+        let blocks = (l.m * l.n).div_ceil(threads).min(gpu.sms * 16);
+        let mut b = gpu.stream.launch_builder(gpu.func("gemm_int4_reduce")?);
+        b.arg(&p);
+        // SAFETY: part holds splits*m*n f32 that the launch above wrote in full (every (bz, bb,
+        // r) with bb < m, r < n is stored by block (r / R, bb / X, bz), an empty step range
+        // storing zeros), and y m*n bf16; the grid-stride loop touches indices < m*n only.
+        unsafe {
+            b.launch(cfg(
+                (dim(blocks, "blocks")?, 1, 1),
+                kernels::INT4_DEQUANT_THREADS,
+                0,
+            ))
+        }?;
+    }
     Ok(())
 }
 

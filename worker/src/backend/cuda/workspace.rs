@@ -49,8 +49,8 @@ pub(super) struct Workspace {
     pub(super) xq: Buf,
     pub(super) xs: Buf,
     /// INT4 linear layers: the largest product's weights dequantized to bf16 (for steps past
-    /// [`INT4_GEMV_MAX_ROWS`](super::backend::INT4_GEMV_MAX_ROWS) rows), and act order's permuted
-    /// activations.
+    /// [`INT4_GEMV_MAX_ROWS`](super::backend::INT4_GEMV_MAX_ROWS) rows; the tensor-core product's
+    /// split-k partial sums reuse it), and act order's permuted activations.
     pub(super) wdq: Buf,
     pub(super) xperm: Buf,
 }
