@@ -8,10 +8,53 @@
 //! SentencePiece-style leading spaces right, since a token is never decoded without its left
 //! neighbours.
 
+use std::sync::Arc;
+
 use tokenizers::Tokenizer;
 
 /// How many prompt tokens seed the window (enough context for leading-space rules).
 const PROMPT_CONTEXT: usize = 5;
+
+/// The ids `Tokenizer::decode(.., skip_special_tokens = true)` leaves out — those whose token
+/// string is one of the special added tokens — as a bitset, so that the detokenizer drops them
+/// with one bit test when they arrive instead of `decode` hashing every token's string on every
+/// window it decodes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpecialIds {
+    bits: Vec<u64>,
+}
+
+impl SpecialIds {
+    /// The special ids of `tokenizer`'s vocabulary (added tokens included): every id whose
+    /// token string, looked up as `decode` looks it up, is a special token's.
+    pub fn of(tokenizer: &Tokenizer) -> Self {
+        let added = tokenizer.get_added_vocabulary();
+        let ids = added
+            .get_vocab()
+            .values()
+            .map(|&id| id as usize + 1)
+            .max()
+            .unwrap_or(0)
+            .max(tokenizer.get_vocab_size(true));
+        let mut bits = vec![0u64; ids.div_ceil(64)];
+        for id in 0..ids as u32 {
+            if tokenizer
+                .id_to_token(id)
+                .is_some_and(|t| added.is_special_token(&t))
+            {
+                bits[id as usize / 64] |= 1 << (id % 64);
+            }
+        }
+        Self { bits }
+    }
+
+    /// Whether `id` is special.
+    pub fn contains(&self, id: u32) -> bool {
+        self.bits
+            .get(id as usize / 64)
+            .is_some_and(|w| w >> (id % 64) & 1 == 1)
+    }
+}
 
 /// Turns a stream of token ids into a stream of complete UTF-8 text deltas.
 #[derive(Debug, Clone)]
@@ -21,33 +64,43 @@ pub struct Detokenizer {
     read: usize,
     /// Bytes of the open tokens' text (`read..`) already sent.
     partial: usize,
-    /// Leave special tokens (BOS, EOS, chat markers) out of the text.
-    skip_special: bool,
+    /// The special tokens (BOS, EOS, chat markers) to leave out of the text, if any: dropped as
+    /// they arrive, so `ids` holds only what is decoded.
+    skip: Option<Arc<SpecialIds>>,
 }
 
 impl Detokenizer {
-    /// A detokenizer for a completion of `prompt` (its last tokens serve as context only);
-    /// `skip_special` leaves special tokens out of the text.
-    pub fn new(prompt: &[u32], skip_special: bool) -> Self {
+    /// A detokenizer for a completion of `prompt` (its last tokens serve as context only); with
+    /// `skip`, the text leaves those special tokens out (what `decode`'s `skip_special_tokens`
+    /// does).
+    pub fn new(prompt: &[u32], skip: Option<Arc<SpecialIds>>) -> Self {
         let ctx = &prompt[prompt.len().saturating_sub(PROMPT_CONTEXT)..];
-        Self {
-            ids: ctx.to_vec(),
+        let mut d = Self {
+            ids: Vec::with_capacity(ctx.len()),
             prefix: 0,
-            read: ctx.len(),
+            read: 0,
             partial: 0,
-            skip_special,
+            skip,
+        };
+        d.extend(ctx);
+        d.read = d.ids.len();
+        d
+    }
+
+    fn extend(&mut self, tokens: &[u32]) {
+        match &self.skip {
+            Some(special) => self
+                .ids
+                .extend(tokens.iter().filter(|&&id| !special.contains(id))),
+            None => self.ids.extend_from_slice(tokens),
         }
     }
 
     /// Adds generated tokens; returns the text they complete (possibly empty).
     pub fn push(&mut self, tokenizer: &Tokenizer, tokens: &[u32]) -> String {
-        self.ids.extend_from_slice(tokens);
-        let emitted = decode(
-            tokenizer,
-            self.skip_special,
-            &self.ids[self.prefix..self.read],
-        );
-        let window = decode(tokenizer, self.skip_special, &self.ids[self.prefix..]);
+        self.extend(tokens);
+        let emitted = decode(tokenizer, &self.ids[self.prefix..self.read]);
+        let window = decode(tokenizer, &self.ids[self.prefix..]);
         // Where the new text starts: after what the emitted tokens spell, plus any complete
         // characters of the still-open tokens already sent.
         let mut start = if window.starts_with(emitted.as_str()) {
@@ -84,12 +137,8 @@ impl Detokenizer {
     /// Text still held back (an incomplete character at the end of the output), decoded lossily.
     /// Call once when the completion ends.
     pub fn flush(&mut self, tokenizer: &Tokenizer) -> String {
-        let emitted = decode(
-            tokenizer,
-            self.skip_special,
-            &self.ids[self.prefix..self.read],
-        );
-        let window = decode(tokenizer, self.skip_special, &self.ids[self.prefix..]);
+        let emitted = decode(tokenizer, &self.ids[self.prefix..self.read]);
+        let window = decode(tokenizer, &self.ids[self.prefix..]);
         let mut start = (emitted.len() + self.partial).min(window.len());
         while !window.is_char_boundary(start) {
             start += 1;
@@ -101,8 +150,9 @@ impl Detokenizer {
     }
 }
 
-fn decode(tokenizer: &Tokenizer, skip_special: bool, ids: &[u32]) -> String {
-    tokenizer.decode(ids, skip_special).unwrap_or_default()
+/// The text of `ids`, special ones already dropped by [`Detokenizer::extend`] where asked.
+fn decode(tokenizer: &Tokenizer, ids: &[u32]) -> String {
+    tokenizer.decode(ids, false).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -143,7 +193,7 @@ pub(crate) mod tests {
         ] {
             let ids = t.encode(text, false).unwrap().get_ids().to_vec();
             assert!(ids.len() > text.chars().count(), "bytes are split");
-            let mut d = Detokenizer::new(&[], false);
+            let mut d = Detokenizer::new(&[], None);
             let mut out = String::new();
             for &id in &ids {
                 let delta = d.push(&t, &[id]);
@@ -164,7 +214,7 @@ pub(crate) mod tests {
         let text = "mixed 😀 text 中文 and more 🎊 end";
         let ids = t.encode(text, false).unwrap().get_ids().to_vec();
         let prompt = t.encode("prompt ", false).unwrap().get_ids().to_vec();
-        let mut d = Detokenizer::new(&prompt, false);
+        let mut d = Detokenizer::new(&prompt, None);
         let mut out = String::new();
         for chunk in ids.chunks(3) {
             out.push_str(&d.push(&t, chunk));
@@ -173,11 +223,66 @@ pub(crate) mod tests {
         assert_eq!(out, text);
     }
 
+    /// The byte tokenizer with two special tokens and one added token that is not special.
+    fn tokenizer_with_specials() -> (Tokenizer, [u32; 3]) {
+        use tokenizers::AddedToken;
+        let mut t = byte_tokenizer();
+        t.add_special_tokens([
+            AddedToken::from("<s>", true),
+            AddedToken::from("</s>", true),
+        ])
+        .unwrap();
+        t.add_tokens([AddedToken::from("<tool>", false)]).unwrap();
+        let id = |s: &str| t.token_to_id(s).unwrap();
+        let ids = [id("<s>"), id("</s>"), id("<tool>")];
+        (t, ids)
+    }
+
+    #[test]
+    fn special_ids_are_what_decode_skips() {
+        let (t, [bos, eos, tool]) = tokenizer_with_specials();
+        let special = SpecialIds::of(&t);
+        assert!(special.contains(bos) && special.contains(eos));
+        assert!(!special.contains(tool));
+        for id in 0..t.get_vocab_size(true) as u32 + 10 {
+            let skipped = t.decode(&[id], true).unwrap().is_empty()
+                && !t.decode(&[id], false).unwrap().is_empty();
+            assert_eq!(special.contains(id), skipped, "id {id}");
+        }
+    }
+
+    #[test]
+    fn skipping_special_tokens_gives_decodes_text_in_any_chunks() {
+        let (t, [bos, eos, tool]) = tokenizer_with_specials();
+        let special = Arc::new(SpecialIds::of(&t));
+        let piece = |s: &str| t.encode(s, false).unwrap().get_ids().to_vec();
+        let mut ids = vec![bos];
+        for (i, text) in ["héllo 👋", " 世界", " plain", "🎉 end"].iter().enumerate() {
+            ids.extend(piece(text));
+            ids.push([eos, tool, bos][i % 3]);
+        }
+        let prompt = [piece("prompt "), vec![eos, bos]].concat();
+        for skip in [true, false] {
+            let want = t.decode(&ids, skip).unwrap();
+            for chunk in 1..=5 {
+                let mut d = Detokenizer::new(&prompt, skip.then(|| special.clone()));
+                let mut out = String::new();
+                for c in ids.chunks(chunk) {
+                    out.push_str(&d.push(&t, c));
+                }
+                out.push_str(&d.flush(&t));
+                assert_eq!(out, want, "skip {skip}, chunks of {chunk}");
+            }
+        }
+        assert!(!t.decode(&ids, true).unwrap().contains("</s>"));
+        assert!(t.decode(&ids, true).unwrap().contains("<tool>"));
+    }
+
     #[test]
     fn an_incomplete_character_at_the_end_is_flushed_lossily() {
         let t = byte_tokenizer();
         let ids = t.encode("ok 👋", false).unwrap().get_ids().to_vec();
-        let mut d = Detokenizer::new(&[], false);
+        let mut d = Detokenizer::new(&[], None);
         let mut out = d.push(&t, &ids[..ids.len() - 1]);
         assert_eq!(out, "ok ");
         out.push_str(&d.flush(&t));

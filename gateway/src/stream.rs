@@ -105,7 +105,7 @@ pub async fn run_request(mut t: RequestTask) {
     let prompt_len = t.request.prompt.len();
     let mut p = Progress {
         detok: t.text.clone().map(|tm| {
-            let skip = t.request.skip_special_tokens;
+            let skip = t.request.skip_special_tokens.then(|| tm.special.clone());
             (Detokenizer::new(&t.request.prompt, skip), tm)
         }),
         stop: StopMatcher::new(&t.request.stop),

@@ -1,11 +1,13 @@
 //! The model's text side: its tokenizer and chat template, loaded from the model folder.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use grammar::BackgroundCompiler;
 use tokenizers::Tokenizer;
 
 use crate::chat::{ChatError, ChatTemplate, Message};
+use crate::detok::SpecialIds;
 
 /// The model's tokenizer could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +31,8 @@ pub struct TextModel {
     /// Compiles structured-output grammars over this vocabulary, to refuse bad ones before they
     /// run (the worker compiles its own to sample with; this one's end-of-sequence id is nominal).
     pub grammar: BackgroundCompiler,
+    /// The ids `skip_special_tokens` leaves out of streamed text.
+    pub special: Arc<SpecialIds>,
 }
 
 impl TextModel {
@@ -86,6 +90,7 @@ impl TextModel {
             vec![vocab.saturating_sub(1) as u32],
         );
         Self {
+            special: Arc::new(SpecialIds::of(&tokenizer)),
             tokenizer,
             chat,
             grammar,
