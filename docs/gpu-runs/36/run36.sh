@@ -5,7 +5,8 @@
 #   bash docs/gpu-runs/36/run36.sh a   # kernel and model tests; the products alone; bench engine on
 #                                      # the random 8B AWQ checkpoint, the product on and off
 #   b, c, e: the kernel test and the products alone after each change (c, e: every variant)
-#   d: ncu of two variants at 128 rows; f: the final build, every INT4 test and bench engine
+#   d: ncu of two variants at 128 rows; f: the final build, every INT4 test, the TP tests on
+#   one GPU (INT4 and FP8 shards through host collectives) and bench engine
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 B=/tmp/b36; A=/tmp/awq8b; M=/tmp/llama8b
@@ -63,11 +64,14 @@ e)  # the kernel test (six tensor-core variants), the products alone, bench engi
   wait
   engine default $A 64,128
   ;;
-f)  # the final build: every INT4 CUDA test; bench engine with the product and without
+f)  # the final build: every INT4 CUDA test, cuda_tp's host-collective tests; bench engine with the product and without
   [ -f $A/config.json ] || python3 scripts/make_random_awq8b.py $A > $OUT/make_awq.log 2>&1 &
   timeout 300 $B/cuda_int4 --include-ignored --test-threads 1 --nocapture > $OUT/cuda_int4.log 2>&1
   echo "cuda_int4 rc $?" | tee -a $OUT/run.log
   grep -E "^test |panicked|test result" $OUT/cuda_int4.log | tail -8 >> $OUT/run.log
+  timeout 200 $B/cuda_tp --include-ignored --test-threads 1 host_collectives_ > $OUT/cuda_tp.log 2>&1
+  echo "cuda_tp rc $?" | tee -a $OUT/run.log
+  grep -E "^test |panicked|test result|TP=2 vs TP=1|greedy tokens" $OUT/cuda_tp.log | tail -24 >> $OUT/run.log
   wait
   engine default $A 32,48,64,128
   engine mma-off $A 48,64 RINGSERVE_CUDA_INT4_MMA=0
