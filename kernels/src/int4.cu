@@ -429,9 +429,9 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 2) gemv_int4_min_r32(
 // order of the f32 sums. A block of W warps takes weight rows [16 TA W bx, +16 TA W), x rows
 // [BATCH by, +BATCH) and k-steps of 64 [steps bz, +steps); warp w takes 16 TA weight rows as TA
 // 16-row mma A tiles against all the block's x rows as 8-column B tiles. x goes through shared
-// memory in a ring of INT4_MMA_STAGES steps (fewer past 48 KiB; cp.async, 16-byte chunk c of x row r
-// stored at chunk c ^ (r & 7), so that a warp's reads hit 32 banks); the weights go straight to
-// registers, two steps ahead. Lane (g = lane / 4, t = lane % 4) holds, per step, words 2t and
+// memory in a ring of INT4_MMA_STAGES steps (fewer past 48 KiB; cp.async, 16-byte chunk c of x
+// row r stored at chunk c ^ (r & 7), so that a warp's reads hit 32 banks); the weights go straight
+// to registers, two steps ahead. Word and group offsets are 32-bit (n k / 8 < 2^32, checked). Lane (g = lane / 4, t = lane % 4) holds, per step, words 2t and
 // 2t + 1 of the step (codes 16t .. 16t + 16) of its warp's rows g + 8q (q < 2 TA) and reads the
 // same 16 k of x: word i, pairs 2h and 2h + 1 feed mma 2i + h as a0/a2 (row 16a + g) and a1/a3
 // (row 16a + g + 8) against x's codes 16t + 8i + 4h .. +4 as b0/b1, so A and B map each logical k

@@ -502,6 +502,12 @@ pub fn launch_mma(
     if l.n == 0 || l.m == 0 {
         return Ok(());
     }
+    if l.n * (l.k / 8) > u32::MAX as usize {
+        return Err(BackendError::InvalidBatch(format!(
+            "gemm_int4_mma: {} x {} weights pass its 32-bit word offsets",
+            l.n, l.k
+        )));
+    }
     if !scratch.ptr().is_multiple_of(16) {
         return Err(BackendError::InvalidBatch("int4: unaligned scratch".into()));
     }
@@ -529,7 +535,8 @@ pub fn launch_mma(
     b.arg(&p);
     // SAFETY: check() gave words >= n*k/8 u32 (16-byte aligned, k a multiple of 32 so every row
     // starts 16-byte aligned), scales and zeros >= n*groups with groups = ceil(k / group_size)
-    // and group_size a multiple of 32, x >= m*k and y >= m*n bf16 (x 16-byte aligned). With R =
+    // and group_size a multiple of 32, x >= m*k and y >= m*n bf16 (x 16-byte aligned); n*k/8 fits
+    // in u32 (tested above), so the kernel's 32-bit word and group offsets do not wrap. With R =
     // kernel.rows (16 TA W), W = kernel.warps and X = kernel.batch (the kernel's own), block
     // (bx, by, bz) reads weight rows min(R bx + r, n - 1) at words 8 s + 2t (+1) only for
     // 64 s + 16 t < k, so < k/8, and their group (64 s + 16 t) / group_size < groups (group 0
