@@ -19,18 +19,14 @@ use worker::quant::int4::{self, AWQ_PACK_ORDER};
 use worker::quant::{Int4Format, Quantization, StoredQuant};
 
 /// INT4 fixtures whose twin holds HF transformers' run (`expected.json`).
-const FIXTURES: [&str; 5] = [
+const FIXTURES: [&str; 6] = [
     "int4-awq",
     "int4-gptq",
     "int4-gptq-sym",
     "int4-ct-sym",
     "int4-ct-asym",
+    "int4-ct-group",
 ];
-
-/// INT4 fixtures checked against their twin only: `int4-ct-group` (compressed-tensors'
-/// `actorder: "group"`) was written where torch, and so transformers, was not installed. Its twin is
-/// a plain float32 Llama like the others', whose arithmetic those check against transformers.
-const TWIN_ONLY: [&str; 1] = ["int4-ct-group"];
 
 fn backend(dir: &Path, quantization: Option<Quantization>) -> Result<CpuBackend, String> {
     let (config, ckpt) = Checkpoint::load(dir).map_err(|e| e.to_string())?;
@@ -128,7 +124,7 @@ fn int4_configs_are_detected() {
 #[test]
 fn int4_models_equal_their_dequantized_twins_bit_for_bit() {
     let prompts: [&[u32]; 3] = [&[1, 17, 42, 99, 3], &[1, 200, 5], &[7; 20]];
-    for name in FIXTURES.into_iter().chain(TWIN_ONLY) {
+    for name in FIXTURES {
         let mut int4 = backend(&fixture(name), None).unwrap();
         let mut twin = backend(&fixture(&format!("{name}-twin")), None).unwrap();
         for p in prompts {
