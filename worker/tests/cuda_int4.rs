@@ -257,8 +257,8 @@ fn int4_kernels_match_the_reference_at_odd_shapes() {
 #[test]
 #[ignore = "requires a CUDA device"]
 fn int4_models_on_cuda_match_the_cpu_reference() {
-    // 5 tokens: the GEMV path; 40 and 200: the tensor-core product (dequantization + cuBLAS with
-    // it off); 300: dequantization + cuBLAS.
+    // 5 tokens: the GEMV path; 40: the tensor-core product (dequantization + cuBLAS with it off);
+    // 200 and 300: dequantization + cuBLAS (past kernels::INT4_MMA_MAX_ROWS).
     let prompts: [Vec<u32>; 4] = [
         vec![1, 17, 42, 99, 3],
         (1..=40).collect(),
