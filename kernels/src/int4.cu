@@ -422,23 +422,24 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 2) gemv_int4_min_r32(
     gemv_int4_impl<4, 2, true>(p);
 }
 
-// gemm_int4_mma_t{TA}w{W}: y[b, n] = x[b, k] . w[n, k]^T for batches past the GEMVs' (b >
-// 32) and up to a few hundred rows, where dequantizing the whole matrix to bf16 for cuBLAS costs
-// more than the product. Every weight is dequantized in registers exactly as dequant_int4_bf16
-// writes it (bf16 of (q - z) s, int4_dequant), so y is the dequantize-then-GEMM product up to the
-// order of the f32 sums. A block of W warps takes weight rows [16 TA W bx, +16 TA W), x rows
-// [BATCH by, +BATCH) and k-steps of 64 [steps bz, +steps); warp w takes 16 TA weight rows as TA
-// 16-row mma A tiles against all the block's x rows as 8-column B tiles. x goes through shared
-// memory in a ring of INT4_MMA_STAGES steps (fewer past 48 KiB; cp.async, 16-byte chunk c of x
-// row r stored at chunk c ^ (r & 7), so that a warp's reads hit 32 banks); the weights go straight
-// to registers, two steps ahead. Word and group offsets are 32-bit (n k / 8 < 2^32, checked). Lane (g = lane / 4, t = lane % 4) holds, per step, words 2t and
-// 2t + 1 of the step (codes 16t .. 16t + 16) of its warp's rows g + 8q (q < 2 TA) and reads the
-// same 16 k of x: word i, pairs 2h and 2h + 1 feed mma 2i + h as a0/a2 (row 16a + g) and a1/a3
-// (row 16a + g + 8) against x's codes 16t + 8i + 4h .. +4 as b0/b1, so A and B map each logical k
-// to one physical k (the tile GEMV's mapping). Rows past n read row n - 1 and x rows past b read
-// row b - 1: their products land only in outputs never stored. k-chunks past k (k is a multiple
-// of 32) are zero codes against zero-filled x. With splits > 1 block bz writes its f32 sums to
-// part[bz] and gemm_int4_reduce adds them up; otherwise it writes y.
+// gemm_int4_mma_t{TA}w{W}: y[b, n] = x[b, k] . w[n, k]^T for batches past the GEMVs' (b > 32)
+// and up to a few hundred rows, where dequantizing the whole matrix to bf16 for cuBLAS costs more
+// than the product. Every weight is dequantized in registers exactly as dequant_int4_bf16 writes
+// it (bf16 of (q - z) s, int4_dequant), so y is the dequantize-then-GEMM product up to the order
+// of the f32 sums. A block of W warps takes weight rows [16 TA W bx, +16 TA W), x rows
+// [INT4_MMA_BATCH by, +INT4_MMA_BATCH) and k-steps of 64 [steps bz, +steps); warp w takes 16 TA
+// weight rows as TA 16-row mma A tiles against all the block's x rows as 8-column B tiles. x
+// goes through shared memory in a ring of INT4_MMA_STAGES steps (cp.async, 16-byte chunk c of x
+// row r stored at chunk c ^ (r & 7), so that a warp's reads hit 32 banks); the weights go
+// straight to registers, two steps ahead. Word and group offsets are 32-bit (n k / 8 < 2^32,
+// checked). Lane (g = lane / 4, t = lane % 4) holds, per step, words 2t and 2t + 1 of the step
+// (codes 16t .. 16t + 16) of its warp's rows g + 8q (q < 2 TA) and reads the same 16 k of x:
+// word i, pairs 2h and 2h + 1 feed mma 2i + h as a0/a2 (row 16a + g) and a1/a3 (row 16a + g + 8)
+// against x's codes 16t + 8i + 4h .. +4 as b0/b1, so A and B map each logical k to one physical
+// k (the tile GEMV's mapping). Rows past n read row n - 1 and x rows past b read row b - 1: their
+// products land only in outputs never stored. k-chunks past k (k is a multiple of 32) are zero
+// codes against zero-filled x. With splits > 1 block bz writes its f32 sums to part[bz] and
+// gemm_int4_reduce adds them up; otherwise it writes y.
 // The raw group constants of a lane's row for a step, and the bf16x2 forms int4_dequant takes.
 struct I4mRaw {
     u32 sz, z;
@@ -453,12 +454,12 @@ __device__ __forceinline__ Int4Group<false> i4m_group(I4mRaw r) {
     return g;
 }
 
-template <int TA, int W, int BATCH> __device__ __forceinline__ void gemm_int4_mma_impl(const GemmInt4Params& prm) {
+template <int TA, int W> __device__ __forceinline__ void gemm_int4_mma_impl(const GemmInt4Params& prm) {
     constexpr int Q = 2 * TA;         // weight rows a lane holds
+    constexpr int BATCH = INT4_MMA_BATCH, STAGES = INT4_MMA_STAGES;
     constexpr int I4M_NB = BATCH / 8; // 8-column B tiles a warp
     static_assert(BATCH * 8 % (32 * W) == 0, "gemm_int4_mma: whole x chunks a thread");
-    // Ring stages: INT4_MMA_STAGES, or fewer where they would pass static shared memory's 48 KiB.
-    constexpr int STAGES = 48 * 1024 / (BATCH * 128) < INT4_MMA_STAGES ? 48 * 1024 / (BATCH * 128) : INT4_MMA_STAGES;
+    static_assert(STAGES * BATCH * 128 <= 48 * 1024, "gemm_int4_mma: static shared memory past 48 KiB");
     const GemvInt4Params& p = prm.g;
     __shared__ __align__(128) uint4 xs[STAGES][BATCH * 8]; // [stage][row][chunk]
     const int n = p.n, k = p.k, b = p.b;
@@ -595,16 +596,16 @@ template <int TA, int W, int BATCH> __device__ __forceinline__ void gemm_int4_mm
             }
 }
 
-// gemm_int4_mma_t{TA}w{W}: TA A tiles a warp, W warps a block, `batch` x rows a block (64: blocks
-// of 128 x rows measured no faster, run 36e), at least `blocks` blocks an SM.
-#define INT4_MMA(name, ta, nw, batch, blocks)                                                            \
+// gemm_int4_mma_t{TA}w{W}: TA A tiles a warp, W warps a block, at least `blocks` blocks an SM
+// (blocks of 128 x rows measured no faster, run 36e).
+#define INT4_MMA(name, ta, nw, blocks)                                                                   \
     extern "C" __global__ void __launch_bounds__(32 * nw, blocks) name(GemmInt4Params p) {              \
-        gemm_int4_mma_impl<ta, nw, batch>(p);                                                            \
+        gemm_int4_mma_impl<ta, nw>(p);                                                                   \
     }
-INT4_MMA(gemm_int4_mma_t2w4, 2, 4, 64, 2)
-INT4_MMA(gemm_int4_mma_t1w4, 1, 4, 64, 4)
-INT4_MMA(gemm_int4_mma_t1w8, 1, 8, 64, 2)
-INT4_MMA(gemm_int4_mma_t2w8, 2, 8, 64, 1)
+INT4_MMA(gemm_int4_mma_t2w4, 2, 4, 2)
+INT4_MMA(gemm_int4_mma_t1w4, 1, 4, 4)
+INT4_MMA(gemm_int4_mma_t1w8, 1, 8, 2)
+INT4_MMA(gemm_int4_mma_t2w8, 2, 8, 1)
 
 // y[i] = bf16(sum over splits s of part[s, i]) for i < b n, the splits in order.
 extern "C" __global__ void __launch_bounds__(INT4_DEQUANT_THREADS) gemm_int4_reduce(GemmInt4Params prm) {

@@ -218,8 +218,10 @@ pub const FP8_QUANT_THREADS: u32 = 256;
 pub const FP8_SCALE_THREADS: u32 = 256;
 /// Threads per block of `dequant_int4_bf16` and `permute_cols_bf16`.
 pub const INT4_DEQUANT_THREADS: u32 = 256;
-/// Steps of 64 k in `gemm_int4_mma_*`'s shared-memory ring of activations (fewer where they
-/// would pass 48 KiB of static shared memory).
+/// Activation rows a block of the INT4 tensor-core product `gemm_int4_mma_*` takes (more rows:
+/// more blocks along y).
+pub const INT4_MMA_BATCH: usize = 64;
+/// Steps of 64 k in `gemm_int4_mma_*`'s shared-memory ring of activations.
 pub const INT4_MMA_STAGES: usize = 4;
 /// Most activation rows the CUDA backend gives `gemm_int4_mma_*`; larger products dequantize
 /// the whole matrix to bf16 for cuBLAS. At the 8B shapes on the H200 (run 36c) the tensor-core
@@ -267,6 +269,7 @@ pub const LAUNCH_CONSTANTS: &[(&str, usize)] = &[
     ("FP8_QUANT_THREADS", FP8_QUANT_THREADS as usize),
     ("FP8_SCALE_THREADS", FP8_SCALE_THREADS as usize),
     ("INT4_DEQUANT_THREADS", INT4_DEQUANT_THREADS as usize),
+    ("INT4_MMA_BATCH", INT4_MMA_BATCH),
     ("INT4_MMA_STAGES", INT4_MMA_STAGES),
     ("PREFETCH_PIECE", PREFETCH_PIECE),
     ("SAMPLE_THREADS", SAMPLE_THREADS as usize),

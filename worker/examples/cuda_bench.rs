@@ -722,8 +722,8 @@ fn int4_alone(g: &Gpu) -> Res<Value> {
 }
 
 /// `cuda_bench int4one SHAPE M KERNEL`: one INT4 product of an 8B shape (qkv, o, gate_up, down;
-/// groups of 128, random codes) at M rows on tile kernel KERNEL (a name from `TILE_KERNELS` or
-/// `TILE_VARIANTS`), launched three times: for a profiler (ncu -k KERNEL).
+/// groups of 128, random codes) at M rows on kernel KERNEL (a name from `TILE_KERNELS`,
+/// `TILE_VARIANTS` or `MMA_KERNELS`), launched three times: for a profiler (ncu -k KERNEL).
 fn int4_one(g: &Gpu, shape: &str, m: usize, kernel: &str) -> Res<()> {
     use worker::backend::cuda::int4::{
         Int4Linear, Int4Packed, Int4Scales, MMA_KERNELS, TILE_KERNELS, TILE_VARIANTS, launch_mma,
@@ -741,9 +741,6 @@ fn int4_one(g: &Gpu, shape: &str, m: usize, kernel: &str) -> Res<()> {
         .chain(TILE_VARIANTS.iter())
         .find(|t| t.name == kernel);
     let mk = MMA_KERNELS.iter().find(|t| t.name == kernel);
-    if tk.is_none() && mk.is_none() {
-        return Err(format!("unknown INT4 kernel {kernel}").into());
-    }
     let groups = k / 128;
     let packed = Int4Packed {
         n,
@@ -780,8 +777,8 @@ fn int4_one(g: &Gpu, shape: &str, m: usize, kernel: &str) -> Res<()> {
     for _ in 0..3 {
         match (tk, mk) {
             (Some(tk), _) => launch_tile(g, &l, tk, 0, m)?,
-            (None, Some(mk)) => launch_mma(g, &l, mk, &scratch)?,
-            (None, None) => unreachable!("checked above"),
+            (_, Some(mk)) => launch_mma(g, &l, mk, &scratch)?,
+            (None, None) => return Err(format!("unknown INT4 kernel {kernel}").into()),
         }
     }
     g.sync()?;

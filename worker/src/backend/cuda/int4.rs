@@ -421,44 +421,42 @@ pub fn launch_tile(
     Ok(())
 }
 
-/// A kernel of the tensor-core family (`gemm_int4_mma_t{TA}w{W}`): its name, warps a
-/// block, weight rows a block (16 TA W) and activation rows a block.
+/// A kernel of the tensor-core family (`gemm_int4_mma_t{TA}w{W}`): its name, warps a block and
+/// weight rows a block (16 TA W); each takes [`kernels::INT4_MMA_BATCH`] activation rows a block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MmaKernel {
     pub name: &'static str,
     pub warps: u32,
     pub rows: usize,
-    pub batch: usize,
 }
 
 /// The tensor-core kernels [`mma_kernel_for`] picks from; `cuda_bench int4` times them all.
 pub const MMA_KERNELS: [MmaKernel; 4] = [
-    mma("gemm_int4_mma_t2w4", 4, 2, 64),
-    mma("gemm_int4_mma_t1w4", 4, 1, 64),
-    mma("gemm_int4_mma_t1w8", 8, 1, 64),
-    mma("gemm_int4_mma_t2w8", 8, 2, 64),
+    mma("gemm_int4_mma_t2w4", 4, 2),
+    mma("gemm_int4_mma_t1w4", 4, 1),
+    mma("gemm_int4_mma_t1w8", 8, 1),
+    mma("gemm_int4_mma_t2w8", 8, 2),
 ];
 
-const fn mma(name: &'static str, warps: u32, tiles: usize, batch: usize) -> MmaKernel {
+const fn mma(name: &'static str, warps: u32, tiles: usize) -> MmaKernel {
     MmaKernel {
         name,
         warps,
         rows: 16 * tiles * warps as usize,
-        batch,
     }
 }
 
 /// How many ranges [`gemm_int4`] splits the k-steps (of 64) of an `m x n x k` product into on a
-/// kernel of `rows` weight rows and `batch` activation rows a block: enough blocks for two an SM where the output tiles
+/// kernel of `rows` weight rows a block: enough blocks for two an SM where the output tiles
 /// alone are fewer, at least 8 steps a range, and no more partial sums than `scratch_bytes`
 /// holds (f32 `[splits, m, n]`).
 pub fn gemm_int4_splits(
     (m, n, k): (usize, usize, usize),
-    (rows, batch): (usize, usize),
+    rows: usize,
     sms: usize,
     scratch_bytes: usize,
 ) -> usize {
-    let blocks = n.div_ceil(rows) * m.div_ceil(batch);
+    let blocks = n.div_ceil(rows) * m.div_ceil(kernels::INT4_MMA_BATCH);
     let steps = k.div_ceil(64);
     let fit = scratch_bytes / (4 * m * n).max(1);
     (2 * sms)
@@ -512,12 +510,7 @@ pub fn launch_mma(
         return Err(BackendError::InvalidBatch("int4: unaligned scratch".into()));
     }
     let total = l.k.div_ceil(64);
-    let mut splits = gemm_int4_splits(
-        (l.m, l.n, l.k),
-        (kernel.rows, kernel.batch),
-        gpu.sms,
-        scratch.bytes(),
-    );
+    let mut splits = gemm_int4_splits((l.m, l.n, l.k), kernel.rows, gpu.sms, scratch.bytes());
     let steps = total.div_ceil(splits);
     splits = total.div_ceil(steps);
     let p = kernels::params::GemmInt4Params {
@@ -528,7 +521,7 @@ pub fn launch_mma(
     };
     let grid = (
         dim(l.n.div_ceil(kernel.rows), "n")?,
-        dim(l.m.div_ceil(kernel.batch), "m")?,
+        dim(l.m.div_ceil(kernels::INT4_MMA_BATCH), "m")?,
         dim(splits, "splits")?,
     );
     let mut b = gpu.stream.launch_builder(gpu.func(kernel.name)?);
@@ -537,7 +530,7 @@ pub fn launch_mma(
     // starts 16-byte aligned), scales and zeros >= n*groups with groups = ceil(k / group_size)
     // and group_size a multiple of 32, x >= m*k and y >= m*n bf16 (x 16-byte aligned); n*k/8 fits
     // in u32 (tested above), so the kernel's 32-bit word and group offsets do not wrap. With R =
-    // kernel.rows (16 TA W), W = kernel.warps and X = kernel.batch (the kernel's own), block
+    // kernel.rows (16 TA W), W = kernel.warps and X = INT4_MMA_BATCH (the kernel's own), block
     // (bx, by, bz) reads weight rows min(R bx + r, n - 1) at words 8 s + 2t (+1) only for
     // 64 s + 16 t < k, so < k/8, and their group (64 s + 16 t) / group_size < groups (group 0
     // otherwise); x rows min(X by + r, m - 1) at 16-byte chunks 64 s + 8 c < k only (the others zero-filled,
@@ -546,7 +539,7 @@ pub fn launch_mma(
     // splits by its bytes) and is 16-byte aligned. Steps [bz*steps, +steps) are clipped to
     // ceil(k / 64). Every mma runs on all 32 lanes and every thread reaches each step's barrier
     // (the step loop is the same for the whole block). Shared memory is static
-    // (at most 48 KiB); the kernel assumes 32 W threads.
+    // (INT4_MMA_STAGES x X x 128 bytes, at most 48 KiB: asserted in the kernel); the kernel assumes 32 W threads.
     unsafe { b.launch(cfg(grid, 32 * kernel.warps, 0)) }?;
     if splits > 1 {
         let threads = kernels::INT4_DEQUANT_THREADS as usize;
