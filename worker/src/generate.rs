@@ -359,7 +359,18 @@ pub fn run(
     let mut next_to_write = 0;
     let mut generated = 0;
     while engine.has_unfinished() {
-        for ev in engine.step()? {
+        let step_start = Instant::now();
+        let events = engine.step()?;
+        let st = engine.last_step();
+        tracing::debug!(
+            prefill_tokens = st.prefill_tokens,
+            decode_tokens = st.decode_tokens,
+            seqs = st.num_seqs,
+            backend_ms = st.backend_time.as_secs_f64() * 1e3,
+            step_ms = step_start.elapsed().as_secs_f64() * 1e3,
+            "step"
+        );
+        for ev in events {
             let Some(&i) = index.get(&ev.id) else {
                 continue;
             };

@@ -12,6 +12,13 @@
 #      (symmetric, what vLLM 0.26 reads) checkpoint's and ringserve's GPTQ logits
 #   c: vLLM's logprobs on the GPTQ checkpoint; the same comparison
 #   d: speed on the AWQ and GPTQ checkpoints, ringserve bench engine and vLLM's bench_vllm.py
+#   e: where the shared-prefix job's time goes (issue 24): ringserve generate with per-step debug
+#      lines (scripts/step_log_summary.py), budgets 8,192 and 16,384
+#   f (+ part00, the build with cuBLASLt choices cached on disk): the job three times (the first
+#      tunes and stores, the others read the choices back)
+#   g (+ part01): vLLM installed; the job with vLLM's LLM.generate, then ringserve again
+#   h (.gpu37/tests2.tar.xz: cuda_backend and cuda_fp8 of the final build): cuda_backend twice on
+#      an empty kernel cache (the second reads back the cuBLASLt choices the first stored), cuda_fp8
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 B=/tmp/b37; A=/tmp/awq8b; G=/tmp/gptq8b; T=/tmp/int4twin; P=.gpu37/peer; R=/tmp/r37
@@ -20,7 +27,8 @@ for t in .gpu37/*.tar.xz; do [ -f "$t" ] && tar xJf "$t" -C $B; done
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64 RINGSERVE_KERNEL_CACHE=/tmp/kc-37 FIXTURES_DIR=$PWD/tests/fixtures
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 install_vllm() {
-  (mkdir -p /tmp/vllm_parts; cp .peer-vllm/carry/vllm-site.tar.xz.part* /tmp/vllm_parts/ 2>/dev/null; bash $P/install.sh) > "$OUT/install_$1.log" 2>&1
+  # a part carried without .gpu37/peer (call f: the tree's 64 MiB) is only stashed for install.sh
+  (mkdir -p /tmp/vllm_parts; cp .peer-vllm/carry/vllm-site.tar.xz.part* /tmp/vllm_parts/ 2>/dev/null; [ -f $P/install.sh ] && bash $P/install.sh) > "$OUT/install_$1.log" 2>&1
   echo "vllm install rc=$? ($(tail -1 "$OUT/install_$1.log"))"
 }
 dump() {  # name model: ringserve's logits, decode and prefill paths
@@ -81,4 +89,40 @@ d)
     echo "== vllm $m rc=$?"; grep -E "Using .* for" $R/vllm_bench_$m.log | head -2; tail -4 $R/vllm_bench_$m.log
   done
   cp $R/vllm_bench_*.json $OUT/ ;;
+e)
+  rm -rf $A $G $T
+  M=/tmp/llama8b
+  [ -f $M/config.json ] || python3 scripts/make_random_llama8b.py $M > $OUT/make_model.log 2>&1
+  [ -f /tmp/spj/job.json ] || python3 scripts/shared_prefix_job.py /tmp/spj > /dev/null
+  for budget in 8192 16384 8192; do
+    RUST_LOG=worker=debug $B/ringserve generate --model $M --device cuda --max-model-len 4096 --max-num-batched-tokens $budget \
+      --input /tmp/spj/job.jsonl --output /tmp/spj/out_$budget.jsonl --quiet 2> $OUT/gen_$budget.log > /dev/null
+    echo "== budget $budget: $(grep -E 'requests,' $OUT/gen_$budget.log | tail -1)"
+    python3 scripts/step_log_summary.py $OUT/gen_$budget.log | head -40
+  done ;;
+f|g)
+  M=/tmp/llama8b
+  install_vllm $1 &
+  [ -f $M/config.json ] || python3 scripts/make_random_llama8b.py $M > $OUT/make_model.log 2>&1
+  [ -f /tmp/spj/job.json ] || python3 scripts/shared_prefix_job.py /tmp/spj > /dev/null
+  wait
+  if [ $1 = g ]; then
+    PYTHONPATH=/tmp/site timeout 300 python3 scripts/vllm_generate_job.py $M /tmp/spj/job.json > $OUT/vllm_job.log 2>&1
+    echo "vllm rc=$?: $(grep -E 'vllm job:' $OUT/vllm_job.log || tail -5 $OUT/vllm_job.log)"
+  fi
+  for run in 1 2 3; do
+    RUST_LOG=worker=debug $B/ringserve generate --model $M --device cuda --max-model-len 4096 \
+      --input /tmp/spj/job.jsonl --output /tmp/spj/out_$run.jsonl --quiet 2> $OUT/gen_$1$run.log > /dev/null
+    echo "== run $run: $(grep -E 'requests,' $OUT/gen_$1$run.log | tail -1)"
+    python3 scripts/step_log_summary.py $OUT/gen_$1$run.log | grep -E "steps,|captured|bucket"
+    grep -E "cached cuBLASLt|could not store" $OUT/gen_$1$run.log | head -3
+  done
+  ls -la /tmp/kc-37; head -3 /tmp/kc-37/cublaslt-tuning-* ;;
+h)
+  export RINGSERVE_KERNEL_CACHE=/tmp/kc-37h
+  for t in cuda_backend cuda_backend cuda_fp8; do
+    timeout 200 $B/$t --include-ignored --test-threads 1 > $OUT/$t.log 2>&1
+    echo "$t rc $?: $(grep -E "test result" $OUT/$t.log)"; grep -E "panicked|FAILED" $OUT/$t.log | head -5
+    wc -l /tmp/kc-37h/cublaslt-tuning-* 2>/dev/null
+  done ;;
 esac

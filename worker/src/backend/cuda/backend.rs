@@ -957,8 +957,17 @@ impl CudaBackend {
                 };
                 let key = (bucket, stride, draw_later);
                 if !self.graphs.contains_key(&key) {
+                    let t0 = std::time::Instant::now();
                     self.tune_products(bucket)?;
+                    let tuned = t0.elapsed();
                     let graph = self.capture(dims)?;
+                    tracing::debug!(
+                        bucket,
+                        stride,
+                        tune_ms = tuned.as_secs_f64() * 1e3,
+                        capture_ms = (t0.elapsed() - tuned).as_secs_f64() * 1e3,
+                        "decode graph captured"
+                    );
                     self.graphs.insert(key, Graph(graph));
                 }
                 self.graphs[&key].0.launch()?;

@@ -227,6 +227,11 @@ pub struct Gpu {
     pub kernel_load_s: f64,
     /// Whether the kernels came from the disk cache.
     pub kernels_from_cache: bool,
+    /// The disk cache the kernels came from or went to (also where cuBLASLt tuning choices are
+    /// kept, [`super::lt_cache`]); `None` without one.
+    pub cache_dir: Option<std::path::PathBuf>,
+    /// The device's name, as the driver reports it.
+    pub name: String,
 }
 
 impl Gpu {
@@ -247,6 +252,7 @@ impl Gpu {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
         let side = ctx.new_stream()?;
+        let name = ctx.name()?;
         let (major, minor) = ctx.compute_capability()?;
         let arch = arch_for(major, minor);
         let prefill = PrefillKernel::select(&arch, switches.prefill)?;
@@ -256,8 +262,9 @@ impl Gpu {
             )?
             .max(1) as usize;
         let t = Instant::now();
-        let compiled = kernels::compile(&kernels::CompileOptions::for_arch(&arch))
-            .map_err(|e| BackendError::Device(e.to_string()))?;
+        let compile = kernels::CompileOptions::for_arch(&arch);
+        let compiled =
+            kernels::compile(&compile).map_err(|e| BackendError::Device(e.to_string()))?;
         let module = ctx.load_module(Ptx::from_binary(compiled.cubin))?;
         let mut funcs = HashMap::new();
         for &name in kernels::KERNELS {
@@ -340,6 +347,8 @@ impl Gpu {
             sms,
             kernel_load_s: t.elapsed().as_secs_f64(),
             kernels_from_cache: compiled.from_cache,
+            cache_dir: compile.cache_dir,
+            name,
         })
     }
 

@@ -9,15 +9,19 @@
 //! [`CANDIDATES`] heuristic algorithms on the real weights, before the graph is captured, and
 //! keeps a cuBLASLt plan only where it beats `cublasGemmEx` by [`MIN_GAIN`]. Products of shapes
 //! never tuned (prefill, eager batches of other sizes) and f32 weights stay on `cublasGemmEx`.
+//! Choices are kept on disk ([`super::lt_cache`]): a later process on the same GPU model and
+//! cuBLASLt takes them without timing again.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::path::PathBuf;
 
 use cudarc::cublaslt::{result as lt, sys};
 use cudarc::driver::sys::CUevent_flags;
 
 use super::device::{Buf, DType, Gpu};
+use super::lt_cache::{self, Choice};
 use super::ops::{self, Linear};
 use crate::backend::BackendError;
 
@@ -53,6 +57,8 @@ pub struct TuneRecord {
     pub best_lt_us: Option<f64>,
     /// Whether the product now runs through cuBLASLt.
     pub chosen: bool,
+    /// Whether the choice came from the disk cache (the times are the ones measured then).
+    pub from_cache: bool,
 }
 
 /// A cuBLASLt description of one shape with its chosen algorithm.
@@ -127,6 +133,9 @@ pub struct LtGemm {
     /// Per tuned shape: the plan, or `None` where `cublasGemmEx` stays.
     plans: RefCell<HashMap<GemmShape, Option<Plan>>>,
     records: RefCell<Vec<TuneRecord>>,
+    /// The choices on disk (this process's added as it tunes), and their file.
+    cached: RefCell<HashMap<GemmShape, Choice>>,
+    cache_file: Option<PathBuf>,
 }
 
 // SAFETY: the handle and plans are only used through `&CudaBackend` / `&mut CudaBackend`, which
@@ -140,11 +149,23 @@ impl LtGemm {
         gpu.ctx.bind_to_thread()?;
         let handle = lt::create_handle()?;
         let workspace = gpu.alloc(DType::U32, LT_WORKSPACE_BYTES / 4)?;
+        // SAFETY: takes no arguments; the library is loaded (the handle above was created).
+        let version = unsafe { sys::cublasLtGetVersion() };
+        let cache_file = gpu
+            .cache_dir
+            .as_deref()
+            .map(|d| lt_cache::file_for(d, &gpu.name, gpu.capability, version));
+        let cached = cache_file
+            .as_deref()
+            .map(lt_cache::load)
+            .unwrap_or_default();
         Ok(Self {
             handle,
             workspace,
             plans: RefCell::new(HashMap::new()),
             records: RefCell::new(Vec::new()),
+            cached: RefCell::new(cached),
+            cache_file,
         })
     }
 
@@ -167,6 +188,25 @@ impl LtGemm {
             return Ok(());
         }
         l.check()?;
+        let cached = self.cached.borrow().get(&shape).copied();
+        if let Some(c) = cached
+            && let Some(kept) = self.restore(shape, &c)?
+        {
+            // Run it once now: its kernels load here, not inside a graph capture.
+            match &kept {
+                Some(plan) => self.matmul(gpu, plan, l)?,
+                None => ops::gemm(gpu, l)?,
+            }
+            self.records.borrow_mut().push(TuneRecord {
+                shape,
+                gemm_ex_us: c.gemm_ex_us,
+                best_lt_us: c.best_lt_us,
+                chosen: kept.is_some(),
+                from_cache: true,
+            });
+            self.plans.borrow_mut().insert(shape, kept);
+            return Ok(());
+        }
         let gemm_ex_us = time_us(gpu, || ops::gemm(gpu, l))?;
         let mut plan = Plan::describe(shape)?;
         let mut best: Option<(f64, sys::cublasLtMatmulAlgo_t)> = None;
@@ -186,13 +226,79 @@ impl LtGemm {
             gemm_ex_us,
             best_lt_us: best.map(|(us, _)| us),
             chosen: chosen.is_some(),
+            from_cache: false,
         });
+        self.remember(
+            shape,
+            Choice {
+                gemm_ex_us,
+                best_lt_us: best.map(|(us, _)| us),
+                algo: chosen.map(|(_, algo)| algo.data),
+            },
+        );
         let kept = chosen.map(|(_, algo)| {
             plan.algo = algo;
             plan
         });
         self.plans.borrow_mut().insert(shape, kept);
         Ok(())
+    }
+
+    /// The plan a cached choice stands for: `Some(None)` for `cublasGemmEx`, `Some(plan)` for a
+    /// cuBLASLt algorithm this library accepts for the shape within the workspace, `None` where
+    /// it does not (the shape is timed again).
+    fn restore(&self, shape: GemmShape, c: &Choice) -> Result<Option<Option<Plan>>, BackendError> {
+        let Some(words) = c.algo else {
+            return Ok(Some(None));
+        };
+        let mut plan = Plan::describe(shape)?;
+        plan.algo.data = words;
+        // SAFETY: cublasLtMatmulHeuristicResult_t is plain data, filled by the check below.
+        let mut result: sys::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
+        // SAFETY: the handle and the plan's descriptors are live; algo and result point to live
+        // values of the types cuBLASLt expects (64 bytes read, one result written). Validating
+        // the words is the call's job: cuBLASLt documents this check for restored algorithms and
+        // answers one it does not support with an error status.
+        let status = unsafe {
+            sys::cublasLtMatmulAlgoCheck(
+                self.handle,
+                plan.desc,
+                plan.a,
+                plan.b,
+                plan.d,
+                plan.d,
+                &plan.algo,
+                &mut result,
+            )
+        };
+        let usable = status == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+            && result.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+            && result.workspaceSize <= LT_WORKSPACE_BYTES;
+        if !usable {
+            tracing::warn!(
+                ?shape,
+                ?status,
+                "a cached cuBLASLt algorithm was refused; timing the shape again"
+            );
+            return Ok(None);
+        }
+        Ok(Some(Some(plan)))
+    }
+
+    /// Adds a fresh choice to the disk cache (a failure to write costs only a later re-tune).
+    fn remember(&self, shape: GemmShape, c: Choice) {
+        let Some(file) = &self.cache_file else {
+            return;
+        };
+        let mut cached = self.cached.borrow_mut();
+        // Shapes another process stored since this one started are kept too.
+        for (s, other) in lt_cache::load(file) {
+            cached.entry(s).or_insert(other);
+        }
+        cached.insert(shape, c);
+        if let Err(e) = lt_cache::store(file, &cached) {
+            tracing::warn!(file = %file.display(), error = %e, "could not store cuBLASLt tuning choices");
+        }
     }
 
     /// Runs `l` through its tuned cuBLASLt plan; `Ok(false)` (nothing queued) where its shape

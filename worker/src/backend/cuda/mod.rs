@@ -6,6 +6,7 @@ pub mod device;
 pub mod fp8;
 pub mod int4;
 pub mod lt;
+mod lt_cache;
 pub mod ops;
 pub mod staging;
 pub mod step;
