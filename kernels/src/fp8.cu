@@ -23,27 +23,107 @@ __device__ __forceinline__ unsigned char fp8_code(float v) {
     return (unsigned char)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
 }
 
+// The largest magnitude of a block's values (every thread's m), then the row's scale: `static_scale`
+// when > 0, else max(amax / 448, FP8_MIN_SCALE). Every thread returns it.
+__device__ __forceinline__ float fp8_row_scale(float m, float static_scale, float* red) {
+    if (static_scale > 0.f) return static_scale;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+    __syncthreads();
+    m = red[0];
+#pragma unroll
+    for (int w = 1; w < FP8_QUANT_THREADS / 32; w++) m = fmaxf(m, red[w]);
+    return fmaxf(m / FP8_MAX, FP8_MIN_SCALE);
+}
+
+// Quantizes one row of `nvec` 8-value vectors, vector i produced by load(i, out[8]) (values that
+// are bf16 numbers), to q[8i .. 8i + 8) (8-byte aligned) and *scale_out: the values of the first
+// FP8_QUANT_CACHED vectors a thread takes stay in its registers between the two passes, the rest
+// are produced again. The same codes and scale as the scalar path: max is exact in any order, and
+// each code is cvt.rn.satfinite.e4m3(x / scale) of the same x and scale.
+#define FP8_QUANT_CACHED 8
+template <typename Load>
+__device__ __forceinline__ void fp8_quant_row_vec(Load load, int nvec, unsigned char* q, float* scale_out,
+                                                  float static_scale, float* red) {
+    float v[FP8_QUANT_CACHED][8];
+    float m = 0.f;
+#pragma unroll
+    for (int c = 0; c < FP8_QUANT_CACHED; c++) {
+        const int i = threadIdx.x + c * FP8_QUANT_THREADS;
+        if (i < nvec) {
+            load(i, v[c]);
+#pragma unroll
+            for (int e = 0; e < 8; e++) m = fmaxf(m, fabsf(v[c][e]));
+        }
+    }
+    for (int i = threadIdx.x + FP8_QUANT_CACHED * FP8_QUANT_THREADS; i < nvec; i += FP8_QUANT_THREADS) {
+        float t[8];
+        load(i, t);
+#pragma unroll
+        for (int e = 0; e < 8; e++) m = fmaxf(m, fabsf(t[e]));
+    }
+    const float scale = fp8_row_scale(m, static_scale, red);
+    if (threadIdx.x == 0) *scale_out = scale;
+    auto put = [&](int i, const float* t) {
+        uint2 w;
+        w.x = (u32)fp8_code(t[0] / scale) | (u32)fp8_code(t[1] / scale) << 8 |
+              (u32)fp8_code(t[2] / scale) << 16 | (u32)fp8_code(t[3] / scale) << 24;
+        w.y = (u32)fp8_code(t[4] / scale) | (u32)fp8_code(t[5] / scale) << 8 |
+              (u32)fp8_code(t[6] / scale) << 16 | (u32)fp8_code(t[7] / scale) << 24;
+        *(uint2*)(q + 8 * (size_t)i) = w;
+    };
+#pragma unroll
+    for (int c = 0; c < FP8_QUANT_CACHED; c++) {
+        const int i = threadIdx.x + c * FP8_QUANT_THREADS;
+        if (i < nvec) put(i, v[c]);
+    }
+    for (int i = threadIdx.x + FP8_QUANT_CACHED * FP8_QUANT_THREADS; i < nvec; i += FP8_QUANT_THREADS) {
+        float t[8];
+        load(i, t);
+        put(i, t);
+    }
+}
+
 // One block per row: its largest magnitude (unless a static scale is given), its scale, its codes.
+// Rows of a multiple of 8 values at 16-byte aligned addresses (every product's input) take 16-byte
+// loads and 8-byte stores (fp8_quant_row_vec); others one value a thread at a time.
 extern "C" __global__ void __launch_bounds__(FP8_QUANT_THREADS) quant_fp8_rows_bf16(Fp8QuantParams p) {
     __shared__ float red[FP8_QUANT_THREADS / 32];
     const int row = blockIdx.x;
     const bf16* x = p.x + (size_t)row * p.k;
-    float scale = p.static_scale;
-    if (!(scale > 0.f)) {
-        float m = 0.f;
-        for (int i = threadIdx.x; i < p.k; i += FP8_QUANT_THREADS) m = fmaxf(m, fabsf(__bfloat162float(x[i])));
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
-        __syncthreads();
-        m = red[0];
-#pragma unroll
-        for (int w = 1; w < FP8_QUANT_THREADS / 32; w++) m = fmaxf(m, red[w]);
-        scale = fmaxf(m / FP8_MAX, FP8_MIN_SCALE);
-    }
-    if (threadIdx.x == 0) p.scales[row] = scale;
     unsigned char* q = p.q + (size_t)row * p.k;
+    if (p.k % 8 == 0 && ((size_t)p.x & 15) == 0 && ((size_t)p.q & 7) == 0) {
+        fp8_quant_row_vec([&](int i, float* t) { load16(x + 8 * i, t); }, p.k / 8, q, p.scales + row,
+                          p.static_scale, red);
+        return;
+    }
+    float m = 0.f;
+    for (int i = threadIdx.x; i < p.k; i += FP8_QUANT_THREADS) m = fmaxf(m, fabsf(__bfloat162float(x[i])));
+    const float scale = fp8_row_scale(m, p.static_scale, red);
+    if (threadIdx.x == 0) p.scales[row] = scale;
     for (int i = threadIdx.x; i < p.k; i += FP8_QUANT_THREADS) q[i] = fp8_code(__bfloat162float(x[i]) / scale);
+}
+
+// silu_mul_bf16 and quant_fp8_rows_bf16 in one launch, for the FP8 down_proj: p.x is the gate/up
+// product [m, 2k] ([gate | up] a row), and row r's codes are those quant_fp8_rows_bf16 gives for
+// silu_mul_bf16's row r — silu(g) * u in f32, rounded to bf16 (as silu_mul stores it), then
+// quantized. One block per row; k a multiple of 8, p.x 16-byte and p.q 8-byte aligned (the host
+// checks; otherwise it runs the two kernels).
+extern "C" __global__ void __launch_bounds__(FP8_QUANT_THREADS) silu_mul_quant_fp8_bf16(Fp8QuantParams p) {
+    __shared__ float red[FP8_QUANT_THREADS / 32];
+    const int row = blockIdx.x;
+    const bf16* gate = p.x + (size_t)row * 2 * p.k;
+    const bf16* up = gate + p.k;
+    fp8_quant_row_vec(
+        [&](int i, float* t) {
+            float u[8];
+            load16(gate + 8 * i, t);
+            load16(up + 8 * i, u);
+#pragma unroll
+            for (int e = 0; e < 8; e++) t[e] = __bfloat162float(__float2bfloat16(t[e] / (1.f + expf(-t[e])) * u[e]));
+        },
+        p.k / 8, p.q + (size_t)row * p.k, p.scales + row, p.static_scale, red);
 }
 
 #if __CUDA_ARCH__ >= 890

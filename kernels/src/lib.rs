@@ -102,6 +102,7 @@ pub const KERNELS: &[&str] = &[
     "gemv_bf16_f32out_r32",
     "gemv_rope_kv_bf16",
     "quant_fp8_rows_bf16",
+    "silu_mul_quant_fp8_bf16",
     "gemv_fp8_r16",
     "gemv_fp8_r32",
     "scale_fp8_out_bf16",

@@ -1587,7 +1587,17 @@ fn fp8_row_quantization_equals_the_cpu_quantizer() {
     use worker::backend::cuda::fp8::{QuantRows, quant_rows};
     let g = gpu();
     let mut r = Rng(11);
-    for (m, k) in [(1, 64), (3, 4096), (8, 14336), (5, 40), (37, 1000)] {
+    // k a multiple of 8 (the 16-byte path; 20,000 passes the values a thread keeps in registers)
+    // and not (100: one value a thread at a time).
+    for (m, k) in [
+        (1, 64),
+        (3, 4096),
+        (8, 14336),
+        (5, 40),
+        (37, 1000),
+        (4, 100),
+        (2, 20000),
+    ] {
         // Rows of very different magnitudes, one all zero (the minimum scale).
         let mut x: Vec<f32> = (0..m * k)
             .map(|i| r.f() * [1e-3, 0.7, 30.0, 900.0][(i / k) % 4])
@@ -1629,6 +1639,55 @@ fn fp8_row_quantization_equals_the_cpu_quantizer() {
         }
         eprintln!("fp8 quantization m{m} k{k}: codes and scales equal the CPU's");
     }
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn fused_silu_mul_quantization_equals_silu_mul_then_the_cpu_quantizer() {
+    use worker::backend::cuda::fp8::silu_mul_quant;
+    let g = gpu();
+    let mut r = Rng(13);
+    for (m, k) in [(1, 14336), (3, 4096), (8, 1000), (2, 20000), (5, 40)] {
+        // Gate/up values of a few magnitudes per row, so that rows' scales differ.
+        let gate_up: Vec<f32> = (0..m * 2 * k)
+            .map(|i| r.f() * [0.05, 2.0, 9.0][(i / (2 * k)) % 3])
+            .collect();
+        let gate_up = q(&gate_up, DType::Bf16);
+        let gu = g.upload_f32(&gate_up, DType::Bf16).unwrap();
+        let act = g.alloc(DType::Bf16, m * k).unwrap();
+        ops::silu_mul(&g, &gu, &act, (m, k)).unwrap();
+        let act = g.download_f32(&act).unwrap();
+        let codes = g.alloc(DType::U8, m * k).unwrap();
+        let scales = g.alloc(DType::F32, m).unwrap();
+        for static_scale in [0.0f32, 0.02] {
+            assert!(silu_mul_quant(&g, &gu, (&codes, &scales), (m, k), static_scale).unwrap());
+            let got_q = g.download_bytes(&codes, m * k).unwrap();
+            let got_s = g.download_f32(&scales).unwrap();
+            let (want_q, want_s) = if static_scale > 0.0 {
+                let qs = act
+                    .iter()
+                    .map(|&v| worker::quant::fp8::quantize(v, static_scale))
+                    .collect();
+                (qs, vec![static_scale; m])
+            } else {
+                fp8_reference(&act, k)
+            };
+            assert_eq!(got_s, want_s, "m{m} k{k} static {static_scale}: scales");
+            let diff = got_q.iter().zip(&want_q).filter(|(a, b)| a != b).count();
+            assert_eq!(
+                diff, 0,
+                "m{m} k{k} static {static_scale}: {diff} codes differ"
+            );
+        }
+        eprintln!("silu·mul + fp8 quantization m{m} k{k}: the codes of silu_mul's output");
+    }
+    // k not a multiple of 8: the caller runs the two kernels instead.
+    let gu = g.alloc(DType::Bf16, 2 * 12).unwrap();
+    let (codes, scales) = (
+        g.alloc(DType::U8, 12).unwrap(),
+        g.alloc(DType::F32, 1).unwrap(),
+    );
+    assert!(!silu_mul_quant(&g, &gu, (&codes, &scales), (1, 12), 0.0).unwrap());
 }
 
 #[test]

@@ -19,6 +19,9 @@
 #   g (+ part01): vLLM installed; the job with vLLM's LLM.generate, then ringserve again
 #   h (.gpu37/tests2.tar.xz: cuda_backend and cuda_fp8 of the final build): cuda_backend twice on
 #      an empty kernel cache (the second reads back the cuBLASLt choices the first stored), cuda_fp8
+#   i (.gpu37/fp8.tar.xz: ringserve, cuda_kernels, cuda_fp8 with the 16-byte FP8 quantizer and
+#      SiLU·mul fused with the down product's quantization): the FP8 kernel tests, the FP8 model
+#      tests, bench engine --quantization fp8 at batch 1 and 128
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 B=/tmp/b37; A=/tmp/awq8b; G=/tmp/gptq8b; T=/tmp/int4twin; P=.gpu37/peer; R=/tmp/r37
@@ -125,4 +128,14 @@ h)
     echo "$t rc $?: $(grep -E "test result" $OUT/$t.log)"; grep -E "panicked|FAILED" $OUT/$t.log | head -5
     wc -l /tmp/kc-37h/cublaslt-tuning-* 2>/dev/null
   done ;;
+i)
+  M=/tmp/llama8b
+  [ -f $M/config.json ] || python3 scripts/make_random_llama8b.py $M > $OUT/make_model.log 2>&1 &
+  timeout 100 $B/cuda_kernels --include-ignored --test-threads 1 --nocapture fp8 fused_silu > $OUT/cuda_kernels.log 2>&1
+  echo "cuda_kernels fp8 rc $?: $(grep -E "test result" $OUT/cuda_kernels.log)"; grep -E "^test |panicked|codes" $OUT/cuda_kernels.log | head -20
+  timeout 60 $B/cuda_fp8 --include-ignored --test-threads 1 > $OUT/cuda_fp8.log 2>&1
+  echo "cuda_fp8 rc $?: $(grep -E "test result" $OUT/cuda_fp8.log)"; grep -E "panicked" $OUT/cuda_fp8.log | head -3
+  wait
+  timeout 120 $B/ringserve bench engine --model $M --device cuda --quantization fp8 --batch-sizes 1,128 \
+    --prompt-lens 512 --output-len 64 2>$OUT/bench.err | tee $OUT/bench.txt ;;
 esac

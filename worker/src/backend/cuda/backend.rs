@@ -862,8 +862,22 @@ impl CudaBackend {
                 p.quant(|f| &f.gate_up, |i| &i.gate_up),
                 fused_quant,
             )?;
-            ops::silu_mul(g, &ws.gate_up, &ws.act, (n, inter))?;
-            self.product(&p.down, p.quant(|f| &f.down, |i| &i.down), false)?;
+            let down = p.quant(|f| &f.down, |i| &i.down);
+            // FP8: SiLU·mul writes the down product's input codes directly.
+            let quantized = match down {
+                ProductQuant::Fp8(s) => super::fp8::silu_mul_quant(
+                    g,
+                    &ws.gate_up,
+                    (&ws.xq, &ws.xs),
+                    (n, inter),
+                    s.static_input.unwrap_or(0.0),
+                )?,
+                _ => false,
+            };
+            if !quantized {
+                ops::silu_mul(g, &ws.gate_up, &ws.act, (n, inter))?;
+            }
+            self.product(&p.down, down, quantized)?;
             self.all_reduce(&ws.proj, n * h)?;
         }
         ops::add_rmsnorm(

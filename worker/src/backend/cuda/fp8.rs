@@ -76,6 +76,54 @@ pub fn quant_rows(gpu: &Gpu, a: &QuantRows<'_>) -> Result<(), BackendError> {
         .map_err(BackendError::from)
 }
 
+/// `q[m, k]`, `scales[m]` from the gate/up product `gate_up[m, 2k]` ([gate | up] a row): the codes
+/// [`quant_rows`] gives for `silu_mul`'s bf16 output, in one launch (`silu_mul_quant_fp8_bf16`).
+/// `Ok(false)` (nothing queued) where the fused kernel does not apply: `k` not a multiple of 8.
+pub fn silu_mul_quant(
+    gpu: &Gpu,
+    gate_up: &Buf,
+    out: (&Buf, &Buf),
+    (m, k): (usize, usize),
+    static_scale: f32,
+) -> Result<bool, BackendError> {
+    let (q, scales) = out;
+    if k % 8 != 0 {
+        return Ok(false);
+    }
+    gate_up.check("silu·mul fp8 gate_up", DType::Bf16, m * 2 * k)?;
+    q.check("silu·mul fp8 codes", DType::U8, m * k)?;
+    scales.check("silu·mul fp8 scales", DType::F32, m)?;
+    if !(static_scale >= 0.0 && static_scale.is_finite()) {
+        return Err(BackendError::InvalidBatch(format!(
+            "silu·mul fp8: static scale {static_scale}"
+        )));
+    }
+    if m == 0 {
+        return Ok(true);
+    }
+    let p = Fp8QuantParams {
+        x: gate_up.ptr(),
+        q: q.ptr(),
+        scales: scales.ptr(),
+        m: int(m, "m")?,
+        k: int(k, "k")?,
+        static_scale,
+        pad: 0,
+    };
+    let mut b = gpu
+        .stream
+        .launch_builder(gpu.func("silu_mul_quant_fp8_bf16")?);
+    b.arg(&p);
+    // SAFETY: the checks above gave gate_up >= m*2k bf16, q >= m*k bytes and scales >= m floats;
+    // device buffers start 256-byte aligned and k is a multiple of 8, so every row of gate_up is
+    // 16-byte and every row of q 8-byte aligned, as the kernel's vector accesses need. Block r
+    // (grid m) reads gate_up[r, 0..2k) and writes q[r, 0..k) and scales[r] only, with
+    // kernels::FP8_QUANT_THREADS threads, the size its reduction's shared array has.
+    unsafe { b.launch(cfg((dim(m, "m")?, 1, 1), kernels::FP8_QUANT_THREADS, 0)) }
+        .map(|_| true)
+        .map_err(BackendError::from)
+}
+
 /// `y[b, n] = bf16(Σ_k code(x[b, k]) · code(w[n, k]) · x_scales[b] · w_scales[n])`.
 pub struct Fp8Linear<'a> {
     /// U8 activation codes `[m, k]`.
