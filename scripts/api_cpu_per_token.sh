@@ -5,6 +5,8 @@
 # Usage: scripts/api_cpu_per_token.sh [CONCURRENCY] [ROUNDS]   (after cargo build --release)
 # PIN=1: the server (gateway and worker) on CPU 0, the load generator on CPU 1, so the client's own
 # cost (the HTTP client parses JSON, the gRPC one protobuf) does not preempt the gateway it measures.
+# H2=1: a third door each round, the HTTP API over HTTP/2 (`--openai-http2`: the clients share
+# `--connections` connections, as the gRPC clients do).
 set -euo pipefail
 C=${1:-16}
 ROUNDS=${2:-2}
@@ -39,4 +41,5 @@ run() { # $1: label, rest: extra bench flags
 for _ in $(seq "$ROUNDS"); do
     run grpc
     run http --openai-addr "$HTTP"
+    if [ "${H2:-0}" = 1 ]; then run http2 --openai-addr "$HTTP" --openai-http2; fi
 done

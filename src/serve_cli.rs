@@ -570,6 +570,10 @@ pub struct BenchServeArgs {
     /// answers ModelInfo.
     #[arg(long)]
     pub openai_addr: Option<String>,
+    /// With --openai-addr: HTTP/2 (cleartext, prior knowledge), the clients sharing
+    /// --connections connections as the gRPC clients do, instead of one HTTP/1.1 connection each.
+    #[arg(long, requires = "openai_addr")]
+    pub openai_http2: bool,
     /// Write the report (or the sweep's reports) as JSON to this file.
     #[arg(long)]
     pub result_file: Option<PathBuf>,
@@ -604,6 +608,7 @@ pub fn bench_serve(args: BenchServeArgs) -> anyhow::Result<()> {
         connections: args.connections,
         progress: !args.quiet,
         openai_addr: args.openai_addr.clone(),
+        openai_http2: args.openai_http2,
         security: args.security.security(),
     };
     let rt = tokio::runtime::Runtime::new()?;

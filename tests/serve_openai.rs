@@ -519,3 +519,32 @@ fn oversized_bodies_are_413_and_a_draining_server_answers_503() {
         .expect("the server exits");
     assert!(status.success(), "{status:?}");
 }
+
+#[test]
+fn bench_serve_counts_the_same_tokens_through_grpc_http1_and_http2() {
+    // The load generator through each front door of one server: every request completes and
+    // every generated token is counted, whichever door and HTTP version carried it.
+    let model = common::tiny_llama();
+    let server = Server::start(&["--model", model.to_str().unwrap(), "--device", "null"], 1);
+    let run = |extra: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ringserve"))
+            .args(["bench", "serve", "--addr", &server.url, "--quiet", "--json"])
+            .args(["--concurrency", "6", "--num-requests", "12", "--input-len", "8"])
+            .args(["--output-len", "50", "--connections", "2"])
+            .args(extra)
+            .output()
+            .expect("running bench serve");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let report: Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
+        (
+            report["completed"].as_u64(),
+            report["errors"].as_u64(),
+            report["output_tokens"].as_u64(),
+        )
+    };
+    let http = server.http_addr.clone();
+    let want = (Some(12), Some(0), Some(12 * 50));
+    assert_eq!(run(&[]), want, "gRPC");
+    assert_eq!(run(&["--openai-addr", &http]), want, "HTTP/1.1");
+    assert_eq!(run(&["--openai-addr", &http, "--openai-http2"]), want, "HTTP/2");
+}

@@ -19,7 +19,7 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
-use crate::bench_openai::HttpConn;
+use crate::bench_openai::HttpTarget;
 use crate::connect::{Bearer, Client};
 
 /// How to load the server.
@@ -50,6 +50,9 @@ pub struct BenchOptions {
     /// Send the requests through the OpenAI-compatible HTTP API at this `host:port` instead of
     /// gRPC (the model's vocabulary and context length still come from gRPC's `ModelInfo`).
     pub openai_addr: Option<String>,
+    /// With `openai_addr`: HTTP/2 (cleartext), the clients sharing `connections` connections,
+    /// instead of one HTTP/1.1 connection per client.
+    pub openai_http2: bool,
 }
 
 /// Percentiles of a latency, in milliseconds.
@@ -275,6 +278,14 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
     };
     let samples = Arc::new(Mutex::new(Vec::with_capacity(reqs.len())));
     let key = opts.security.api_key.as_deref();
+    let http = match &opts.openai_addr {
+        Some(a) => Some(
+            HttpTarget::connect(a, key, opts.openai_http2, opts.connections)
+                .await
+                .map_err(BenchError::Options)?,
+        ),
+        None => None,
+    };
     let start = Instant::now();
     let client_for = |i: usize| {
         InferenceClient::with_interceptor(channels[i % channels.len()].clone(), bearer.clone())
@@ -287,7 +298,7 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
             for (i, req) in reqs.into_iter().enumerate() {
                 tokio::time::sleep_until(next.into()).await;
                 let (client, samples, bar) = (client_for(i), samples.clone(), bar.clone());
-                let http = opts.openai_addr.as_deref().map(|a| HttpConn::new(a, key));
+                let http = http.as_ref().map(|t| t.conn(i));
                 tasks.push(tokio::spawn(async move {
                     let s = match http {
                         Some(mut conn) => conn.one(&req).await,
@@ -308,12 +319,12 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
             let reqs = Arc::new(std::sync::Mutex::new(reqs.into_iter()));
             let counter = Arc::new(AtomicUsize::new(0));
             let mut tasks = Vec::new();
-            for _ in 0..opts.concurrency.max(1) {
+            for c in 0..opts.concurrency.max(1) {
                 let (reqs, samples, bar, counter) =
                     (reqs.clone(), samples.clone(), bar.clone(), counter.clone());
                 let channels = channels.clone();
                 let bearer = bearer.clone();
-                let mut http = opts.openai_addr.as_deref().map(|a| HttpConn::new(a, key));
+                let mut http = http.as_ref().map(|t| t.conn(c));
                 tasks.push(tokio::spawn(async move {
                     loop {
                         let next = reqs.lock().unwrap_or_else(|e| e.into_inner()).next();
@@ -410,6 +421,7 @@ mod tests {
             progress: false,
             security: Default::default(),
             openai_addr: None,
+            openai_http2: false,
         };
         let a = requests(&opts, 1000, 512);
         assert_eq!(a, requests(&opts, 1000, 512));

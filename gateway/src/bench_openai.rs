@@ -2,48 +2,110 @@
 //! HTTP API (`POST /v1/completions`, streamed) instead of gRPC, so the two front doors can be
 //! measured by one client in one run. Tokens per chunk come from vLLM's
 //! `stream_options.continuous_usage_stats` (each chunk carries its completion's token count).
+//! Over HTTP/1.1 each client keeps its own keep-alive connection, as the `openai` SDKs do; with
+//! `--openai-http2` the clients share `--connections` HTTP/2 connections (cleartext, prior
+//! knowledge), as the gRPC clients share theirs.
 
 use std::time::Instant;
 
 use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
-use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
+use hyper::body::{Bytes, Incoming};
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use protos::v1::{GenerateRequest, generate_request};
 use serde_json::{Value, json};
 
 use crate::bench::Sample;
 
-/// One keep-alive HTTP/1.1 connection to the API.
+type Body = Full<Bytes>;
+
+/// Where the clients send their requests, and the shared HTTP/2 connections.
+pub(crate) struct HttpTarget {
+    addr: String,
+    key: Option<String>,
+    /// With HTTP/2: the connections the clients share, round robin.
+    h2: Vec<http2::SendRequest<Body>>,
+}
+
+impl HttpTarget {
+    /// The API at `addr` (`host:port`); with `http2`, `connections` HTTP/2 connections made now.
+    pub(crate) async fn connect(
+        addr: &str,
+        key: Option<&str>,
+        http2: bool,
+        connections: usize,
+    ) -> Result<Self, String> {
+        let addr = addr.trim_start_matches("http://").to_owned();
+        let mut h2 = Vec::new();
+        if http2 {
+            for _ in 0..connections.max(1) {
+                let tcp = tcp(&addr).await?;
+                let (send, conn) = http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+                    .await
+                    .map_err(|e| format!("HTTP/2 handshake with {addr}: {e}"))?;
+                tokio::spawn(conn);
+                h2.push(send);
+            }
+        }
+        Ok(Self {
+            addr,
+            key: key.map(str::to_owned),
+            h2,
+        })
+    }
+
+    /// Client `i`'s connection: its own HTTP/1.1 one (made on first use), or a shared HTTP/2 one.
+    pub(crate) fn conn(&self, i: usize) -> HttpConn {
+        HttpConn {
+            addr: self.addr.clone(),
+            key: self.key.clone(),
+            send: match self.h2.len() {
+                0 => Sender::H1(None),
+                n => Sender::H2(self.h2[i % n].clone()),
+            },
+        }
+    }
+}
+
+async fn tcp(addr: &str) -> Result<tokio::net::TcpStream, String> {
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connecting to {addr}: {e}"))?;
+    let _ = tcp.set_nodelay(true);
+    Ok(tcp)
+}
+
+enum Sender {
+    H1(Option<http1::SendRequest<Body>>),
+    H2(http2::SendRequest<Body>),
+}
+
+/// One client's connection to the API.
 pub(crate) struct HttpConn {
     addr: String,
     key: Option<String>,
-    send: Option<SendRequest<Full<Bytes>>>,
+    send: Sender,
 }
 
 impl HttpConn {
-    /// A connection to `addr` (`host:port`), made on first use.
-    pub(crate) fn new(addr: &str, key: Option<&str>) -> Self {
-        Self {
-            addr: addr.trim_start_matches("http://").to_owned(),
-            key: key.map(str::to_owned),
-            send: None,
+    async fn send(&mut self, req: hyper::Request<Body>) -> Result<hyper::Response<Incoming>, String> {
+        match &mut self.send {
+            Sender::H1(send) => {
+                if send.as_ref().is_none_or(|s| s.is_closed()) {
+                    let (s, conn) = http1::handshake(TokioIo::new(tcp(&self.addr).await?))
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    tokio::spawn(conn);
+                    *send = Some(s);
+                }
+                let send = send.as_mut().ok_or("no connection")?;
+                send.send_request(req).await.map_err(|e| e.to_string())
+            }
+            Sender::H2(send) => {
+                send.ready().await.map_err(|e| e.to_string())?;
+                send.send_request(req).await.map_err(|e| e.to_string())
+            }
         }
-    }
-
-    async fn sender(&mut self) -> Result<&mut SendRequest<Full<Bytes>>, String> {
-        if self.send.as_ref().is_none_or(|s| s.is_closed()) {
-            let tcp = tokio::net::TcpStream::connect(&self.addr)
-                .await
-                .map_err(|e| format!("connecting to {}: {e}", self.addr))?;
-            let _ = tcp.set_nodelay(true);
-            let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-                .await
-                .map_err(|e| e.to_string())?;
-            tokio::spawn(conn);
-            self.send = Some(send);
-        }
-        self.send.as_mut().ok_or_else(|| "no connection".to_owned())
     }
 
     /// Streams one request's completion, timing each chunk.
@@ -71,7 +133,12 @@ impl HttpConn {
     }
 
     async fn stream(&mut self, body: String, start: Instant, s: &mut Sample) -> Result<(), String> {
-        let mut builder = hyper::Request::post("/v1/completions")
+        // HTTP/2 takes the scheme and authority from the URI (its pseudo-headers).
+        let uri = match self.send {
+            Sender::H1(_) => "/v1/completions".to_owned(),
+            Sender::H2(_) => format!("http://{}/v1/completions", self.addr),
+        };
+        let mut builder = hyper::Request::post(uri)
             .header(hyper::header::HOST, self.addr.as_str())
             .header(hyper::header::CONTENT_TYPE, "application/json");
         if let Some(k) = &self.key {
@@ -80,12 +147,7 @@ impl HttpConn {
         let request = builder
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| e.to_string())?;
-        let response = self
-            .sender()
-            .await?
-            .send_request(request)
-            .await
-            .map_err(|e| e.to_string())?;
+        let response = self.send(request).await?;
         if !response.status().is_success() {
             let status = response.status();
             let text = response.into_body().collect().await.map(|b| b.to_bytes());
