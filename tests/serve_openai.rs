@@ -529,12 +529,23 @@ fn bench_serve_counts_the_same_tokens_through_grpc_http1_and_http2() {
     let run = |extra: &[&str]| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_ringserve"))
             .args(["bench", "serve", "--addr", &server.url, "--quiet", "--json"])
-            .args(["--concurrency", "6", "--num-requests", "12", "--input-len", "8"])
+            .args([
+                "--concurrency",
+                "6",
+                "--num-requests",
+                "12",
+                "--input-len",
+                "8",
+            ])
             .args(["--output-len", "50", "--connections", "2"])
             .args(extra)
             .output()
             .expect("running bench serve");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let report: Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
         (
             report["completed"].as_u64(),
@@ -546,5 +557,9 @@ fn bench_serve_counts_the_same_tokens_through_grpc_http1_and_http2() {
     let want = (Some(12), Some(0), Some(12 * 50));
     assert_eq!(run(&[]), want, "gRPC");
     assert_eq!(run(&["--openai-addr", &http]), want, "HTTP/1.1");
-    assert_eq!(run(&["--openai-addr", &http, "--openai-http2"]), want, "HTTP/2");
+    assert_eq!(
+        run(&["--openai-addr", &http, "--openai-http2"]),
+        want,
+        "HTTP/2"
+    );
 }

@@ -88,7 +88,10 @@ pub(crate) struct HttpConn {
 }
 
 impl HttpConn {
-    async fn send(&mut self, req: hyper::Request<Body>) -> Result<hyper::Response<Incoming>, String> {
+    async fn send(
+        &mut self,
+        req: hyper::Request<Body>,
+    ) -> Result<hyper::Response<Incoming>, String> {
         match &mut self.send {
             Sender::H1(send) => {
                 if send.as_ref().is_none_or(|s| s.is_closed()) {
