@@ -7,6 +7,11 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 
+/// mimalloc instead of glibc's malloc: the gateway's stream pipeline (detokenizing, building each
+/// message) spent 28–31 % of its CPU in glibc's malloc and free (perf, 128 streaming clients).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod engine_cli;
 mod ring_cli;
 mod scale_cli;
