@@ -1581,6 +1581,17 @@ fn fp8_reference(v: &[f32], k: usize) -> (Vec<u8>, Vec<f32>) {
     (q.codes, q.scales)
 }
 
+/// The CPU quantizer's codes and scales of rows of `k` values: each row's own scale, or
+/// `static_scale` for every row when it is positive.
+fn fp8_expected(v: &[f32], k: usize, static_scale: f32) -> (Vec<u8>, Vec<f32>) {
+    if static_scale > 0.0 {
+        let codes = v.iter().map(|&x| fp8::quantize(x, static_scale)).collect();
+        (codes, vec![static_scale; v.len() / k])
+    } else {
+        fp8_reference(v, k)
+    }
+}
+
 #[test]
 #[ignore = "requires a CUDA device"]
 fn fp8_row_quantization_equals_the_cpu_quantizer() {
@@ -1621,15 +1632,7 @@ fn fp8_row_quantization_equals_the_cpu_quantizer() {
             quant_rows(&g, &a).unwrap();
             let got_q = g.download_bytes(&codes, m * k).unwrap();
             let got_s = g.download_f32(&scales).unwrap();
-            let (want_q, want_s) = if static_scale > 0.0 {
-                let qs = x
-                    .iter()
-                    .map(|&v| worker::quant::fp8::quantize(v, static_scale))
-                    .collect();
-                (qs, vec![static_scale; m])
-            } else {
-                fp8_reference(&x, k)
-            };
+            let (want_q, want_s) = fp8_expected(&x, k, static_scale);
             assert_eq!(got_s, want_s, "m{m} k{k} static {static_scale}: scales");
             let diff = got_q.iter().zip(&want_q).filter(|(a, b)| a != b).count();
             assert_eq!(
@@ -1663,15 +1666,7 @@ fn fused_silu_mul_quantization_equals_silu_mul_then_the_cpu_quantizer() {
             assert!(silu_mul_quant(&g, &gu, (&codes, &scales), (m, k), static_scale).unwrap());
             let got_q = g.download_bytes(&codes, m * k).unwrap();
             let got_s = g.download_f32(&scales).unwrap();
-            let (want_q, want_s) = if static_scale > 0.0 {
-                let qs = act
-                    .iter()
-                    .map(|&v| worker::quant::fp8::quantize(v, static_scale))
-                    .collect();
-                (qs, vec![static_scale; m])
-            } else {
-                fp8_reference(&act, k)
-            };
+            let (want_q, want_s) = fp8_expected(&act, k, static_scale);
             assert_eq!(got_s, want_s, "m{m} k{k} static {static_scale}: scales");
             let diff = got_q.iter().zip(&want_q).filter(|(a, b)| a != b).count();
             assert_eq!(

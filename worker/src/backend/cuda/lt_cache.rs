@@ -37,27 +37,18 @@ pub fn file_for(dir: &Path, device: &str, cc: (i32, i32), version: usize) -> Pat
     ))
 }
 
-fn dtype_name(d: DType) -> &'static str {
-    match d {
-        DType::F32 => "f32",
-        DType::Bf16 => "bf16",
-        DType::U8 => "u8",
-        DType::U32 => "u32",
-        DType::I32 => "i32",
-        DType::I64 => "i64",
-    }
-}
-
+/// The type [`DType::suffix`] names.
 fn parse_dtype(s: &str) -> Option<DType> {
-    Some(match s {
-        "f32" => DType::F32,
-        "bf16" => DType::Bf16,
-        "u8" => DType::U8,
-        "u32" => DType::U32,
-        "i32" => DType::I32,
-        "i64" => DType::I64,
-        _ => return None,
-    })
+    [
+        DType::F32,
+        DType::Bf16,
+        DType::U8,
+        DType::U32,
+        DType::I32,
+        DType::I64,
+    ]
+    .into_iter()
+    .find(|d| d.suffix() == s)
 }
 
 /// One line of the file.
@@ -76,8 +67,8 @@ pub fn format_line(shape: &GemmShape, c: &Choice) -> String {
         shape.m,
         shape.n,
         shape.k,
-        dtype_name(shape.dtype),
-        dtype_name(shape.out),
+        shape.dtype.suffix(),
+        shape.out.suffix(),
         c.gemm_ex_us
     )
 }
