@@ -145,7 +145,9 @@ __device__ void attention_impl(const AttnParams& p) {
 template <typename T>
 __device__ void combine_impl(const AttnParams& p) {
     const int item = blockIdx.x, h = blockIdx.y, c = threadIdx.x;
-    const int tok = p.seqs[4 * p.items[2 * item]] + p.items[2 * item + 1];
+    // Split launches take only decodes (one query token), whose item's second word is not a query
+    // offset but its split-sharing code (decode_mma.cu).
+    const int tok = p.seqs[4 * p.items[2 * item]];
     const size_t base = ((size_t)item * p.hq + h) * p.num_splits;
     float gm = -INFINITY;
     for (int s = 0; s < p.num_splits; s++) gm = fmaxf(gm, p.part_ml[2 * (base + s)]);

@@ -134,26 +134,29 @@ __device__ __forceinline__ void merge_states(const float* m, const float* l, int
     }
 }
 
-// Sums the block's `parts` rescaled partial outputs (accs: [parts][G][D]) in order and writes the
-// result: normalised into out for a single split, else as the split's partial (part_o, and part_ml
-// from mf, lf) for attn_combine.
+// Sums the block's `parts` rescaled partial outputs (accs: [parts][R][D], R = G * members rows: row
+// r is query head r % G of decode item item + r / G, the members of a shared split being
+// consecutive items) in order and writes the result: normalised into out for a single split, else
+// as the split's partial (part_o, and part_ml from mf, lf) for attn_combine.
 template <typename T, int D>
 __device__ __forceinline__ void write_decode_out(const AttnParams& p, const float* accs, int parts, int G,
-                                                 int item, int kvh, int split, int q_start,
+                                                 int members, int item, int kvh, int split,
                                                  const float* mf, const float* lf) {
-    for (int i = threadIdx.x; i < G * D; i += DEC_THREADS) {
-        const int h = i / D, c = i % D, qh = kvh * G + h;
+    const int R = G * members;
+    for (int i = threadIdx.x; i < R * D; i += DEC_THREADS) {
+        const int r = i / D, c = i % D, it = item + r / G, qh = kvh * G + r % G;
         float o = 0.f;
-        for (int k = 0; k < parts; k++) o += accs[(k * G + h) * D + c];
+        for (int k = 0; k < parts; k++) o += accs[(k * R + r) * D + c];
         if (p.num_splits == 1) {
-            const float tot = lf[h];
+            const int q_start = p.seqs[4 * p.items[2 * it]];
+            const float tot = lf[r];
             ((T*)p.out)[((size_t)q_start * p.hq + qh) * D + c] = from_f<T>(tot > 0.f ? o / tot : 0.f);
         } else {
-            const size_t slot = ((size_t)item * p.hq + qh) * p.num_splits + split;
+            const size_t slot = ((size_t)it * p.hq + qh) * p.num_splits + split;
             p.part_o[slot * D + c] = o;
             if (c == 0) {
-                p.part_ml[2 * slot] = mf[h];
-                p.part_ml[2 * slot + 1] = lf[h];
+                p.part_ml[2 * slot] = mf[r];
+                p.part_ml[2 * slot + 1] = lf[r];
             }
         }
     }
@@ -310,7 +313,7 @@ __device__ void decode_impl(const AttnParams& p) {
                 make_float4(acc[h][e] * w, acc[h][e + 1] * w, acc[h][e + 2] * w, acc[h][e + 3] * w);
     }
     __syncthreads();
-    write_decode_out<T, D>(p, accs, KPP, G, item, kvh, split, q_start, mf_s, lf_s);
+    write_decode_out<T, D>(p, accs, KPP, G, 1, item, kvh, split, mf_s, lf_s);
 }
 
 #define DECODE(T, S, D, G)                                                                         \

@@ -23,6 +23,12 @@
 // outputs, which halves the registers holding O. The four warps' (max, sum, output) are merged
 // through shared memory at the end in a fixed order, as decode.cu merges its key lanes, so a
 // result depends only on its own context and split size.
+//
+// Shared prefixes: with fewer than 8 (DECODE_MMA_ROWS) query heads per KV head, rows G..7 of A
+// are free, so a split whose cache blocks several sequences share (a prompt prefix held once by
+// prefix caching) is computed by one block for up to 8 / G of them, each sequence's heads in its
+// own rows: the split's K and V are read once for all of them instead of once each. The results
+// are bit-identical to the unshared blocks' (see the share code below).
 #define DM_KW 8 // keys per warp per tile (DEC_TK / 4 warps)
 
 // m16n8k16 with A rows 8..15 and C rows 8..15 zero: c0, c1 (row lane / 4) accumulate; the
@@ -85,6 +91,7 @@ template <bool KV8> __device__ __forceinline__ void decode_mma_impl(const AttnPa
     constexpr int RING0 = KV8 ? DM8_CONV : 0; // byte offset of the ring
     constexpr int NW = DEC_THREADS / 32;
     static_assert(NW * DM_KW == DEC_TK && NST >= 2, "thread mapping");
+    static_assert(DECODE_MMA_ROWS == 8, "A rows 0..7 hold queries (the mma wrappers drop rows 8..15)");
     static_assert(NW * 8 * D * 4 <= RING0 + NST * STAGE_BYTES, "the merge buffer reuses the ring");
     extern __shared__ __align__(128) uint4 dm_ring[];
     __shared__ float m_s[NW][8], l_s[NW][8], mf_s[8], lf_s[8];
@@ -92,9 +99,22 @@ template <bool KV8> __device__ __forceinline__ void decode_mma_impl(const AttnPa
     if (blockIdx.x >= p.num_items) return;
     const int item = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
     const int G = p.hq / p.hkv;
+    // A split whose cache blocks a group of consecutive decode items share (the item's second
+    // word, DECODE_SHARE_*): the group's first item computes it for all, one member's query heads
+    // after another in rows 0..7, and the others skip it. The host groups only items whose
+    // contexts all cover the split and whose block tables agree over it, so each member's keys,
+    // mask and results are exactly those of its own block: mma rows never mix, and the softmax,
+    // merge and output of a row are the row's own.
+    int members = 1;
+    const int share = p.items[2 * item + 1];
+    if (share != 0 && split < (share >> DECODE_SHARE_SPLITS_SHIFT)) {
+        if (share & ((1 << DECODE_SHARE_MEMBERS_SHIFT) - 1)) return;
+        members = max(1, min(min((share >> DECODE_SHARE_MEMBERS_SHIFT) & 15, p.num_items - item), DECODE_MMA_ROWS / G));
+    }
+    const int R = G * members; // A rows in use
     const DecodeSplit ds = decode_split(p, item, split);
     if (skip_empty_split(p, ds, item, kvh, split, G)) return;
-    const int seq = ds.seq, q_start = ds.q_start, kv_lo = ds.kv_lo, kv_hi = ds.kv_hi;
+    const int seq = ds.seq, kv_lo = ds.kv_lo, kv_hi = ds.kv_hi;
     const int tiles = (max(kv_hi - kv_lo, 0) + DEC_TK - 1) / DEC_TK;
     const u32* table = p.block_tables + (size_t)seq * p.table_stride;
     const bf16* kc = (const bf16*)p.k_cache;
@@ -151,12 +171,13 @@ template <bool KV8> __device__ __forceinline__ void decode_mma_impl(const AttnPa
         asm volatile("cp.async.commit_group;\n" ::: "memory");
     };
 
-    // Q as A fragments: row g is head g of the group (zero for g >= G); per k-step kk of 16 dims,
-    // dims 16kk + 2t, +1 and 16kk + 8 + 2t, +1.
+    // Q as A fragments: row g is head g % G of the group of member g / G (zero for g >= R); per
+    // k-step kk of 16 dims, dims 16kk + 2t, +1 and 16kk + 8 + 2t, +1.
     u32 qa[D / 16][2];
     {
-        const bool has = g < G;
-        const u32* qp = (const u32*)((const bf16*)p.q + ((size_t)q_start * p.hq + kvh * G + (has ? g : 0)) * D);
+        const bool has = g < R;
+        const int q_start = p.seqs[4 * p.items[2 * (item + (has ? g / G : 0))]];
+        const u32* qp = (const u32*)((const bf16*)p.q + ((size_t)q_start * p.hq + kvh * G + (has ? g % G : 0)) * D);
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
             qa[kk][0] = has ? qp[8 * kk + t] : 0u;
@@ -269,22 +290,22 @@ template <bool KV8> __device__ __forceinline__ void decode_mma_impl(const AttnPa
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     cp_async_wait<0>();
     __syncthreads();
-    if (t == 0 && g < G) {
+    if (t == 0 && g < R) {
         m_s[warp][g] = m;
         l_s[warp][g] = l;
     }
     __syncthreads();
-    merge_states(&m_s[0][0], &l_s[0][0], NW, 8, G, mf_s, lf_s);
+    merge_states(&m_s[0][0], &l_s[0][0], NW, 8, R, mf_s, lf_s);
     __syncthreads();
-    float* accs = (float*)dm_ring; // [NW][G][D]
-    if (g < G) {
+    float* accs = (float*)dm_ring; // [NW][R][D]
+    if (g < R) {
         const float w = merge_weight(m, mf_s[g]) * (KV8 ? p.v_scale : 1.f);
 #pragma unroll
         for (int j = 0; j < D / 8; j++)
-            *(float2*)&accs[(warp * G + g) * D + 8 * j + 2 * t] = make_float2(o[j][0] * w, o[j][1] * w);
+            *(float2*)&accs[(warp * R + g) * D + 8 * j + 2 * t] = make_float2(o[j][0] * w, o[j][1] * w);
     }
     __syncthreads();
-    write_decode_out<bf16, D>(p, accs, NW, G, item, kvh, split, q_start, mf_s, lf_s);
+    write_decode_out<bf16, D>(p, accs, NW, G, members, item, kvh, split, mf_s, lf_s);
 }
 
 extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) attn_decode_mma_bf16_d128(AttnParams p) {

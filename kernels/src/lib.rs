@@ -162,6 +162,31 @@ pub const DECODE_MMA_KERNEL: &str = "attn_decode_mma_bf16_d128";
 /// [`DECODE_MMA_KERNEL`] over an FP8 (E4M3) cache: same grid, block and parameters; its shared
 /// memory is [`DECODE_KV8_SMEM_BYTES`] (an f16 conversion buffer per warp and a ring of E4M3 stages).
 pub const DECODE_MMA_KV8_KERNEL: &str = "attn_decode_mma_kv8_d128";
+/// Query-head rows of the tensor-core decode kernels' mma operand that hold queries: a KV head's
+/// group, or the groups of up to `DECODE_MMA_ROWS / group` sequences sharing a split.
+pub const DECODE_MMA_ROWS: usize = 8;
+/// The second word of a decode attention item (its first is the sequence) is 0 or a share code:
+/// the item is member `code & 15` of a group of `(code >> DECODE_SHARE_MEMBERS_SHIFT) & 15`
+/// consecutive items whose first `code >> DECODE_SHARE_SPLITS_SHIFT` attention splits read the
+/// same cache blocks, computed once for the group by [`DECODE_MMA_KERNEL`] and
+/// [`DECODE_MMA_KV8_KERNEL`] (other decode kernels must not be given share codes).
+pub const DECODE_SHARE_MEMBERS_SHIFT: usize = 4;
+/// See [`DECODE_SHARE_MEMBERS_SHIFT`].
+pub const DECODE_SHARE_SPLITS_SHIFT: usize = 8;
+
+/// The share code of member `member` of `members` consecutive decode items sharing their first
+/// `splits` attention splits ([`DECODE_SHARE_MEMBERS_SHIFT`]); `None` when a field does not fit
+/// (`members` 2–15, `member < members`, `splits` 1 to 2^23 − 1).
+pub fn decode_share_code(member: usize, members: usize, splits: usize) -> Option<i32> {
+    let ok = (2..16).contains(&members)
+        && member < members
+        && (1..1 << (31 - DECODE_SHARE_SPLITS_SHIFT)).contains(&splits);
+    ok.then_some(
+        (splits << DECODE_SHARE_SPLITS_SHIFT | members << DECODE_SHARE_MEMBERS_SHIFT | member)
+            as i32,
+    )
+}
+
 /// The tensor-core prefill kernel over an FP8 cache (mma.sync on f16; same items, grid, block and
 /// [`PREFILL_MMA_SMEM_BYTES`] as `attn_prefill_bf16_d128`).
 pub const PREFILL_MMA_KV8_KERNEL: &str = "attn_prefill_kv8_d128";
@@ -257,6 +282,9 @@ pub const LAUNCH_CONSTANTS: &[(&str, usize)] = &[
     ("DECODE_RING_BYTES_2", DECODE_RING_BYTES_2),
     ("DECODE_RING_BYTES_4", DECODE_RING_BYTES_4),
     ("DECODE_KV8_SMEM_BYTES", DECODE_KV8_SMEM_BYTES),
+    ("DECODE_MMA_ROWS", DECODE_MMA_ROWS),
+    ("DECODE_SHARE_MEMBERS_SHIFT", DECODE_SHARE_MEMBERS_SHIFT),
+    ("DECODE_SHARE_SPLITS_SHIFT", DECODE_SHARE_SPLITS_SHIFT),
     ("PREFILL_MMA_TOKENS", PREFILL_MMA_TOKENS),
     ("PREFILL_MMA_THREADS", PREFILL_MMA_THREADS as usize),
     ("PREFILL_MMA_KEY_TILE", PREFILL_MMA_KEY_TILE),

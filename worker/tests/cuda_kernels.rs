@@ -948,6 +948,139 @@ fn attention_matches_cpu() {
     }
 }
 
+/// Decodes sharing prefix blocks, grouped by `step::share_decode_splits` so that the tensor-core
+/// decode kernels compute a shared split once for several sequences, give bit for bit what each
+/// sequence's own blocks give — bf16 and FP8 caches, groups of 4, 2 and 1 query heads (2, 4 and 8
+/// sequences a block), splits of 64 and 1024 keys, blocks of 16 and 4 keys.
+#[test]
+#[ignore = "requires a CUDA device"]
+fn shared_decode_splits_equal_unshared_bit_for_bit() {
+    use worker::backend::cuda::step::{HostStep, share_decode_splits};
+    let g = gpu();
+    let mut r = Rng(11);
+    // (hq, hkv, block size, split, shared prefix blocks, contexts)
+    let cases: [(usize, usize, usize, usize, usize, Vec<usize>); 4] = [
+        (32, 8, 16, 64, 9, vec![150, 145, 300, 147, 40, 160, 151]),
+        (16, 8, 16, 64, 8, vec![129, 200, 128, 131, 90]),
+        (
+            8,
+            8,
+            4,
+            64,
+            40,
+            vec![210, 205, 201, 260, 203, 202, 230, 211, 209, 64],
+        ),
+        (32, 8, 16, 1024, 130, vec![2112, 2150, 2080, 2300, 900]),
+    ];
+    let d = 128;
+    for kv_scales in [None, Some((1.0f32 / 64.0, 1.0f32 / 32.0))] {
+        for (hq, hkv, bs, split, prefix, ctxs) in &cases {
+            let (hq, hkv, bs, split, prefix) = (*hq, *hkv, *bs, *split, *prefix);
+            let nseq = ctxs.len();
+            let stride = ctxs.iter().max().unwrap().div_ceil(bs);
+            // Every sequence but the last holds blocks 1..=prefix first, then its own.
+            let mut next = prefix as u32 + 1;
+            let mut tables = vec![0u32; nseq * stride];
+            for (s, &ctx) in ctxs.iter().enumerate() {
+                for b in 0..ctx.div_ceil(bs) {
+                    tables[s * stride + b] = if b < prefix && s + 1 < nseq {
+                        b as u32 + 1
+                    } else {
+                        next += 1;
+                        next - 1
+                    };
+                }
+            }
+            let blocks = next as usize;
+            let cache_len = blocks * hkv * bs * d;
+            let (kb, vb) = match kv_scales {
+                None => (
+                    g.upload_f32(&q(&r.vec(cache_len), DType::Bf16), DType::Bf16)
+                        .unwrap(),
+                    g.upload_f32(&q(&r.vec(cache_len), DType::Bf16), DType::Bf16)
+                        .unwrap(),
+                ),
+                Some((ks, vs)) => {
+                    let mut up = |s: f32| {
+                        let codes: Vec<u8> = r
+                            .vec(cache_len)
+                            .iter()
+                            .map(|&v| fp8::quantize(v, s))
+                            .collect();
+                        g.upload_bytes(&codes, DType::U8).unwrap()
+                    };
+                    (up(ks), up(vs))
+                }
+            };
+            let mut st = HostStep {
+                stride,
+                ..Default::default()
+            };
+            for (s, &ctx) in ctxs.iter().enumerate() {
+                st.seqs.extend([s as i32, 1, ctx as i32, 0]);
+                st.items_decode.extend([s as i32, 0]);
+                st.max_decode_ctx = st.max_decode_ctx.max(ctx);
+            }
+            st.tables = tables.clone();
+            let plain = st.items_decode.clone();
+            share_decode_splits(&mut st, split, bs, kernels::DECODE_MMA_ROWS / (hq / hkv));
+            let shared_items = st.items_decode.clone();
+            assert!(
+                shared_items.chunks(2).filter(|i| i[1] != 0).count() >= 2,
+                "hq{hq} split {split}: some decodes share a split ({shared_items:?})"
+            );
+            let num_splits = st.decode_splits(split);
+            let qv = q(&r.vec(nseq * hq * d), DType::Bf16);
+            let qb = g.upload_f32(&qv, DType::Bf16).unwrap();
+            let sb = g.upload_i32(&st.seqs).unwrap();
+            let tb = g.upload_u32(&tables).unwrap();
+            let run = |items: &[i32]| {
+                let out = g.alloc(DType::Bf16, nseq * hq * d).unwrap();
+                let po = g.alloc(DType::F32, nseq * hq * num_splits * d).unwrap();
+                let pml = g.alloc(DType::F32, nseq * hq * num_splits * 2).unwrap();
+                let ib = g.upload_i32(items).unwrap();
+                let args = Attention {
+                    q: &qb,
+                    k_cache: &kb,
+                    v_cache: &vb,
+                    out: &out,
+                    part_o: &po,
+                    part_ml: &pml,
+                    seqs: &sb,
+                    items: &ib,
+                    block_tables: &tb,
+                    num_seqs: nseq,
+                    num_items: nseq,
+                    table_stride: stride,
+                    n: nseq,
+                    hq,
+                    hkv,
+                    d,
+                    block_size: bs,
+                    split_size: split,
+                    num_splits,
+                    scale: 1.0 / (d as f32).sqrt(),
+                    kv_scales,
+                    decode: true,
+                };
+                // SAFETY: seqs, items (a permutation of the sequences, share codes only for the
+                // tensor-core kernel, which this launch takes) and tables built consistently;
+                // every table entry < blocks.
+                unsafe { ops::attention_with(&g, &args, g.prefill, true) }.unwrap();
+                g.download_f32(&out).unwrap()
+            };
+            let (want, got) = (run(&plain), run(&shared_items));
+            let cache = if kv_scales.is_some() { "FP8" } else { "bf16" };
+            assert_eq!(
+                bits(&got),
+                bits(&want),
+                "{cache} cache, hq{hq} hkv{hkv} bs{bs} split {split}: shared splits differ"
+            );
+            assert!(want.iter().all(|v| v.is_finite()));
+        }
+    }
+}
+
 #[test]
 #[ignore = "requires a CUDA device"]
 fn gemv_and_gemm_match_cpu() {

@@ -9,9 +9,10 @@
 use std::fmt;
 
 /// The environment variables [`KernelSwitches::from_env`] reads, with what each accepts.
-pub const KERNEL_SWITCH_VARS: [(&str, &str); 9] = [
+pub const KERNEL_SWITCH_VARS: [(&str, &str); 10] = [
     ("RINGSERVE_CUDA_PREFILL", "mma or wgmma"),
     ("RINGSERVE_CUDA_DECODE_MMA", "0 or 1"),
+    ("RINGSERVE_CUDA_DECODE_SHARE", "0 or 1"),
     ("RINGSERVE_CUDA_GEMV", "0, 1, or a weight size in elements"),
     ("RINGSERVE_CUDA_FUSE_ROPE", "0 or 1"),
     ("RINGSERVE_CUDA_L2_PREFETCH", "0 or 1"),
@@ -63,6 +64,10 @@ pub struct KernelSwitches {
     pub prefill: PrefillChoice,
     /// bf16 head-size-128 decode attention on tensor cores (off: the CUDA-core kernel).
     pub decode_mma: bool,
+    /// Decodes whose first attention splits read the same cache blocks (a prompt prefix held
+    /// once by prefix caching) are grouped so that the tensor-core decode kernel reads those
+    /// blocks once for up to 8 / (query heads per KV head) of them; off: once per sequence.
+    pub decode_share: bool,
     /// Small-batch products on the GEMV kernel.
     pub gemv: GemvChoice,
     /// Where q/k/v takes the GEMV kernel, RoPE and the paged KV write run in its epilogue.
@@ -93,6 +98,7 @@ impl Default for KernelSwitches {
         Self {
             prefill: PrefillChoice::Auto,
             decode_mma: true,
+            decode_share: true,
             gemv: GemvChoice::default(),
             fuse_rope: true,
             l2_prefetch: true,
@@ -144,6 +150,7 @@ impl KernelSwitches {
                     }
                 }
                 "RINGSERVE_CUDA_DECODE_MMA" => s.decode_mma = flag()?,
+                "RINGSERVE_CUDA_DECODE_SHARE" => s.decode_share = flag()?,
                 "RINGSERVE_CUDA_GEMV" => {
                     s.gemv = match value.trim().parse::<usize>().map_err(|_| bad())? {
                         0 => GemvChoice::Off,
@@ -172,10 +179,11 @@ impl fmt::Display for KernelSwitches {
         };
         write!(
             f,
-            "prefill={:?} decode_mma={} gemv={gemv} fuse_rope={} l2_prefetch={} gemm_tune={} \
-             int4_tiles={} gguf_int4={} int4_mma={}",
+            "prefill={:?} decode_mma={} decode_share={} gemv={gemv} fuse_rope={} l2_prefetch={} \
+             gemm_tune={} int4_tiles={} gguf_int4={} int4_mma={}",
             self.prefill,
             self.decode_mma,
+            self.decode_share,
             self.fuse_rope,
             self.l2_prefetch,
             self.gemm_tune,
@@ -204,7 +212,7 @@ mod tests {
         assert_eq!(s, KernelSwitches::default());
         assert_eq!(s.prefill, PrefillChoice::Auto);
         assert!(s.decode_mma && s.fuse_rope && s.l2_prefetch && s.gemm_tune && s.int4_tiles);
-        assert!(s.gguf_int4 && s.int4_mma);
+        assert!(s.gguf_int4 && s.int4_mma && s.decode_share);
         assert_eq!(s.gemv, GemvChoice::UpTo(GEMV_MAX_WEIGHT));
     }
 
@@ -213,6 +221,7 @@ mod tests {
         let s = parse(&[
             ("RINGSERVE_CUDA_PREFILL", "mma"),
             ("RINGSERVE_CUDA_DECODE_MMA", "0"),
+            ("RINGSERVE_CUDA_DECODE_SHARE", "0"),
             ("RINGSERVE_CUDA_GEMV", "1000"),
             ("RINGSERVE_CUDA_FUSE_ROPE", "0"),
             ("RINGSERVE_CUDA_L2_PREFETCH", "0"),
@@ -222,7 +231,7 @@ mod tests {
             ("RINGSERVE_CUDA_INT4_MMA", "0"),
         ])
         .unwrap();
-        assert!(!s.int4_tiles && !s.gguf_int4 && !s.int4_mma);
+        assert!(!s.int4_tiles && !s.gguf_int4 && !s.int4_mma && !s.decode_share);
         assert_eq!(s.prefill, PrefillChoice::Mma);
         assert!(!s.decode_mma && !s.fuse_rope && !s.l2_prefetch && !s.gemm_tune);
         assert_eq!(s.gemv, GemvChoice::UpTo(1000));

@@ -166,6 +166,10 @@ pub struct CudaBackend {
     /// Whether the q/k/v product runs fused with RoPE and the KV write where it takes the GEMV
     /// kernel ([`KernelSwitches::fuse_rope`]).
     fuse_rope: bool,
+    /// Decodes one tensor-core decode block may compute a shared split for
+    /// ([`step::share_decode_splits`]); below 2 when the switch is off or the decode kernel is
+    /// not a tensor-core one ([`KernelSwitches::decode_share`]).
+    decode_share: usize,
     _blas_workspace: Buf,
 }
 
@@ -392,6 +396,19 @@ impl CudaBackend {
             .then(|| LtGemm::new(&gpu))
             .transpose()?;
         let fp8_gemm = fp8.then(|| Fp8Gemm::new(&gpu)).transpose()?;
+        let group_size = dims.heads / dims.kv_heads.max(1);
+        let decode_share = if opts.kernels.decode_share
+            && ops::decode_on_mma(
+                opts.dtype,
+                cfg.head_dim,
+                group_size,
+                kv_scales.is_some(),
+                gpu.decode_mma,
+            ) {
+            kernels::DECODE_MMA_ROWS / group_size
+        } else {
+            0
+        };
         Ok(Self {
             gpu,
             cfg: cfg.clone(),
@@ -421,6 +438,7 @@ impl CudaBackend {
                 && ops::has_l2_prefetch(capability)
                 && opts.kernels.l2_prefetch,
             fuse_rope: opts.kernels.fuse_rope,
+            decode_share,
             _blas_workspace: blas_ws,
         })
     }
@@ -951,6 +969,8 @@ impl CudaBackend {
             if let Some(padded) = step::pad_decode(&st, bucket, stride) {
                 let split = self.decode_split(bucket, stride * self.block_size);
                 let splits = (stride * self.block_size).div_ceil(split).max(1);
+                let mut padded = padded;
+                step::share_decode_splits(&mut padded, split, self.block_size, self.decode_share);
                 self.ensure(Caps {
                     tokens: bucket,
                     seqs: bucket,
@@ -990,6 +1010,8 @@ impl CudaBackend {
         }
         let split = self.decode_split(st.items_decode.len() / 2, st.max_decode_ctx);
         let splits = st.decode_splits(split);
+        let mut st = st;
+        step::share_decode_splits(&mut st, split, self.block_size, self.decode_share);
         self.ensure(Caps {
             tokens: n,
             seqs: st.num_seqs().max(rows),

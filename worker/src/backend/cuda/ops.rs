@@ -502,6 +502,20 @@ pub unsafe fn attention(gpu: &Gpu, a: &Attention<'_>) -> Result<(), BackendError
     unsafe { attention_with(gpu, a, gpu.prefill, gpu.decode_mma) }
 }
 
+/// Whether decodes of head size `d` with `group` query heads per KV head have a decode kernel
+/// (else the general attention kernel takes them).
+fn has_decode_kernel(d: usize, group: usize) -> bool {
+    kernels::DECODE_HEAD_DIMS.contains(&d) && kernels::DECODE_GROUPS.contains(&group)
+}
+
+/// Whether [`attention`]'s decodes run on a tensor-core decode kernel
+/// ([`kernels::DECODE_MMA_KERNEL`], or [`kernels::DECODE_MMA_KV8_KERNEL`] over an FP8 cache):
+/// the kernels that read split-sharing codes ([`kernels::DECODE_SHARE_MEMBERS_SHIFT`]), so only
+/// then may decode items carry them. `dt`: the queries' type; `decode_mma`: the switch.
+pub fn decode_on_mma(dt: DType, d: usize, group: usize, kv8: bool, decode_mma: bool) -> bool {
+    has_decode_kernel(d, group) && d == 128 && (kv8 || (decode_mma && dt == DType::Bf16))
+}
+
 /// [`attention`] with bf16 head-size-128 prefill on `prefill` (one of
 /// [`PrefillKernel::available`] for `gpu.arch`) and bf16 head-size-128 decodes on the tensor-core
 /// kernel if `decode_mma` (else the CUDA-core one), for tests and benchmarks of each kernel.
@@ -587,9 +601,7 @@ pub unsafe fn attention_with(
         dim(a.hkv, "hkv")?,
         dim(a.num_splits, "splits")?,
     );
-    let use_decode = a.decode
-        && kernels::DECODE_HEAD_DIMS.contains(&a.d)
-        && kernels::DECODE_GROUPS.contains(&(a.hq / a.hkv));
+    let use_decode = a.decode && has_decode_kernel(a.d, a.hq / a.hkv);
     if kv8 {
         // SAFETY: as for the kernels below; the caches hold U8 codes (checked above). The
         // decode kernel takes single-token sequences (the caller's promise), the prefill kernel
@@ -597,7 +609,7 @@ pub unsafe fn attention_with(
         // size 128), and Gpu::new allowed each kernel's shared memory.
         unsafe { attention_kv8(gpu, a, &p, grid, use_decode) }?;
     } else if use_decode {
-        let name = if decode_mma && dt == DType::Bf16 && a.d == 128 {
+        let name = if decode_on_mma(dt, a.d, a.hq / a.hkv, false, decode_mma) {
             kernels::DECODE_MMA_KERNEL.to_string()
         } else {
             format!("attn_decode_{}_d{}_g{}", dt.suffix(), a.d, a.hq / a.hkv)
@@ -659,28 +671,29 @@ unsafe fn attention_kv8(
     grid: (u32, u32, u32),
     decode: bool,
 ) -> Result<(), BackendError> {
-    let (name, grid, threads, smem) = if decode && a.d == 128 {
-        (
-            kernels::DECODE_MMA_KV8_KERNEL,
-            grid,
-            kernels::DECODE_THREADS,
-            kernels::DECODE_KV8_SMEM_BYTES,
-        )
-    } else if !a.decode && a.d == 128 {
-        (
-            kernels::PREFILL_MMA_KV8_KERNEL,
-            (dim(a.num_items, "items")?, dim(a.hq, "hq")?, 1),
-            kernels::PREFILL_MMA_THREADS,
-            kernels::PREFILL_MMA_SMEM_BYTES,
-        )
-    } else {
-        (
-            "attention_bf16_kv8",
-            grid,
-            kernels::ATTN_THREADS,
-            kernels::attention_smem_bytes(a.d),
-        )
-    };
+    let (name, grid, threads, smem) =
+        if decode && decode_on_mma(DType::Bf16, a.d, a.hq / a.hkv, true, true) {
+            (
+                kernels::DECODE_MMA_KV8_KERNEL,
+                grid,
+                kernels::DECODE_THREADS,
+                kernels::DECODE_KV8_SMEM_BYTES,
+            )
+        } else if !a.decode && a.d == 128 {
+            (
+                kernels::PREFILL_MMA_KV8_KERNEL,
+                (dim(a.num_items, "items")?, dim(a.hq, "hq")?, 1),
+                kernels::PREFILL_MMA_THREADS,
+                kernels::PREFILL_MMA_SMEM_BYTES,
+            )
+        } else {
+            (
+                "attention_bf16_kv8",
+                grid,
+                kernels::ATTN_THREADS,
+                kernels::attention_smem_bytes(a.d),
+            )
+        };
     let mut b = gpu.stream.launch_builder(gpu.func(name)?);
     b.arg(p);
     // SAFETY: the caller's promise (see attention_with's call); every kernel takes the one

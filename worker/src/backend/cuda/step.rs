@@ -185,6 +185,81 @@ pub fn pad_decode(st: &HostStep, bucket: usize, stride: usize) -> Option<HostSte
     Some(p)
 }
 
+/// Groups decode items whose first attention splits of `split` keys read the same cache blocks
+/// (a prompt prefix that prefix caching holds once for many sequences), so that the tensor-core
+/// decode kernel reads those blocks once for up to `max_members` sequences
+/// ([`kernels::DECODE_SHARE_MEMBERS_SHIFT`]). Items are reordered so that each group's members
+/// are consecutive, and every member's second word becomes its share code; the group shares its
+/// first `s` splits, where every member's context covers all `s` (no member's split is cut short
+/// by its context) and every member's block table equals the first member's over them. Sequences
+/// with no such partner keep code 0. Nothing changes when `max_members < 2` or `split` is not a
+/// whole number of blocks. The result of every sequence stays bit-identical (the kernel computes
+/// a shared split exactly as the member's own block would).
+pub fn share_decode_splits(st: &mut HostStep, split: usize, block_size: usize, max_members: usize) {
+    let items = st.items_decode.len() / 2;
+    if max_members < 2 || items < 2 || block_size == 0 || !split.is_multiple_of(block_size) {
+        return;
+    }
+    let per_split = split / block_size;
+    let seq_of = |item: usize| st.items_decode[2 * item] as usize;
+    // Splits wholly inside a sequence's context, and its block table over them.
+    let full = |item: usize| st.seqs[4 * seq_of(item) + 2] as usize / split;
+    let table = |item: usize| {
+        let s = seq_of(item);
+        &st.tables[s * st.stride..s * st.stride + (full(item) * per_split).min(st.stride)]
+    };
+    // Candidates: items with a whole split, ordered by their tables (equal prefixes adjacent).
+    let mut order: Vec<usize> = (0..items).filter(|&i| full(i) > 0).collect();
+    if order.len() < 2 {
+        return;
+    }
+    order.sort_by(|&a, &b| table(a).cmp(table(b)).then(a.cmp(&b)));
+    let common = |a: usize, b: usize| {
+        let same = table(a)
+            .iter()
+            .zip(table(b))
+            .take_while(|(x, y)| x == y)
+            .count();
+        same / per_split
+    };
+    let mut grouped = vec![false; items];
+    let mut out = Vec::with_capacity(st.items_decode.len());
+    let mut at = 0;
+    while at < order.len() {
+        let lead = order[at];
+        let mut shared = full(lead);
+        let mut end = at + 1;
+        while end < order.len() && end - at < max_members.min(15) {
+            let c = common(lead, order[end]);
+            if c == 0 {
+                break;
+            }
+            shared = shared.min(c);
+            end += 1;
+        }
+        let members = end - at;
+        let codes: Option<Vec<i32>> = (0..members)
+            .map(|m| kernels::decode_share_code(m, members, shared))
+            .collect();
+        if let Some(codes) = codes.filter(|_| members >= 2) {
+            for (&item, code) in order[at..end].iter().zip(codes) {
+                out.extend([seq_of(item) as i32, code]);
+                grouped[item] = true;
+            }
+        }
+        at = end;
+    }
+    if out.is_empty() {
+        return;
+    }
+    for (item, done) in grouped.iter().enumerate() {
+        if !done {
+            out.extend([seq_of(item) as i32, 0]);
+        }
+    }
+    st.items_decode = out;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -312,5 +387,97 @@ mod tests {
         assert_eq!(pad_decode(&own, 4, 1), None);
         let same = pad_decode(&own, 1, 2).unwrap();
         assert_eq!(same.tables, vec![3, 4]);
+    }
+
+    /// A decode step of one-token sequences with these contexts and block tables (stride 6).
+    fn decodes(seqs: &[(usize, [u32; 6])]) -> HostStep {
+        let mut st = HostStep {
+            stride: 6,
+            ..Default::default()
+        };
+        for (i, (ctx, table)) in seqs.iter().enumerate() {
+            st.seqs.extend([i as i32, 1, *ctx as i32, 0]);
+            st.items_decode.extend([i as i32, 0]);
+            st.tables.extend_from_slice(table);
+            st.max_decode_ctx = st.max_decode_ctx.max(*ctx);
+        }
+        st
+    }
+
+    fn code(member: usize, members: usize, splits: usize) -> i32 {
+        kernels::decode_share_code(member, members, splits).unwrap()
+    }
+
+    #[test]
+    fn decodes_sharing_prefix_blocks_share_their_splits() {
+        // Blocks of 4 keys, splits of 8 (two blocks). Sequences 0, 2 and 3 hold blocks 1-4 in
+        // common (two whole splits), 1 shares block 1 only (no whole split), 4 nothing.
+        let shared = [1, 2, 3, 4, 0, 0];
+        let mut st = decodes(&[
+            (17, [1, 2, 3, 4, 5, 0]),
+            (17, [1, 9, 3, 4, 6, 0]),
+            (18, [1, 2, 3, 4, 7, 0]),
+            (16, shared),
+            (17, [8, 2, 3, 4, 9, 0]),
+        ]);
+        let before = st.clone();
+        share_decode_splits(&mut st, 8, 4, 2);
+        // Groups of two: (0, 2) share two splits; 3 has no partner left, 1 and 4 match nobody.
+        assert_eq!(
+            st.items_decode,
+            vec![0, code(0, 2, 2), 2, code(1, 2, 2), 1, 0, 3, 0, 4, 0]
+        );
+        // Everything else is untouched.
+        assert_eq!(
+            HostStep {
+                items_decode: before.items_decode.clone(),
+                ..st.clone()
+            },
+            before
+        );
+
+        let mut st = before.clone();
+        share_decode_splits(&mut st, 8, 4, 4);
+        assert_eq!(
+            st.items_decode,
+            vec![
+                0,
+                code(0, 3, 2),
+                2,
+                code(1, 3, 2),
+                3,
+                code(2, 3, 2),
+                1,
+                0,
+                4,
+                0
+            ]
+        );
+
+        // Sharing one split only: 1 agrees with 0 on block 1 but not block 2, so no whole split.
+        let mut st = decodes(&[(17, [1, 2, 3, 4, 5, 0]), (17, [1, 2, 3, 9, 6, 0])]);
+        share_decode_splits(&mut st, 8, 4, 2);
+        assert_eq!(st.items_decode, vec![0, code(0, 2, 1), 1, code(1, 2, 1)]);
+    }
+
+    #[test]
+    fn decode_sharing_needs_whole_splits_in_every_context() {
+        let t = [1, 2, 3, 4, 5, 0];
+        // A context of 7 keys has no whole split of 8: its first split is cut short.
+        let mut st = decodes(&[(7, t), (17, t)]);
+        let before = st.clone();
+        share_decode_splits(&mut st, 8, 4, 2);
+        assert_eq!(st, before);
+        // A context of 9 covers one split: the pair shares one, not two.
+        let mut st = decodes(&[(9, t), (17, t)]);
+        share_decode_splits(&mut st, 8, 4, 2);
+        assert_eq!(st.items_decode, vec![0, code(0, 2, 1), 1, code(1, 2, 1)]);
+        // Splits that are not whole blocks, or one member a group: nothing changes.
+        let mut st = decodes(&[(17, t), (17, t)]);
+        let before = st.clone();
+        share_decode_splits(&mut st, 6, 4, 2);
+        assert_eq!(st, before);
+        share_decode_splits(&mut st, 8, 4, 1);
+        assert_eq!(st, before);
     }
 }
