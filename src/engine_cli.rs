@@ -218,7 +218,8 @@ pub struct BenchEngineArgs {
     #[arg(long)]
     pub no_warmup: bool,
     /// Also run each point with one output token and give decode tokens/s as the vLLM peer script
-    /// does: batch × (output_len − 1) / (t(output_len) − t(1)), whole-batch wall times.
+    /// does: batch × (output_len − 1) / (t(output_len) − t(1)), whole-batch wall times; and prefill
+    /// tokens/s as it does, batch × prompt_len / t(1).
     #[arg(long)]
     pub peer_decode: bool,
     #[command(flatten)]

@@ -14,7 +14,8 @@
 //! With `peer_decode` each point also runs once with one output token, and decode throughput is
 //! given the way the vLLM peer script measures it too: `batch × (output_len − 1) / (t(output_len) −
 //! t(1))`, both wall times of the whole batch in this warmed-up process — so the two systems' decode
-//! figures come from one method, prefill steps and the ragged tail included.
+//! figures come from one method, prefill steps and the ragged tail included — and prefill
+//! throughput as it measures it, `batch × prompt_len / t(1)`.
 
 use std::time::{Duration, Instant};
 
@@ -120,6 +121,13 @@ impl BenchRow {
             ),
             _ => 0.0,
         }
+    }
+
+    /// Prefill tokens/s as the peer script measures it: `batch × prompt_len / t(1)`, the whole
+    /// batch's wall time with one output token (0 without a one-token run).
+    pub fn peer_prefill_tokens_per_s(&self) -> f64 {
+        self.one_token_wall_time
+            .map_or(0.0, |t1| per_second(self.batch * self.prompt_len, t1))
     }
 }
 
@@ -237,12 +245,12 @@ fn run_point(
 }
 
 /// The header of [`markdown_row`]'s table.
-pub const MARKDOWN_HEADER: &str = "| batch | prompt | output | prefill tok/s | decode tok/s | ms / decode step | ms / full-batch step | of which engine host ms | decode tok/s, (t(N) − t(1)) |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |";
+pub const MARKDOWN_HEADER: &str = "| batch | prompt | output | prefill tok/s | decode tok/s | ms / decode step | ms / full-batch step | of which engine host ms | decode tok/s, (t(N) − t(1)) | prefill tok/s, n · prompt / t(1) |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |";
 
 /// One row of a markdown table.
 pub fn markdown_row(r: &BenchRow) -> String {
     format!(
-        "| {} | {} | {} | {:.0} | {:.1} | {:.2} | {:.2} | {:.3} | {} |",
+        "| {} | {} | {} | {:.0} | {:.1} | {:.2} | {:.2} | {:.3} | {} | {} |",
         r.batch,
         r.prompt_len,
         r.output_len,
@@ -253,6 +261,10 @@ pub fn markdown_row(r: &BenchRow) -> String {
         r.ms_host_per_full_step(),
         match r.one_token_wall_time {
             Some(_) => format!("{:.1}", r.peer_decode_tokens_per_s()),
+            None => "—".into(),
+        },
+        match r.one_token_wall_time {
+            Some(_) => format!("{:.0}", r.peer_prefill_tokens_per_s()),
             None => "—".into(),
         }
     )
@@ -365,6 +377,9 @@ mod tests {
         } else {
             assert_eq!(r.peer_decode_tokens_per_s(), 0.0);
         }
-        assert!(markdown_row(&r).ends_with(" |"));
+        let prefill = 2.0 * 6.0 / t1.as_secs_f64();
+        assert!((r.peer_prefill_tokens_per_s() - prefill).abs() < 1e-6 * prefill);
+        let cells = markdown_row(&r).matches('|').count();
+        assert_eq!(cells, MARKDOWN_HEADER.lines().next().unwrap().matches('|').count());
     }
 }

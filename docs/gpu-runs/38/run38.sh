@@ -9,6 +9,10 @@
 #   b (+ part01, .gpu38/tests.tar.xz: the cuda_kernels and cuda_backend tests): vLLM installed;
 #      vLLM's LLM.generate on the job (scripts/vllm_generate_job.py); ringserve on the job again,
 #      sharing on three times and off once; then every cuda_kernels and cuda_backend test
+#   c (.gpu38/ringserve.tar.xz of the build with `bench engine`'s peer-method prefill column; no
+#      vLLM): bf16 prefill and long-context decode by step budget (--max-num-batched-tokens 8,192,
+#      16,384, 32,768: vLLM's offline default is 16,384), and ncu's per-kernel time of one prefill
+#      step (16 × 512, 2 × 3,900 tokens; FP8 16 × 512)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 B=/tmp/b38; P=.gpu38/peer; M=/tmp/llama8b; J=/tmp/spj
@@ -55,4 +59,18 @@ b)
     timeout 300 $B/$t --include-ignored --test-threads 1 > $OUT/$t.log 2>&1
     echo "$t rc $?: $(grep -E "test result" $OUT/$t.log)"; grep -E "panicked|FAILED|^test .*ok$" $OUT/$t.log | head -30
   done ;;
+c)
+  [ -f $M/config.json ] || python3 scripts/make_random_llama8b.py $M > $OUT/make_model.log 2>&1
+  E="$B/ringserve bench engine --model $M --device cuda --max-model-len 4096 --output-len 65 --peer-decode"
+  for b in 8192 16384 32768; do
+    echo "== budget $b" | tee -a $OUT/bench.txt
+    timeout 120 $E --max-num-batched-tokens $b --batch-sizes 128 --prompt-lens 512 2>>$OUT/bench.err | grep -E "^\| [0-9]" | tee -a $OUT/bench.txt
+    timeout 200 $E --max-num-batched-tokens $b --batch-sizes 32,64 --prompt-lens 3900 2>>$OUT/bench.err | grep -E "^\| [0-9]" | tee -a $OUT/bench.txt
+  done
+  N="ncu --clock-control none --cache-control none --csv --page raw --print-units base --metrics gpu__time_duration.sum"
+  P="$B/ringserve bench engine --model $M --device cuda --max-model-len 4096 --output-len 1 --no-warmup"
+  timeout 150 $N $P --batch-sizes 16 --prompt-lens 512 > $OUT/ncu_512.txt 2>&1; echo "ncu 512 rc $?"
+  timeout 150 $N $P --batch-sizes 2 --prompt-lens 3900 > $OUT/ncu_3900.txt 2>&1; echo "ncu 3900 rc $?"
+  timeout 150 $N $P --batch-sizes 16 --prompt-lens 512 --quantization fp8 > $OUT/ncu_fp8_512.txt 2>&1; echo "ncu fp8 rc $?"
+  for f in $OUT/ncu_*.txt; do python3 scripts/ncu_summary.py $f | head -25; done ;;
 esac
