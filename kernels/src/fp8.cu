@@ -110,16 +110,34 @@ extern "C" __global__ void __launch_bounds__(FP8_QUANT_THREADS) quant_fp8_rows_b
 // silu_mul_bf16's row r — silu(g) * u in f32, rounded to bf16 (as silu_mul stores it), then
 // quantized. One block per row; k a multiple of 8, p.x 16-byte and p.q 8-byte aligned (the host
 // checks; otherwise it runs the two kernels).
+// With p.in_w_scales, p.x is the raw FP8 gate/up product and each value is first scaled as
+// scale_fp8_out_bf16 scales it — bf16(x * in_x_scales[row] * in_w_scales[col]) — so the launch
+// gives the bits of the scaling pass followed by this kernel, without the pass's write and read
+// of the whole product (67 % of an FP8 layer's product outputs on the 8B shape).
 extern "C" __global__ void __launch_bounds__(FP8_QUANT_THREADS) silu_mul_quant_fp8_bf16(Fp8QuantParams p) {
     __shared__ float red[FP8_QUANT_THREADS / 32];
     const int row = blockIdx.x;
     const bf16* gate = p.x + (size_t)row * 2 * p.k;
     const bf16* up = gate + p.k;
+    const float* ws = p.in_w_scales;
+    // Read before any thread of the block writes p.scales[row] (the two may be one buffer).
+    const float xs = ws ? p.in_x_scales[row] : 1.f;
     fp8_quant_row_vec(
         [&](int i, float* t) {
             float u[8];
             load16(gate + 8 * i, t);
             load16(up + 8 * i, u);
+            if (ws) {
+                const float4 g0 = *(const float4*)(ws + 8 * i), g1 = *(const float4*)(ws + 8 * i + 4);
+                const float4 u0 = *(const float4*)(ws + p.k + 8 * i), u1 = *(const float4*)(ws + p.k + 8 * i + 4);
+                const float wg[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+                const float wu[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    t[e] = __bfloat162float(__float2bfloat16(__fmul_rn(__fmul_rn(t[e], xs), wg[e])));
+                    u[e] = __bfloat162float(__float2bfloat16(__fmul_rn(__fmul_rn(u[e], xs), wu[e])));
+                }
+            }
 #pragma unroll
             for (int e = 0; e < 8; e++) t[e] = __bfloat162float(__float2bfloat16(t[e] / (1.f + expf(-t[e])) * u[e]));
         },

@@ -162,6 +162,11 @@ pub const DECODE_MMA_KERNEL: &str = "attn_decode_mma_bf16_d128";
 /// [`DECODE_MMA_KERNEL`] over an FP8 (E4M3) cache: same grid, block and parameters; its shared
 /// memory is [`DECODE_KV8_SMEM_BYTES`] (an f16 conversion buffer per warp and a ring of E4M3 stages).
 pub const DECODE_MMA_KV8_KERNEL: &str = "attn_decode_mma_kv8_d128";
+/// Heads one `rope_kv_write_*` block rotates and writes (a warp each, `ROPE_HEADS`).
+pub const ROPE_HEADS: usize = 8;
+/// Rotated pairs (half the head dimension) `rope_kv_write_*` supports: its sin/cos table.
+pub const ROPE_MAX_PAIRS: usize = ATTN_MAX_HEAD_DIM / 2;
+
 /// Query-head rows of the tensor-core decode kernels' mma operand that hold queries: a KV head's
 /// group, or the groups of up to `DECODE_MMA_ROWS / group` sequences sharing a split.
 pub const DECODE_MMA_ROWS: usize = 8;
@@ -283,6 +288,8 @@ pub const LAUNCH_CONSTANTS: &[(&str, usize)] = &[
     ("DECODE_RING_BYTES_4", DECODE_RING_BYTES_4),
     ("DECODE_KV8_SMEM_BYTES", DECODE_KV8_SMEM_BYTES),
     ("DECODE_MMA_ROWS", DECODE_MMA_ROWS),
+    ("ROPE_HEADS", ROPE_HEADS),
+    ("ROPE_MAX_PAIRS", ROPE_MAX_PAIRS),
     ("DECODE_SHARE_MEMBERS_SHIFT", DECODE_SHARE_MEMBERS_SHIFT),
     ("DECODE_SHARE_SPLITS_SHIFT", DECODE_SHARE_SPLITS_SHIFT),
     ("PREFILL_MMA_TOKENS", PREFILL_MMA_TOKENS),

@@ -106,6 +106,10 @@ struct Fp8QuantParams {
     int m, k;
     float static_scale; // > 0: every row's scale; 0: each row's own max(amax / 448, 1 / (448 * 512))
     u32 pad;
+    // silu_mul_quant_fp8_bf16 only, both null or both set: x is a raw FP8 product whose output
+    // (r, c) is to be scaled by in_x_scales[r] * in_w_scales[c] first (as scale_fp8_out_bf16 would)
+    const float* in_x_scales; // [m]; may be `scales` itself (each row's is read before it is written)
+    const float* in_w_scales; // [2k]: gate columns, then up columns
 };
 RS_CHECK_SIZE(Fp8QuantParams);
 RS_CHECK_FIELD(Fp8QuantParams, x);
@@ -114,6 +118,8 @@ RS_CHECK_FIELD(Fp8QuantParams, scales);
 RS_CHECK_FIELD(Fp8QuantParams, m);
 RS_CHECK_FIELD(Fp8QuantParams, k);
 RS_CHECK_FIELD(Fp8QuantParams, static_scale);
+RS_CHECK_FIELD(Fp8QuantParams, in_x_scales);
+RS_CHECK_FIELD(Fp8QuantParams, in_w_scales);
 RS_CHECK_FIELD(Fp8QuantParams, pad);
 
 struct GemvFp8Params {

@@ -107,8 +107,14 @@ pub struct Fp8QuantParams {
     /// `> 0`: this one scale for every row (static activations); `0`: each row's own
     /// `max(amax / 448, 1 / (448 · 512))`.
     pub static_scale: f32,
-    /// Tail padding made explicit.
+    /// Padding made explicit.
     pub pad: u32,
+    /// `silu_mul_quant_fp8_bf16` only, both 0 or both set: `x` is a raw FP8 product whose output
+    /// `(r, c)` is first scaled by `in_x_scales[r] · in_w_scales[c]`, as `scale_fp8_out_bf16`
+    /// would (`f32[m]`; may be `scales` itself: a row's is read before it is written).
+    pub in_x_scales: u64,
+    /// `f32[2k]`: the gate columns' scales, then the up columns'.
+    pub in_w_scales: u64,
 }
 
 /// `GemvFp8Params`: the small-batch product of E4M3 activations and E4M3 weights, each with its
@@ -335,7 +341,9 @@ pub fn layout_defines() -> Vec<(&'static str, usize)> {
             m,
             k,
             static_scale,
-            pad
+            pad,
+            in_x_scales,
+            in_w_scales
         }
     );
     layout!(
@@ -403,7 +411,7 @@ mod tests {
         let defines = layout_defines();
         assert_eq!(
             defines.len(),
-            5 + 19 + 12 + 7 + 5 + 6 + 8 + 10 + 14 + 6 + 4 + 5
+            5 + 19 + 12 + 7 + 5 + 6 + 10 + 10 + 14 + 6 + 4 + 5
         );
         let get = |n: &str| defines.iter().find(|(k, _)| *k == n).unwrap().1;
         assert_eq!(get("RS_SIZEOF_AttnParams"), 112);
@@ -415,7 +423,8 @@ mod tests {
         assert_eq!(get("RS_SIZEOF_GemvRopeParams"), 120);
         assert_eq!(get("RS_OFFSETOF_GemvRopeParams_rope"), 24);
         assert_eq!(get("RS_SIZEOF_SampleRow"), 32);
-        assert_eq!(get("RS_SIZEOF_Fp8QuantParams"), 40);
+        assert_eq!(get("RS_SIZEOF_Fp8QuantParams"), 56);
+        assert_eq!(get("RS_OFFSETOF_Fp8QuantParams_in_w_scales"), 48);
         assert_eq!(get("RS_OFFSETOF_Fp8QuantParams_static_scale"), 32);
         assert_eq!(get("RS_SIZEOF_GemvFp8Params"), 56);
         assert_eq!(get("RS_OFFSETOF_GemvFp8Params_b"), 40);

@@ -380,6 +380,9 @@ mod tests {
         let prefill = 2.0 * 6.0 / t1.as_secs_f64();
         assert!((r.peer_prefill_tokens_per_s() - prefill).abs() < 1e-6 * prefill);
         let cells = markdown_row(&r).matches('|').count();
-        assert_eq!(cells, MARKDOWN_HEADER.lines().next().unwrap().matches('|').count());
+        assert_eq!(
+            cells,
+            MARKDOWN_HEADER.lines().next().unwrap().matches('|').count()
+        );
     }
 }

@@ -297,6 +297,24 @@ fn rope_kv_write_matches_cpu() {
                 bs: 16,
                 blocks: 9,
             },
+            // 15 heads (not a whole number of 8-head blocks), head size 64
+            RopeCase {
+                n: 6,
+                hq: 9,
+                hkv: 3,
+                d: 64,
+                bs: 16,
+                blocks: 2,
+            },
+            // an odd number of pairs (9): one pair at a time
+            RopeCase {
+                n: 4,
+                hq: 2,
+                hkv: 1,
+                d: 18,
+                bs: 4,
+                blocks: 3,
+            },
         ] {
             let width = (c.hq + 2 * c.hkv) * c.d;
             let qkv = q(&r.vec(c.n * width), dt);
@@ -1796,7 +1814,9 @@ fn fused_silu_mul_quantization_equals_silu_mul_then_the_cpu_quantizer() {
         let codes = g.alloc(DType::U8, m * k).unwrap();
         let scales = g.alloc(DType::F32, m).unwrap();
         for static_scale in [0.0f32, 0.02] {
-            assert!(silu_mul_quant(&g, &gu, (&codes, &scales), (m, k), static_scale).unwrap());
+            assert!(
+                silu_mul_quant(&g, &gu, (&codes, &scales), (m, k), static_scale, None).unwrap()
+            );
             let got_q = g.download_bytes(&codes, m * k).unwrap();
             let got_s = g.download_f32(&scales).unwrap();
             let (want_q, want_s) = fp8_expected(&act, k, static_scale);
@@ -1807,7 +1827,37 @@ fn fused_silu_mul_quantization_equals_silu_mul_then_the_cpu_quantizer() {
                 "m{m} k{k} static {static_scale}: {diff} codes differ"
             );
         }
-        eprintln!("silu·mul + fp8 quantization m{m} k{k}: the codes of silu_mul's output");
+        // The same product left raw (unscaled): the kernel scales each value as the scaling
+        // pass would, bf16((x · row scale) · column scale), first. Its row scales are read from
+        // the buffer it writes its own scales to, as the backend passes them.
+        let row_s: Vec<f32> = (0..m).map(|i| 0.5 + 0.25 * i as f32).collect();
+        let col_s: Vec<f32> = (0..2 * k).map(|c| 0.01 + 0.001 * (c % 97) as f32).collect();
+        let raw: Vec<f32> = (0..m * 2 * k)
+            .map(|i| gate_up[i] / (row_s[i / (2 * k)] * col_s[i % (2 * k)]))
+            .collect();
+        let raw = q(&raw, DType::Bf16);
+        let scaled: Vec<f32> = (0..m * 2 * k)
+            .map(|i| raw[i] * row_s[i / (2 * k)] * col_s[i % (2 * k)])
+            .collect();
+        let scaled = q(&scaled, DType::Bf16);
+        let sb = g.upload_f32(&scaled, DType::Bf16).unwrap();
+        let act = g.alloc(DType::Bf16, m * k).unwrap();
+        ops::silu_mul(&g, &sb, &act, (m, k)).unwrap();
+        let (want_q, want_s) = fp8_expected(&g.download_f32(&act).unwrap(), k, 0.0);
+        let rb = g.upload_f32(&raw, DType::Bf16).unwrap();
+        let inout = g.upload_f32(&row_s, DType::F32).unwrap();
+        let cols = g.upload_f32(&col_s, DType::F32).unwrap();
+        let raw_scales = Some((&inout, &cols));
+        assert!(silu_mul_quant(&g, &rb, (&codes, &inout), (m, k), 0.0, raw_scales).unwrap());
+        assert_eq!(
+            g.download_f32(&inout).unwrap(),
+            want_s,
+            "m{m} k{k} raw: scales"
+        );
+        let got_q = g.download_bytes(&codes, m * k).unwrap();
+        let diff = got_q.iter().zip(&want_q).filter(|(a, b)| a != b).count();
+        assert_eq!(diff, 0, "m{m} k{k} raw: {diff} codes differ");
+        eprintln!("silu·mul + fp8 quantization m{m} k{k}: the codes of silu_mul's output, raw too");
     }
     // k not a multiple of 8: the caller runs the two kernels instead.
     let gu = g.alloc(DType::Bf16, 2 * 12).unwrap();
@@ -1815,7 +1865,7 @@ fn fused_silu_mul_quantization_equals_silu_mul_then_the_cpu_quantizer() {
         g.alloc(DType::U8, 12).unwrap(),
         g.alloc(DType::F32, 1).unwrap(),
     );
-    assert!(!silu_mul_quant(&g, &gu, (&codes, &scales), (1, 12), 0.0).unwrap());
+    assert!(!silu_mul_quant(&g, &gu, (&codes, &scales), (1, 12), 0.0, None).unwrap());
 }
 
 #[test]

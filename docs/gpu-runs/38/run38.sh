@@ -13,6 +13,12 @@
 #      vLLM): bf16 prefill and long-context decode by step budget (--max-num-batched-tokens 8,192,
 #      16,384, 32,768: vLLM's offline default is 16,384), and ncu's per-kernel time of one prefill
 #      step (16 × 512, 2 × 3,900 tokens; FP8 16 × 512)
+#   d (+ part00, .gpu38/tests.tar.xz of the build with rope_kv_write a warp a head (sin/cos once a
+#      token) and the FP8 gate/up product's scaling folded into SiLU·mul's quantization:
+#      cuda_kernels, cuda_backend, cuda_fp8): every test of the three; the model made
+#   e (+ part01, .gpu38/ringserve.tar.xz of that build): vLLM installed; vLLM bf16 at 512-token
+#      prompts (batches 1, 128) and at 3,900 (32, 64); ringserve bf16 the same, --peer-decode
+#   f: vLLM --quantization fp8 (batches 1, 128) and ringserve --quantization fp8, --peer-decode
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 B=/tmp/b38; P=.gpu38/peer; M=/tmp/llama8b; J=/tmp/spj
@@ -73,4 +79,27 @@ c)
   timeout 150 $N $P --batch-sizes 2 --prompt-lens 3900 > $OUT/ncu_3900.txt 2>&1; echo "ncu 3900 rc $?"
   timeout 150 $N $P --batch-sizes 16 --prompt-lens 512 --quantization fp8 > $OUT/ncu_fp8_512.txt 2>&1; echo "ncu fp8 rc $?"
   for f in $OUT/ncu_*.txt; do python3 scripts/ncu_summary.py $f | head -25; done ;;
+d)
+  install_vllm d &
+  [ -f $M/config.json ] || python3 scripts/make_random_llama8b.py $M > $OUT/make_model.log 2>&1 &
+  for t in cuda_kernels cuda_backend cuda_fp8; do
+    timeout 300 $B/$t --include-ignored --test-threads 1 > $OUT/$t.log 2>&1
+    echo "$t rc $?: $(grep -E "test result" $OUT/$t.log)"; grep -E "panicked|FAILED" $OUT/$t.log | head -5
+  done
+  wait; ls $M ;;
+e|f)
+  install_vllm $1
+  V="timeout 280 python3 $P/bench_vllm.py $M"
+  E="$B/ringserve bench engine --model $M --device cuda --max-model-len 4096 --output-len 65 --peer-decode"
+  if [ $1 = e ]; then
+    PYTHONPATH=/tmp/site $V $OUT/vllm_512.json --batches 128 > $OUT/vllm_512.log 2>&1; echo "vllm 512 rc $?"
+    PYTHONPATH=/tmp/site $V $OUT/vllm_3900.json --prompt-len 3900 --batches 32,64 --max-model-len 4096 > $OUT/vllm_3900.log 2>&1; echo "vllm 3900 rc $?"
+    grep -hE "prefill|decode|batch1" $OUT/vllm_512.log $OUT/vllm_3900.log | grep -v Warn | tail -12
+    timeout 100 $E --batch-sizes 1,128 --prompt-lens 512 2>>$OUT/bench.err | grep -E "^\| [0-9]" | tee -a $OUT/bench.txt
+    timeout 200 $E --batch-sizes 32,64 --prompt-lens 3900 2>>$OUT/bench.err | grep -E "^\| [0-9]" | tee -a $OUT/bench.txt
+  else
+    PYTHONPATH=/tmp/site $V $OUT/vllm_fp8.json --batches 128 --quantization fp8 > $OUT/vllm_fp8.log 2>&1; echo "vllm fp8 rc $?"
+    grep -hE "prefill|decode|batch1" $OUT/vllm_fp8.log | grep -v Warn | tail -6
+    timeout 150 $E --batch-sizes 1,128 --prompt-lens 512 --quantization fp8 2>>$OUT/bench.err | grep -E "^\| [0-9]" | tee -a $OUT/bench.txt
+  fi ;;
 esac

@@ -575,9 +575,23 @@ impl CudaBackend {
         scales: ProductQuant<'_>,
         quantized: bool,
     ) -> Result<(), BackendError> {
+        self.product_maybe_unscaled(l, scales, quantized, false)
+            .map(|_| ())
+    }
+
+    /// [`Self::product`]; with `unscaled_ok`, an FP8 product on cuBLASLt leaves its output
+    /// unscaled and returns its row and column scales (`Some((x_scales, w_scales))`) for the
+    /// consumer to apply ([`super::fp8::silu_mul_quant`]), saving the scaling pass.
+    fn product_maybe_unscaled<'s>(
+        &'s self,
+        l: &Linear<'_>,
+        scales: ProductQuant<'s>,
+        quantized: bool,
+        unscaled_ok: bool,
+    ) -> Result<Option<(&'s Buf, &'s Buf)>, BackendError> {
         let s = match scales {
-            ProductQuant::None => return self.linear(l),
-            ProductQuant::Int4(s) => return self.product_int4(l, s),
+            ProductQuant::None => return self.linear(l).map(|_| None),
+            ProductQuant::Int4(s) => return self.product_int4(l, s).map(|_| None),
             ProductQuant::Fp8(s) => s,
         };
         let (g, ws) = (&self.gpu, &self.ws);
@@ -603,8 +617,9 @@ impl CudaBackend {
             k: l.k,
         };
         match &self.fp8_gemm {
-            _ if l.m <= kernels::GEMV_MAX_BATCH && f.gemv_ok() => gemv_fp8(g, &f, 16),
-            Some(gemm) => gemm.run(g, &f),
+            _ if l.m <= kernels::GEMV_MAX_BATCH && f.gemv_ok() => gemv_fp8(g, &f, 16).map(|_| None),
+            Some(gemm) if unscaled_ok => gemm.run_unscaled(g, &f).map(|_| Some((&ws.xs, &s.rows))),
+            Some(gemm) => gemm.run(g, &f).map(|_| None),
             None => Err(BackendError::InvalidOptions(
                 "FP8 weights in a backend built without FP8".into(),
             )),
@@ -875,20 +890,25 @@ impl CudaBackend {
                     fp8: norm_fp8(fp8.map(|f| &f.gate_up)),
                 },
             )?;
-            self.product(
+            let down = p.quant(|f| &f.down, |i| &i.down);
+            // FP8: SiLU·mul writes the down product's input codes directly, and scales an
+            // FP8 gate/up product that cuBLASLt left raw on the way in.
+            let silu_quant =
+                matches!(down, ProductQuant::Fp8(_)) && super::fp8::silu_mul_quant_fits(inter);
+            let raw = self.product_maybe_unscaled(
                 &p.gate_up,
                 p.quant(|f| &f.gate_up, |i| &i.gate_up),
                 fused_quant,
+                silu_quant,
             )?;
-            let down = p.quant(|f| &f.down, |i| &i.down);
-            // FP8: SiLU·mul writes the down product's input codes directly.
             let quantized = match down {
-                ProductQuant::Fp8(s) => super::fp8::silu_mul_quant(
+                ProductQuant::Fp8(s) if silu_quant => super::fp8::silu_mul_quant(
                     g,
                     &ws.gate_up,
                     (&ws.xq, &ws.xs),
                     (n, inter),
                     s.static_input.unwrap_or(0.0),
+                    raw,
                 )?,
                 _ => false,
             };

@@ -65,6 +65,8 @@ pub fn quant_rows(gpu: &Gpu, a: &QuantRows<'_>) -> Result<(), BackendError> {
         k: int(a.k, "k")?,
         static_scale: a.static_scale,
         pad: 0,
+        in_x_scales: 0,
+        in_w_scales: 0,
     };
     let mut b = gpu.stream.launch_builder(gpu.func("quant_fp8_rows_bf16")?);
     b.arg(&p);
@@ -76,23 +78,36 @@ pub fn quant_rows(gpu: &Gpu, a: &QuantRows<'_>) -> Result<(), BackendError> {
         .map_err(BackendError::from)
 }
 
+/// Whether [`silu_mul_quant`] runs for an intermediate size of `k` (else it queues nothing).
+pub fn silu_mul_quant_fits(k: usize) -> bool {
+    k.is_multiple_of(8)
+}
+
 /// `q[m, k]`, `scales[m]` from the gate/up product `gate_up[m, 2k]` ([gate | up] a row): the codes
 /// [`quant_rows`] gives for `silu_mul`'s bf16 output, in one launch (`silu_mul_quant_fp8_bf16`).
-/// `Ok(false)` (nothing queued) where the fused kernel does not apply: `k` not a multiple of 8.
+/// With `raw = Some((x_scales[m], w_scales[2k]))`, `gate_up` is an FP8 product left unscaled
+/// ([`Fp8Gemm::run_unscaled`]) and is scaled first exactly as [`Fp8Gemm::run`] would have;
+/// `x_scales` may be `scales` itself. `Ok(false)` (nothing queued) where the fused kernel does
+/// not apply ([`silu_mul_quant_fits`]).
 pub fn silu_mul_quant(
     gpu: &Gpu,
     gate_up: &Buf,
     out: (&Buf, &Buf),
     (m, k): (usize, usize),
     static_scale: f32,
+    raw: Option<(&Buf, &Buf)>,
 ) -> Result<bool, BackendError> {
     let (q, scales) = out;
-    if k % 8 != 0 {
+    if !silu_mul_quant_fits(k) {
         return Ok(false);
     }
     gate_up.check("silu·mul fp8 gate_up", DType::Bf16, m * 2 * k)?;
     q.check("silu·mul fp8 codes", DType::U8, m * k)?;
     scales.check("silu·mul fp8 scales", DType::F32, m)?;
+    if let Some((xs, ws)) = raw {
+        xs.check("silu·mul fp8 product row scales", DType::F32, m)?;
+        ws.check("silu·mul fp8 product column scales", DType::F32, 2 * k)?;
+    }
     if !(static_scale >= 0.0 && static_scale.is_finite()) {
         return Err(BackendError::InvalidBatch(format!(
             "silu·mul fp8: static scale {static_scale}"
@@ -109,16 +124,21 @@ pub fn silu_mul_quant(
         k: int(k, "k")?,
         static_scale,
         pad: 0,
+        in_x_scales: raw.map_or(0, |(xs, _)| xs.ptr()),
+        in_w_scales: raw.map_or(0, |(_, ws)| ws.ptr()),
     };
     let mut b = gpu
         .stream
         .launch_builder(gpu.func("silu_mul_quant_fp8_bf16")?);
     b.arg(&p);
-    // SAFETY: the checks above gave gate_up >= m*2k bf16, q >= m*k bytes and scales >= m floats;
-    // device buffers start 256-byte aligned and k is a multiple of 8, so every row of gate_up is
-    // 16-byte and every row of q 8-byte aligned, as the kernel's vector accesses need. Block r
-    // (grid m) reads gate_up[r, 0..2k) and writes q[r, 0..k) and scales[r] only, with
-    // kernels::FP8_QUANT_THREADS threads, the size its reduction's shared array has.
+    // SAFETY: the checks above gave gate_up >= m*2k bf16, q >= m*k bytes and scales >= m floats
+    // (with raw: x_scales >= m and w_scales >= 2k floats); device buffers start 256-byte aligned
+    // and k is a multiple of 8, so every row of gate_up is 16-byte, every row of q 8-byte and
+    // every 8-column group of w_scales 32-byte aligned, as the kernel's vector accesses need.
+    // Block r (grid m) reads gate_up[r, 0..2k) (and x_scales[r], read by every thread before
+    // the block's one write of scales[r], then w_scales[0..2k)) and writes q[r, 0..k) and
+    // scales[r] only, with kernels::FP8_QUANT_THREADS threads, the size its reduction's shared
+    // array has.
     unsafe { b.launch(cfg((dim(m, "m")?, 1, 1), kernels::FP8_QUANT_THREADS, 0)) }
         .map(|_| true)
         .map_err(BackendError::from)
@@ -299,6 +319,14 @@ impl Fp8Gemm {
 
     /// Queues `l` (any number of rows).
     pub fn run(&self, gpu: &Gpu, l: &Fp8Linear<'_>) -> Result<(), BackendError> {
+        self.run_unscaled(gpu, l)?;
+        scale_output(gpu, l)
+    }
+
+    /// Queues `l`'s product of the raw codes only: `y` holds the sums, rounded to bf16, which
+    /// the consumer must still scale by `x_scales[b] · w_scales[n]` as [`Self::run`] does
+    /// ([`silu_mul_quant`] can).
+    pub fn run_unscaled(&self, gpu: &Gpu, l: &Fp8Linear<'_>) -> Result<(), BackendError> {
         l.check()?;
         if !Self::fits(l) {
             return Err(BackendError::InvalidBatch(
@@ -341,7 +369,7 @@ impl Fp8Gemm {
                 gpu.stream.cu_stream() as lt_sys::cudaStream_t,
             )
         }?;
-        scale_output(gpu, l)
+        Ok(())
     }
 
     /// D[n, m] = Wᵀ X in cuBLASLt's column-major terms (W stored k × n and transposed, X k × m),
@@ -426,6 +454,9 @@ impl Fp8Gemm {
 
 /// `y[b, n] *= x_scales[b] · w_scales[n]` over `l`'s output, in place.
 fn scale_output(gpu: &Gpu, l: &Fp8Linear<'_>) -> Result<(), BackendError> {
+    if l.m == 0 || l.n == 0 {
+        return Ok(());
+    }
     let p = GemvFp8Params {
         x: 0,
         x_scales: l.x_scales.ptr(),

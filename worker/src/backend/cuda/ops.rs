@@ -309,10 +309,11 @@ impl RopeKv<'_> {
     fn params(&self) -> Result<(DType, RopeParams), BackendError> {
         let dt = float_type(self.qkv, "qkv")?;
         let width = (self.hq + 2 * self.hkv) * self.d;
-        if !self.d.is_multiple_of(2) {
+        if !self.d.is_multiple_of(2) || self.d / 2 > kernels::ROPE_MAX_PAIRS {
             return Err(BackendError::InvalidBatch(format!(
-                "odd head_dim {}",
-                self.d
+                "head_dim {}: RoPE takes even head sizes up to {}",
+                self.d,
+                2 * kernels::ROPE_MAX_PAIRS
             )));
         }
         self.qkv.check("qkv", dt, self.n * width)?;
@@ -361,12 +362,18 @@ pub unsafe fn rope_kv_write(gpu: &Gpu, a: &RopeKv<'_>) -> Result<(), BackendErro
     let f = gpu.func(&format!("rope_kv_write_{}", dt.suffix()))?;
     let mut b = gpu.stream.launch_builder(f);
     b.arg(&p);
-    let grid = (dim(a.n, "tokens")?, dim(a.hq + 2 * a.hkv, "heads")?, 1);
-    let threads = dim((a.d / 2).next_multiple_of(32), "head_dim")?;
-    // SAFETY: sizes of qkv, bias, positions, inv_freq, q_out checked; block (t, h) touches token
-    // t < n and head h < hq + 2*hkv, thread j < d/2 elements j and j + d/2 of it; cache slots are
-    // the caller's promise.
-    unsafe { b.launch(cfg(grid, threads, 0)) }
+    let heads = a.hq + 2 * a.hkv;
+    let grid = (
+        dim(a.n, "tokens")?,
+        dim(heads.div_ceil(kernels::ROPE_HEADS), "heads")?,
+        1,
+    );
+    // SAFETY: sizes of qkv, bias, positions, inv_freq, q_out checked, and d/2 <= ROPE_MAX_PAIRS
+    // (the kernel's sin/cos table); block (t, y) touches token t < n, its warp w head
+    // y * ROPE_HEADS + w only when < hq + 2*hkv, lane l elements j, j + 1 and j + d/2, j + d/2 + 1
+    // for even j = 2l + 64i < d/2 (2-element accesses at even offsets of rows of even length d,
+    // when d/2 is even; else single elements); cache slots are the caller's promise.
+    unsafe { b.launch(cfg(grid, (kernels::ROPE_HEADS * 32) as u32, 0)) }
         .map(|_| ())
         .map_err(BackendError::from)
 }
