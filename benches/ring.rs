@@ -1,5 +1,6 @@
-//! Ring benchmarks: this crate's shared-memory ring across two processes and between two threads,
-//! against `rtrb` and crossbeam's `ArrayQueue` between two threads, in the same run, every
+//! Ring benchmarks: this crate's shared-memory ring across two processes and between two threads
+//! (through its bulk path, `push_slice` / `pop_runs`, as rtrb's chunk API for batches), against
+//! `rtrb` and crossbeam's `ArrayQueue` between two threads, in the same run, every
 //! contestant's two sides pinned to the same two separate CPUs; one group per record size (8, 64,
 //! 512, 4096 B) with batches of 1 and 32, a ping-pong round-trip group (spinning and with futex
 //! waits, beside rtrb and a bare shared word across processes), and the stress test (one pair of
@@ -10,7 +11,7 @@
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
 use ringbuf::bench::{
-    BATCHES, CAPACITY, Launcher, Peer, Pinning, WaitMode, pin_current_thread, quantile,
+    BATCHES, CAPACITY, Fill, Launcher, Peer, Pinning, WaitMode, pin_current_thread, quantile,
 };
 use std::hint::black_box;
 use std::sync::{Arc, Barrier};
@@ -132,7 +133,7 @@ fn size_group<const N: usize>(c: &mut Criterion, launcher: &Launcher, pin: Optio
             |b| {
                 b.iter_custom(|iters| {
                     xproc
-                        .throughput(N, batch, iters * BLOCK, WaitMode::Spin)
+                        .throughput(N, batch, iters * BLOCK, WaitMode::Spin, Fill::Slice)
                         .expect("cross-process run")
                         .took
                 })
@@ -143,7 +144,7 @@ fn size_group<const N: usize>(c: &mut Criterion, launcher: &Launcher, pin: Optio
             |b| {
                 b.iter_custom(|iters| {
                     inproc
-                        .throughput(N, batch, iters * BLOCK, WaitMode::Spin)
+                        .throughput(N, batch, iters * BLOCK, WaitMode::Spin, Fill::Slice)
                         .expect("in-process run")
                         .took
                 })

@@ -4,7 +4,7 @@
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use ringbuf::bench::stress::{Percentiles, StressConfig, StressReport};
-use ringbuf::bench::{Launcher, Pinning, ReportConfig, WaitMode};
+use ringbuf::bench::{Fill, Launcher, Pinning, ReportConfig, WaitMode};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -17,6 +17,15 @@ pub enum WaitChoice {
     Futex,
     /// Each case twice, spinning and with futex waits.
     Both,
+}
+
+/// How the throughput table's sender writes records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum FillChoice {
+    /// Each record in place through a reservation (zero copy).
+    InPlace,
+    /// Each batch copied from an array of equal records with `push_slice` (the bulk path).
+    Slice,
 }
 
 #[derive(Args)]
@@ -34,6 +43,9 @@ pub struct BenchRingArgs {
     /// Wait modes of the throughput table.
     #[arg(long, value_enum, default_value_t = WaitChoice::Both)]
     wait: WaitChoice,
+    /// How the sender writes the throughput table's records.
+    #[arg(long, value_enum, default_value_t = FillChoice::InPlace)]
+    fill: FillChoice,
     /// Leave the two sides (or, with --stress, every process) wherever the scheduler puts them
     /// instead of pinning them to separate CPUs.
     #[arg(long)]
@@ -89,6 +101,10 @@ pub fn bench_ring(args: BenchRingArgs) -> anyhow::Result<()> {
                 WaitChoice::Spin => &[WaitMode::Spin],
                 WaitChoice::Futex => &[WaitMode::Futex],
                 WaitChoice::Both => &[WaitMode::Spin, WaitMode::Futex],
+            },
+            fill: match args.fill {
+                FillChoice::InPlace => Fill::InPlace,
+                FillChoice::Slice => Fill::Slice,
             },
         };
         print!("{}", ringbuf::bench::report(&launcher, config)?);

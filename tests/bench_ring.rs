@@ -1,4 +1,5 @@
-//! `ringserve bench ring`: the table reports each side's stalls, sleeps and wakes, and `--stress`
+//! `ringserve bench ring`: the table (records written in place, or in bulk with `--fill slice`)
+//! reports each side's stalls, sleeps and wakes, and `--stress`
 //! (with and without SIGKILLed producers) checks every record and writes its JSON report.
 
 use std::process::Command;
@@ -12,7 +13,23 @@ fn ringserve(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn table_counts_futex_sleeps_and_stalls() {
-    let out = ringserve(&[
+    let text = futex_table(&[]);
+    assert!(text.contains("written in place"), "{text}");
+}
+
+#[test]
+fn table_of_the_bulk_path_counts_the_same() {
+    // push_slice on the sender, pop_runs_wait on the sink, every size and batch.
+    let text = futex_table(&["--fill", "slice"]);
+    assert!(
+        text.contains("written from arrays with push_slice"),
+        "{text}"
+    );
+}
+
+/// The throughput table with futex waits (and `extra` arguments), checked row by row.
+fn futex_table(extra: &[&str]) -> String {
+    let mut args = vec![
         "bench",
         "ring",
         "--records",
@@ -23,8 +40,10 @@ fn table_counts_futex_sleeps_and_stalls() {
         "1",
         "--wait",
         "futex",
-    ]);
-    let text = String::from_utf8_lossy(&out.stdout);
+    ];
+    args.extend_from_slice(extra);
+    let out = ringserve(&args);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
         "{text}\n{}",
@@ -49,6 +68,7 @@ fn table_counts_futex_sleeps_and_stalls() {
             );
         }
     }
+    text
 }
 
 fn stress(extra: &[&str]) -> serde_json::Value {

@@ -48,6 +48,69 @@ pub struct Record<'a> {
     pub payload: &'a [u8],
 }
 
+/// Equal records lying back to back in the ring, as seen by [`Consumer::pop_runs`]: a run's
+/// records (or part of them), or one record on its own. Each record is `record_len()` bytes at a
+/// stride of `record_len()` rounded up to 8.
+#[derive(Clone, Copy, Debug)]
+pub struct Records<'a> {
+    /// The records' kind.
+    pub kind: u16,
+    /// The records' flags (0 for a run's records).
+    pub flags: u16,
+    record_len: usize,
+    stride: usize,
+    count: usize,
+    bytes: &'a [u8],
+}
+
+impl<'a> Records<'a> {
+    /// How many records.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// Whether there are none (never, as handed out by `pop_runs`).
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Payload bytes of each record.
+    #[inline]
+    pub fn record_len(&self) -> usize {
+        self.record_len
+    }
+
+    /// Record `i`'s payload.
+    #[inline]
+    pub fn get(&self, i: usize) -> Option<&'a [u8]> {
+        let start = i.checked_mul(self.stride)?;
+        (i < self.count).then(|| &self.bytes[start..start + self.record_len])
+    }
+
+    /// Each record's payload, in order.
+    #[inline]
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = &'a [u8]> + 'a {
+        let (bytes, len, stride) = (self.bytes, self.record_len, self.stride);
+        (0..self.count).map(move |i| &bytes[i * stride..i * stride + len])
+    }
+
+    /// The records as `N`-byte arrays, when each is `N` bytes and `N` is a multiple of 8 (so
+    /// they lie back to back with no padding); `None` otherwise.
+    #[inline]
+    pub fn as_arrays<const N: usize>(&self) -> Option<&'a [[u8; N]]> {
+        if self.record_len != N || self.stride != N || N == 0 {
+            return None;
+        }
+        let bytes: &'a [u8] = self.bytes;
+        // SAFETY: with stride == len == N the slice holds exactly `count * N` bytes (the last
+        // record adds `len`, the others `stride`); `[u8; N]` has alignment 1 and no invalid bit
+        // patterns, and the borrow keeps the lifetime of the bytes.
+        Some(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<[u8; N]>(), self.count) })
+    }
+}
+
 /// Where the next record lies (no borrow held).
 #[derive(Clone, Copy)]
 struct Next {
@@ -200,6 +263,49 @@ impl<M: Memory> Consumer<M> {
         outcome.map(|()| n)
     }
 
+    /// Hands up to `max` committed records to `f` a run at a time — equal records a batch wrote
+    /// back to back (see [`Batch::push_slice`](crate::Batch::push_slice)) as one borrowed slice,
+    /// a record on its own as a slice of one — then releases them all with one store. Returns how
+    /// many records `f` saw. The same records, in the same order, as [`pop_batch`](Self::pop_batch).
+    #[inline]
+    pub fn pop_runs(&mut self, max: usize, mut f: impl FnMut(Records<'_>)) -> Result<usize> {
+        ring::check_poison(self.mem.header(), &mut self.poisoned)?;
+        let mut pos = self.head;
+        let mut first = self.run_index;
+        let mut n = 0;
+        let mut outcome = Ok(());
+        while n < max {
+            match self.next_checked(pos) {
+                Ok(Some(next)) => {
+                    if first >= next.count {
+                        outcome = Err(self.corrupt("run length"));
+                        break;
+                    }
+                    let take = (next.count - first).min((max - n) as u64);
+                    f(self.records(next, first, take));
+                    n += take as usize;
+                    if first + take < next.count {
+                        // Stopped inside a run: release what precedes it, remember how far.
+                        first += take;
+                        break;
+                    }
+                    pos = next.pos + next.total();
+                    first = 0;
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    outcome = Err(e);
+                    break;
+                }
+            }
+        }
+        if pos != self.head {
+            self.release(pos);
+        }
+        self.run_index = first;
+        outcome.map(|()| n)
+    }
+
     /// Waits up to `timeout` for a record: spins briefly, then sleeps on a cross-process futex.
     /// `Ok(None)` on timeout; `Err(PeerDead)` once the ring is empty and the producer has died.
     pub fn pop_wait(&mut self, timeout: Duration) -> Result<Option<ReadGrant<'_, M>>> {
@@ -220,6 +326,21 @@ impl<M: Memory> Consumer<M> {
     ) -> Result<usize> {
         if self.wait_data(timeout)? {
             self.pop_batch(max, f)
+        } else {
+            Ok(0)
+        }
+    }
+
+    /// Waits like [`pop_wait`](Self::pop_wait), then hands up to `max` records to `f` a run at a
+    /// time as [`pop_runs`](Self::pop_runs) does. `Ok(0)` on timeout.
+    pub fn pop_runs_wait(
+        &mut self,
+        max: usize,
+        timeout: Duration,
+        f: impl FnMut(Records<'_>),
+    ) -> Result<usize> {
+        if self.wait_data(timeout)? {
+            self.pop_runs(max, f)
         } else {
             Ok(0)
         }
@@ -288,6 +409,31 @@ impl<M: Memory> Consumer<M> {
         // the tail the producer published (Acquire), so its bytes are initialised, complete, and
         // not written by a well-behaved producer until we release them.
         unsafe { std::slice::from_raw_parts(self.mem.data().add(off as usize), next.len as usize) }
+    }
+
+    /// Records `first..first + count` of `next` as one slice.
+    #[inline]
+    fn records(&self, next: Next, first: u64, count: u64) -> Records<'_> {
+        let len = u64::from(next.len);
+        let stride = len.next_multiple_of(8);
+        let off = (next.pos & self.mask) + RECORD_HEADER as u64 + first * stride;
+        // From the first record's start to the last one's end (no padding after it).
+        let bytes = (count - 1) * stride + len;
+        self.mem.track_read(off, count * stride);
+        Records {
+            kind: next.kind,
+            flags: next.flags,
+            record_len: len as usize,
+            stride: stride as usize,
+            count: count as usize,
+            // SAFETY: as in `payload`: `next_checked` checked that the run's `next.count` records
+            // of `stride` bytes after its header lie inside the data area and below the published
+            // tail, and `first + count <= next.count`, so these bytes are complete and stay
+            // unwritten until we release them.
+            bytes: unsafe {
+                std::slice::from_raw_parts(self.mem.data().add(off as usize), bytes as usize)
+            },
+        }
     }
 
     /// Whether bytes beyond `pos` are published (refreshing the cached tail if needed).

@@ -19,7 +19,7 @@ mod ring;
 mod shm;
 mod sync;
 
-pub use consumer::{Consumer, ReadGrant, Record};
+pub use consumer::{Consumer, ReadGrant, Record, Records};
 pub use error::{Error, Result, Role};
 pub use liveness::{PeerState, process_alive};
 pub use memory::{HeapMemory, Memory};

@@ -25,6 +25,9 @@ struct Run {
     count: u64,
 }
 
+/// Largest single copy of `push_slice` (see `extend_run_many`).
+const COPY_PIECE: usize = 4096;
+
 /// Most spin hints a producer waits before reloading the head of a ring that stayed full.
 const FULL_BACKOFF_MAX: u32 = 64;
 
@@ -152,6 +155,16 @@ impl<M: Memory> Producer<M> {
         }
         self.publish();
         Ok(true)
+    }
+
+    /// Copies as many of `items` as fit into records of `kind` and publishes them together
+    /// ([`Batch::push_slice`] committed at once). Returns how many (0: the ring is full).
+    #[inline]
+    pub fn push_slice<const N: usize>(&mut self, kind: u16, items: &[[u8; N]]) -> Result<usize> {
+        let mut batch = self.batch();
+        let n = batch.push_slice(kind, items)?;
+        batch.commit();
+        Ok(n)
     }
 
     /// Starts a batch: records committed through it are published together by [`Batch::commit`]
@@ -324,6 +337,93 @@ impl<M: Memory> Producer<M> {
         self.pending_records += 1;
         self.run = Some(Run { count, ..run });
         Ok(true)
+    }
+
+    /// Copies `items` into the batch as records of `kind`, as many as fit, continuing the batch's
+    /// run (or starting one): the equal records share one header and, when `N` is a multiple of 8,
+    /// arrive in one copy. Returns how many were written (a prefix of `items`; 0: full).
+    #[inline]
+    fn write_slice<const N: usize>(&mut self, kind: u16, items: &[[u8; N]]) -> Result<usize> {
+        let mut done = 0;
+        while done < items.len() {
+            if let Some(run) = self.run
+                && run.len as usize == N
+                && run.kind == kind
+            {
+                let k = self.extend_run_many(run, &items[done..])?;
+                if k > 0 {
+                    done += k;
+                    continue;
+                }
+            }
+            // No run to extend, or it cannot grow (wrap, size limits, full): a new record, which
+            // also writes the padding before a wrap.
+            if !self.write_record(kind, &items[done], true)? {
+                break;
+            }
+            done += 1;
+        }
+        Ok(done)
+    }
+
+    /// Appends as many of `items` as fit to `run` (the batch's last record, of `N` bytes), in one
+    /// copy when their stride is `N`, and rewrites its header once. Returns how many.
+    #[inline]
+    fn extend_run_many<const N: usize>(&mut self, run: Run, items: &[[u8; N]]) -> Result<usize> {
+        let stride = (N as u64).next_multiple_of(8);
+        // Empty records take no bytes: only the count limits them.
+        let per = stride.max(1);
+        let run_off = run.pos & self.mask;
+        let run_total = self.pending - run.pos;
+        // As in `extend_run`: the run ends before the end of the data area, and stays a record.
+        let off = run_off + run_total;
+        let limit = (items.len() as u64)
+            .min(MAX_RUN - run.count)
+            .min((self.cap - off) / per)
+            .min((self.max_payload + RECORD_HEADER as u64).saturating_sub(run_total) / per);
+        if limit == 0 || !self.has_room(stride)? {
+            return Ok(0);
+        }
+        let free = self.cap - (self.pending - self.cached_head);
+        let k = limit.min(free / per);
+        let bytes = k * stride;
+        self.mem.track_write(off, bytes);
+        self.mem
+            .track_write(run.pos & self.mask, RECORD_HEADER as u64);
+        let count = run.count + k;
+        // SAFETY: `has_room` and the limits above put the `k * stride` bytes at `off` (8-aligned)
+        // inside the data area, beyond the published tail and within the room the consumer
+        // released; the run's header at `run.pos` is unpublished (the run started in this batch).
+        // `items` cannot alias them (as in `write_record`). With `stride == N` the `k` items are
+        // `k * N` contiguous bytes; otherwise each is copied to its own stride.
+        unsafe {
+            let dst = self.mem.data().add(off as usize);
+            if stride == N as u64 {
+                // In pieces: above a cache-size-dependent length glibc's memcpy switches to
+                // non-temporal stores, which bypass the caches the consumer reads from (a batch
+                // of 32 records of 4 KiB copied at once moved 10 GB/s; in pieces, as fast as
+                // records written one by one).
+                let src = items.as_ptr().cast::<u8>();
+                let mut at = 0;
+                while at < bytes as usize {
+                    let n = (bytes as usize - at).min(COPY_PIECE);
+                    std::ptr::copy_nonoverlapping(src.add(at), dst.add(at), n);
+                    at += n;
+                }
+            } else {
+                for (i, item) in items[..k as usize].iter().enumerate() {
+                    copy_payload(item, dst.add(i * stride as usize));
+                }
+            }
+            crate::sync::store_word(
+                self.mem.data().add((run.pos & self.mask) as usize),
+                encode_record(run.len | RUN_BIT, run.kind, count as u16),
+            );
+        }
+        self.pending += bytes;
+        self.pending_records += k as usize;
+        self.run = Some(Run { count, ..run });
+        Ok(k as usize)
     }
 
     #[inline]
@@ -617,6 +717,15 @@ impl<M: Memory> Batch<'_, M> {
     #[inline]
     pub fn try_push_kind(&mut self, kind: u16, payload: &[u8]) -> Result<bool> {
         self.producer.write_record(kind, payload, true)
+    }
+
+    /// Copies equal records into the batch, as many as fit, as [`try_push_kind`](Self::try_push_kind)
+    /// would one by one, but in bulk: they form runs (one header for up to 65,535 records) and,
+    /// when `N` is a multiple of 8, arrive in one copy. Returns how many were added (a prefix of
+    /// `items`; 0: the ring is full). The consumer still sees each record on its own.
+    #[inline]
+    pub fn push_slice<const N: usize>(&mut self, kind: u16, items: &[[u8; N]]) -> Result<usize> {
+        self.producer.write_slice(kind, items)
     }
 
     /// Records committed to this batch so far.

@@ -8,10 +8,33 @@ use std::collections::VecDeque;
 
 #[derive(Clone, Debug)]
 enum Op {
-    Push { len: usize, kind: u16 },
-    Batch { lens: Vec<usize>, commit: bool },
-    Abandon { len: usize },
-    Pop { max: usize },
+    Push {
+        len: usize,
+        kind: u16,
+    },
+    Batch {
+        lens: Vec<usize>,
+        commit: bool,
+    },
+    /// A batch: `lead` records pushed one by one, then `count` records of `width` bytes and
+    /// `kind` through `push_slice`.
+    Slice {
+        lead: Vec<usize>,
+        width: usize,
+        count: usize,
+        kind: u16,
+        commit: bool,
+    },
+    Abandon {
+        len: usize,
+    },
+    Pop {
+        max: usize,
+    },
+    /// `pop_runs(max)`: the same records as `Pop`, a run at a time.
+    PopRuns {
+        max: usize,
+    },
     PopOne,
 }
 
@@ -20,8 +43,23 @@ fn op(max_len: usize) -> impl Strategy<Value = Op> {
         4 => (0..=max_len, any::<u16>()).prop_map(|(len, kind)| Op::Push { len, kind }),
         2 => (prop::collection::vec(0..=max_len, 0..6), prop::bool::weighted(0.8))
             .prop_map(|(lens, commit)| Op::Batch { lens, commit }),
+        2 => (
+            prop::collection::vec(prop_oneof![Just(0usize), Just(5), Just(8), 0..=max_len], 0..3),
+            prop_oneof![Just(0usize), Just(5), Just(8), Just(16)],
+            0usize..40,
+            0u16..2,
+            prop::bool::weighted(0.8),
+        )
+            .prop_map(|(lead, width, count, kind, commit)| Op::Slice {
+                lead,
+                width,
+                count,
+                kind,
+                commit
+            }),
         1 => (0..=max_len).prop_map(|len| Op::Abandon { len }),
         2 => (0usize..5).prop_map(|max| Op::Pop { max }),
+        2 => (0usize..40).prop_map(|max| Op::PopRuns { max }),
         3 => Just(Op::PopOne),
     ]
 }
@@ -36,12 +74,21 @@ struct Model {
     records: VecDeque<(u16, Vec<u8>, Option<u64>)>,
 }
 
-/// A run being built in a batch: its records' length, how many, and where it starts.
+/// A run being built in a batch: its records' length and kind, how many, and where it starts.
 #[derive(Clone, Copy)]
 struct ModelRun {
     len: usize,
+    kind: u16,
     count: u64,
     start: u64,
+}
+
+/// Records a batch has written but not published, and the run its last record may extend.
+#[derive(Default)]
+struct Staged {
+    at: Option<u64>,
+    run: Option<ModelRun>,
+    records: Vec<(u16, Vec<u8>, Option<u64>)>,
 }
 
 impl Model {
@@ -58,17 +105,80 @@ impl Model {
     }
 
     /// Where the run would end if a record of `len` bytes joined it at `at` (its current end).
-    fn extend(&self, run: ModelRun, at: u64, len: usize) -> Option<u64> {
+    fn extend(&self, run: ModelRun, at: u64, len: usize, kind: u16) -> Option<u64> {
         let stride = (len as u64).next_multiple_of(8);
         let fits_before_end = run.start % self.cap + (at - run.start) + stride <= self.cap;
         let run_total = at - run.start + stride;
         (run.len == len
+            && run.kind == kind
             && run.count < u64::from(u16::MAX)
             && fits_before_end
             && run_total <= self.cap / 2
             && at + stride - self.head <= self.cap)
             .then_some(at + stride)
     }
+
+    /// What a batch does with one more record: joins the staged run, starts a record, or
+    /// refuses it (`false`: the ring is full for it).
+    fn stage(&self, staged: &mut Staged, kind: u16, data: Vec<u8>) -> bool {
+        let at = staged.at.unwrap_or(self.tail);
+        let len = data.len();
+        if let Some(end) = staged.run.and_then(|r| self.extend(r, at, len, kind)) {
+            if let Some(last) = staged.records.last_mut() {
+                last.2 = None;
+            }
+            staged.records.push((kind, data, Some(end)));
+            staged.at = Some(end);
+            staged.run = staged.run.map(|r| ModelRun {
+                count: r.count + 1,
+                ..r
+            });
+            return true;
+        }
+        let Some(end) = self.place(at, len) else {
+            return false;
+        };
+        staged.run = Some(ModelRun {
+            len,
+            kind,
+            count: 1,
+            start: end - record_size(len as u64),
+        });
+        staged.at = Some(end);
+        staged.records.push((kind, data, Some(end)));
+        true
+    }
+
+    /// Publishes what a batch staged.
+    fn commit(&mut self, staged: Staged) {
+        self.tail = staged.at.unwrap_or(self.tail);
+        self.records.extend(staged.records);
+    }
+}
+
+/// `push_slice` of `count` records of `N` bytes into `batch`, checked against the model one
+/// record at a time: it writes exactly the prefix the model accepts.
+fn push_slice<const N: usize>(
+    batch: &mut crate::Batch<'_, crate::HeapMemory>,
+    m: &Model,
+    staged: &mut Staged,
+    seed: &mut u64,
+    kind: u16,
+    count: usize,
+) -> Result<(), TestCaseError> {
+    let items: Vec<[u8; N]> = (0..count)
+        .map(|_| {
+            *seed += 1;
+            fill(*seed, N).try_into().unwrap()
+        })
+        .collect();
+    let wrote = batch.push_slice(kind, &items).unwrap();
+    let accepted = items
+        .iter()
+        .take_while(|item| m.stage(staged, kind, item.to_vec()))
+        .count();
+    prop_assert_eq!(wrote, accepted, "push_slice of {} x {} B", count, N);
+    Ok(())
 }
 
 fn fill(seed: u64, len: usize) -> Vec<u8> {
@@ -109,44 +219,50 @@ fn run(cap: usize, ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
             Op::Batch { lens, commit } => {
                 let mut batch = p.batch();
-                let mut at = m.tail;
-                let mut staged: Vec<(u16, Vec<u8>, Option<u64>)> = Vec::new();
-                // Equal records of a batch join the run the first of them started.
-                let mut run: Option<ModelRun> = None;
+                let mut staged = Staged::default();
                 for len in lens {
                     seed += 1;
                     let data = fill(seed, len);
                     let pushed = batch.try_push(&data).unwrap();
-                    if let Some(end) = run.and_then(|r| m.extend(r, at, len)) {
-                        prop_assert!(pushed, "a record joining a run at {} was refused", at);
-                        at = end;
-                        if let Some(last) = staged.last_mut() {
-                            last.2 = None;
-                        }
-                        staged.push((0, data, Some(end)));
-                        run = run.map(|r| ModelRun {
-                            count: r.count + 1,
-                            ..r
-                        });
-                        continue;
-                    }
-                    let expect = m.place(at, len);
-                    prop_assert_eq!(pushed, expect.is_some());
-                    if let Some(end) = expect {
-                        run = Some(ModelRun {
-                            len,
-                            count: 1,
-                            start: end - record_size(len as u64),
-                        });
-                        at = end;
-                        staged.push((0, data, Some(end)));
-                    }
+                    prop_assert_eq!(
+                        pushed,
+                        m.stage(&mut staged, 0, data),
+                        "batch push of {}",
+                        len
+                    );
                 }
-                prop_assert_eq!(batch.len(), staged.len());
+                prop_assert_eq!(batch.len(), staged.records.len());
                 if commit {
-                    prop_assert_eq!(batch.commit(), staged.len());
-                    m.tail = at;
-                    m.records.extend(staged);
+                    prop_assert_eq!(batch.commit(), staged.records.len());
+                    m.commit(staged);
+                }
+            }
+            Op::Slice {
+                lead,
+                width,
+                count,
+                kind,
+                commit,
+            } => {
+                let mut batch = p.batch();
+                let mut staged = Staged::default();
+                for len in lead {
+                    seed += 1;
+                    let data = fill(seed, len);
+                    let pushed = batch.try_push(&data).unwrap();
+                    prop_assert_eq!(pushed, m.stage(&mut staged, 0, data));
+                }
+                let (b, s) = (&mut batch, &mut staged);
+                match width {
+                    0 => push_slice::<0>(b, &m, s, &mut seed, kind, count)?,
+                    5 => push_slice::<5>(b, &m, s, &mut seed, kind, count)?,
+                    8 => push_slice::<8>(b, &m, s, &mut seed, kind, count)?,
+                    _ => push_slice::<16>(b, &m, s, &mut seed, kind, count)?,
+                }
+                prop_assert_eq!(batch.len(), staged.records.len());
+                if commit {
+                    prop_assert_eq!(batch.commit(), staged.records.len());
+                    m.commit(staged);
                 }
             }
             Op::Abandon { len } => {
@@ -157,6 +273,35 @@ fn run(cap: usize, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let mut got = Vec::new();
                 let n = c
                     .pop_batch(max, |r| got.push((r.kind, r.payload.to_vec())))
+                    .unwrap();
+                prop_assert_eq!(n, got.len());
+                prop_assert_eq!(n, max.min(m.records.len()));
+                for (kind, data) in got {
+                    let (mk, md, end) = m.records.pop_front().unwrap();
+                    prop_assert_eq!((kind, data), (mk, md));
+                    m.head = end.unwrap_or(m.head);
+                }
+            }
+            Op::PopRuns { max } => {
+                let mut got = Vec::new();
+                let n = c
+                    .pop_runs(max, |recs| {
+                        assert!(!recs.is_empty());
+                        let all: Vec<&[u8]> = recs.iter().collect();
+                        assert_eq!(all.len(), recs.len());
+                        assert_eq!(recs.get(recs.len()), None);
+                        for (i, r) in all.iter().enumerate() {
+                            assert_eq!(recs.get(i), Some(*r));
+                            assert_eq!(r.len(), recs.record_len());
+                        }
+                        if let Some(arrays) = recs.as_arrays::<8>() {
+                            assert!(arrays.iter().map(|a| &a[..]).eq(all.iter().copied()));
+                        }
+                        if let Some(arrays) = recs.as_arrays::<16>() {
+                            assert!(arrays.iter().map(|a| &a[..]).eq(all.iter().copied()));
+                        }
+                        got.extend(all.into_iter().map(|r| (recs.kind, r.to_vec())));
+                    })
                     .unwrap();
                 prop_assert_eq!(n, got.len());
                 prop_assert_eq!(n, max.min(m.records.len()));

@@ -52,6 +52,27 @@ impl WaitMode {
     }
 }
 
+/// How the sending side writes a throughput run's records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fill {
+    /// Each record written in place through a reservation (`Batch::reserve`), the zero-copy path.
+    InPlace,
+    /// Each batch copied from an array of equal records with `Batch::push_slice` (one header and
+    /// one copy for the batch): the bulk path, like rtrb's `write_chunk_uninit`. Sizes outside
+    /// [`SIZES`] fall back to [`Fill::InPlace`].
+    Slice,
+}
+
+impl Fill {
+    /// `in-place` or `slice`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Fill::InPlace => "in-place",
+            Fill::Slice => "slice",
+        }
+    }
+}
+
 /// How to start the running program again in benchmark-child mode: `program args... <ring args>`.
 #[derive(Clone, Debug)]
 pub struct Launcher {
@@ -239,6 +260,7 @@ fn serve<M: Memory>(rx: &mut Consumer<M>, tx: &mut Producer<M>, mode: WaitMode) 
                     Ok(u64::from_le_bytes(bytes.try_into().map_err(|_| stalled())?))
                 };
                 let (count, batch) = (word(0)?, word(1)? as usize);
+                let runs = word(3)? == 1;
                 let sink_mode = if word(2)? == 1 {
                     WaitMode::Futex
                 } else {
@@ -252,11 +274,21 @@ fn serve<M: Memory>(rx: &mut Consumer<M>, tx: &mut Producer<M>, mode: WaitMode) 
                 let mut sum = 0u64;
                 while left > 0 {
                     let max = batch.min(left as usize);
-                    let n = match sink_mode {
-                        WaitMode::Spin => rx.pop_batch(max, |r| sum ^= touch(r.payload))?,
-                        WaitMode::Futex => {
+                    // The bulk sender's records are read a run at a time, the others one by one.
+                    let run = |recs: crate::Records<'_>| {
+                        for r in recs.iter() {
+                            sum ^= touch(r);
+                        }
+                    };
+                    let n = match (sink_mode, runs) {
+                        (WaitMode::Spin, false) => {
+                            rx.pop_batch(max, |r| sum ^= touch(r.payload))?
+                        }
+                        (WaitMode::Spin, true) => rx.pop_runs(max, run)?,
+                        (WaitMode::Futex, false) => {
                             rx.pop_batch_wait(max, PATIENCE, |r| sum ^= touch(r.payload))?
                         }
+                        (WaitMode::Futex, true) => rx.pop_runs_wait(max, PATIENCE, run)?,
                     };
                     if n == 0 {
                         if sink_mode == WaitMode::Futex {
@@ -405,46 +437,32 @@ fn child_exited(child: &mut Child) -> bool {
 }
 
 impl<M: Memory> Peer<M> {
-    /// Sends `count` records of `size` bytes (written in place through reservations), published in
-    /// batches of `batch`; both sides poll when `mode` is [`WaitMode::Spin`] and sleep on the futex
-    /// when the ring is full or empty with [`WaitMode::Futex`].
+    /// Sends `count` records of `size` bytes, written as `fill` says and published in batches of
+    /// `batch`; both sides poll when `mode` is [`WaitMode::Spin`] and sleep on the futex when the
+    /// ring is full or empty with [`WaitMode::Futex`].
     pub fn throughput(
         &mut self,
         size: usize,
         batch: usize,
         count: u64,
         mode: WaitMode,
+        fill: Fill,
     ) -> Result<Throughput> {
-        let payload = vec![0xA5u8; size];
-        let mut begin = [0u8; 24];
+        let mut begin = [0u8; 32];
         begin[..8].copy_from_slice(&count.to_le_bytes());
         begin[8..16].copy_from_slice(&(batch as u64).to_le_bytes());
-        begin[16..].copy_from_slice(&u64::from(mode == WaitMode::Futex).to_le_bytes());
+        begin[16..24].copy_from_slice(&u64::from(mode == WaitMode::Futex).to_le_bytes());
+        begin[24..].copy_from_slice(&u64::from(fill == Fill::Slice).to_le_bytes());
         let before = self.to.stats();
         let start = Instant::now();
         push(&mut self.to, WaitMode::Spin, KIND_BEGIN, &begin)?;
-        let mut sent = 0u64;
-        while sent < count {
-            let want = (batch as u64).min(count - sent);
-            let mut b = self.to.batch();
-            let mut k = 0;
-            while k < want {
-                let Some(mut g) = b.reserve(size)? else { break };
-                g.copy_from_slice(&payload);
-                g.commit();
-                k += 1;
-            }
-            b.commit();
-            sent += k;
-            if k == 0 {
-                match mode {
-                    WaitMode::Spin => std::hint::spin_loop(),
-                    WaitMode::Futex => {
-                        // Sleep until one record fits; the grant is dropped, publishing nothing.
-                        self.to.reserve_wait(size, PATIENCE)?.ok_or_else(stalled)?;
-                    }
-                }
-            }
+        let tx = &mut self.to;
+        match (fill, size) {
+            (Fill::Slice, 8) => send_slices::<_, 8>(tx, batch, count, mode)?,
+            (Fill::Slice, 64) => send_slices::<_, 64>(tx, batch, count, mode)?,
+            (Fill::Slice, 512) => send_slices::<_, 512>(tx, batch, count, mode)?,
+            (Fill::Slice, 4096) => send_slices::<_, 4096>(tx, batch, count, mode)?,
+            _ => send_in_place(tx, size, batch, count, mode)?,
         }
         let mut consumer = None;
         pop(&mut self.from, WaitMode::Spin, |_, p| {
@@ -482,6 +500,67 @@ impl<M: Memory> Peer<M> {
         }
         Ok(samples)
     }
+}
+
+/// After a send found the ring full: a spin hint, or a sleep until one `size`-byte record fits.
+fn wait_full<M: Memory>(tx: &mut Producer<M>, size: usize, mode: WaitMode) -> Result<()> {
+    match mode {
+        WaitMode::Spin => std::hint::spin_loop(),
+        WaitMode::Futex => {
+            // The grant is dropped, publishing nothing.
+            tx.reserve_wait(size, PATIENCE)?.ok_or_else(stalled)?;
+        }
+    }
+    Ok(())
+}
+
+/// [`Fill::InPlace`]: `count` records of `size` bytes through reservations, `batch` a commit.
+fn send_in_place<M: Memory>(
+    tx: &mut Producer<M>,
+    size: usize,
+    batch: usize,
+    count: u64,
+    mode: WaitMode,
+) -> Result<()> {
+    let payload = vec![0xA5u8; size];
+    let mut sent = 0u64;
+    while sent < count {
+        let want = (batch as u64).min(count - sent);
+        let mut b = tx.batch();
+        let mut k = 0;
+        while k < want {
+            let Some(mut g) = b.reserve(size)? else { break };
+            g.copy_from_slice(&payload);
+            g.commit();
+            k += 1;
+        }
+        b.commit();
+        sent += k;
+        if k == 0 {
+            wait_full(tx, size, mode)?;
+        }
+    }
+    Ok(())
+}
+
+/// [`Fill::Slice`]: `count` records of `N` bytes, each batch one `push_slice` of up to `batch`.
+fn send_slices<M: Memory, const N: usize>(
+    tx: &mut Producer<M>,
+    batch: usize,
+    count: u64,
+    mode: WaitMode,
+) -> Result<()> {
+    let items = vec![[0xA5u8; N]; batch.max(1)];
+    let mut sent = 0u64;
+    while sent < count {
+        let want = (batch as u64).min(count - sent) as usize;
+        let k = tx.push_slice(0, &items[..want])?;
+        sent += k as u64;
+        if k == 0 {
+            wait_full(tx, N, mode)?;
+        }
+    }
+    Ok(())
 }
 
 impl<M: Memory> Drop for Peer<M> {
@@ -622,6 +701,8 @@ pub struct ReportConfig {
     pub pin: Option<Pinning>,
     /// The wait modes to measure throughput in.
     pub modes: &'static [WaitMode],
+    /// How the sender writes records.
+    pub fill: Fill,
 }
 
 impl Default for ReportConfig {
@@ -632,6 +713,7 @@ impl Default for ReportConfig {
             repeats: 5,
             pin: Pinning::separate(),
             modes: &[WaitMode::Spin, WaitMode::Futex],
+            fill: Fill::InPlace,
         }
     }
 }
@@ -666,8 +748,12 @@ pub fn report(launcher: &Launcher, config: ReportConfig) -> Result<String> {
     };
     let _ = writeln!(
         out,
-        "ring throughput ({} records per run, median of {repeats}, {pin}):",
-        config.records
+        "ring throughput ({} records per run, written {}, median of {repeats}, {pin}):",
+        config.records,
+        match config.fill {
+            Fill::InPlace => "in place through reservations",
+            Fill::Slice => "from arrays with push_slice",
+        }
     );
     let _ = writeln!(
         out,
@@ -699,8 +785,8 @@ pub fn report(launcher: &Launcher, config: ReportConfig) -> Result<String> {
             for &mode in config.modes {
                 let (mut xs, mut is) = (Vec::new(), Vec::new());
                 for _ in 0..repeats {
-                    xs.push(xproc.throughput(size, batch, config.records, mode)?);
-                    is.push(inproc.throughput(size, batch, config.records, mode)?);
+                    xs.push(xproc.throughput(size, batch, config.records, mode, config.fill)?);
+                    is.push(inproc.throughput(size, batch, config.records, mode, config.fill)?);
                 }
                 let (x, i) = (median(&mut xs), median(&mut is));
                 let _ = writeln!(
