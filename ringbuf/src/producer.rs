@@ -399,10 +399,9 @@ impl<M: Memory> Producer<M> {
         unsafe {
             let dst = self.mem.data().add(off as usize);
             if stride == N as u64 {
-                // In pieces: above a cache-size-dependent length glibc's memcpy switches to
-                // non-temporal stores, which bypass the caches the consumer reads from (a batch
-                // of 32 records of 4 KiB copied at once moved 10 GB/s; in pieces, as fast as
-                // records written one by one).
+                // In pieces: above a cache-size-dependent length glibc's memcpy may switch to
+                // non-temporal stores, which would push the records out of the caches the
+                // consumer is about to read them from.
                 let src = items.as_ptr().cast::<u8>();
                 let mut at = 0;
                 while at < bytes as usize {
