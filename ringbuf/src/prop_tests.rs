@@ -332,15 +332,10 @@ fn run(cap: usize, ops: Vec<Op>) -> Result<(), TestCaseError> {
 
 /// A hostile producer: the data area holds `data`, the producer's published position is
 /// `tail` (any value), and the consumer's cached copy of it is `cached`. The consumer, popping
-/// one record at a time and in batches, yields only records that lie inside the data area, or a
-/// `Corrupt` error after which it refuses to go on; it never panics or loops.
-fn hostile(
-    cap: usize,
-    data: &[u8],
-    tail: u64,
-    cached: u64,
-    batch: bool,
-) -> Result<(), TestCaseError> {
+/// in batches (`way` 0), a run at a time (1) or one record at a time (2), yields only records
+/// that lie inside the data area, or a `Corrupt` error after which it refuses to go on; it
+/// never panics or loops.
+fn hostile(cap: usize, data: &[u8], tail: u64, cached: u64, way: u8) -> Result<(), TestCaseError> {
     use crate::Memory;
     let ring = Ring::heap(cap).unwrap();
     let mut c = ring.consumer().unwrap();
@@ -357,10 +352,18 @@ fn hostile(
         .store(cached, crate::sync::Ordering::Relaxed);
     let mut seen = 0u64;
     for _ in 0..(cap / 8 + 2) {
-        let step = if batch {
+        let step = if way == 0 {
             c.pop_batch(4, |r| {
                 seen += record_size(r.payload.len() as u64);
                 assert!(r.payload.len() <= cap);
+            })
+            .map(|n| n > 0)
+        } else if way == 1 {
+            c.pop_runs(4, |run| {
+                for r in run.iter() {
+                    seen += record_size(r.len() as u64);
+                    assert!(r.len() <= cap);
+                }
             })
             .map(|n| n > 0)
         } else {
@@ -401,7 +404,7 @@ proptest! {
         words in prop::collection::vec((0usize..32, prop_oneof![any::<u32>(), 0u32..300]), 0..8),
         tail in hostile_position(),
         cached in hostile_position(),
-        batch in any::<bool>(),
+        way in 0u8..3,
     ) {
         // Arbitrary bytes, with plausible-looking record headers (a length word) placed in them.
         let mut data = data;
@@ -409,7 +412,7 @@ proptest! {
         for (slot, word) in words {
             data[slot * 8..slot * 8 + 4].copy_from_slice(&word.to_ne_bytes());
         }
-        hostile(256, &data, tail, cached, batch)?;
+        hostile(256, &data, tail, cached, way)?;
     }
 
     #[test]
