@@ -6,8 +6,9 @@
 //! waits, beside rtrb and a bare shared word across processes), and the stress test (one pair of
 //! processes, random sizes, checksums) as a group of its own.
 //!
-//! `cargo bench --bench ring` (criterion). The cross-process child is this binary re-executed with
-//! `--ring-child`.
+//! `cargo bench --bench ring` (criterion); `cargo bench --bench ring -- --interleaved [ROUNDS]`
+//! runs the 8 and 64 B contestants round-robin instead and prints each ratio to rtrb taken within
+//! its round. The cross-process child is this binary re-executed with `--ring-child`.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
 use ringbuf::bench::{
@@ -296,6 +297,76 @@ fn config() -> Criterion {
 
 criterion_group! { name = ring; config = config(); targets = benches }
 
+/// Records per run of the interleaved comparison.
+const INTERLEAVED_RECORDS: u64 = 1 << 20;
+
+/// The ratio goal measured so that every contestant meets the same machine: criterion measures one
+/// contestant for a second or more before the next, and on a VM the host may move the two vCPUs
+/// closer or apart in between (a bare shared word's round trip then moves 2–4×, and every rate with
+/// it). Here each round runs ringbuf across processes, ringbuf between threads and rtrb between
+/// threads back to back (1 Mi records each), and each ratio is taken within its round; prints the
+/// median and quartiles over `rounds` rounds per record size and batch, as a markdown table.
+fn interleaved(launcher: &Launcher, pin: Option<Pinning>, rounds: usize) {
+    fn one<const N: usize>(
+        xproc: &mut Peer<ringbuf::Segment>,
+        inproc: &mut Peer<ringbuf::HeapMemory>,
+        pin: Option<Pinning>,
+        rounds: usize,
+    ) {
+        let rate = |took: Duration| INTERLEAVED_RECORDS as f64 / took.as_secs_f64() / 1e6;
+        for batch in BATCHES {
+            // Per round: hundredths of M/s, and thousandths of the ratios (integers for `quantile`).
+            let (mut x, mut i, mut r, mut xr, mut ir) = (vec![], vec![], vec![], vec![], vec![]);
+            for _ in 0..rounds {
+                let xs = rate(
+                    xproc
+                        .throughput(N, batch, INTERLEAVED_RECORDS, WaitMode::Spin, Fill::Slice)
+                        .expect("cross-process run")
+                        .took,
+                );
+                let is = rate(
+                    inproc
+                        .throughput(N, batch, INTERLEAVED_RECORDS, WaitMode::Spin, Fill::Slice)
+                        .expect("in-process run")
+                        .took,
+                );
+                let rs = rate(rtrb_run::<N>(INTERLEAVED_RECORDS, batch, pin));
+                x.push((xs * 100.0) as u64);
+                i.push((is * 100.0) as u64);
+                r.push((rs * 100.0) as u64);
+                xr.push((xs / rs * 1000.0) as u64);
+                ir.push((is / rs * 1000.0) as u64);
+            }
+            let quartiles = |v: &mut Vec<u64>, scale: f64| {
+                [0.25, 0.5, 0.75].map(|p| quantile(v, p) as f64 / scale)
+            };
+            let [x25, x50, x75] = quartiles(&mut x, 100.0);
+            let [_, i50, _] = quartiles(&mut i, 100.0);
+            let [r25, r50, r75] = quartiles(&mut r, 100.0);
+            let [xr25, xr50, xr75] = quartiles(&mut xr, 1000.0);
+            let [ir25, ir50, ir75] = quartiles(&mut ir, 1000.0);
+            println!(
+                "| {N} B | {batch} | {x50:.1} M/s ({x25:.1}–{x75:.1}) | {i50:.1} M/s | \
+                 {r50:.1} M/s ({r25:.1}–{r75:.1}) | **{xr50:.2}×** ({xr25:.2}–{xr75:.2}×) | \
+                 {ir50:.2}× ({ir25:.2}–{ir75:.2}×) |"
+            );
+        }
+    }
+    let mut xproc = Peer::process(launcher, WaitMode::Spin, pin).expect("start cross-process peer");
+    let mut inproc = Peer::thread(WaitMode::Spin, pin).expect("start in-process peer");
+    println!(
+        "interleaved: {rounds} rounds of {INTERLEAVED_RECORDS} records per contestant, \
+         median (quartiles); ratios within each round"
+    );
+    println!(
+        "| record | batch | ringbuf cross-process | ringbuf in-process | rtrb in-process | \
+         cross-process / rtrb | in-process / rtrb |"
+    );
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    one::<8>(&mut xproc, &mut inproc, pin, rounds);
+    one::<64>(&mut xproc, &mut inproc, pin, rounds);
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some(CHILD_FLAG) {
@@ -303,6 +374,17 @@ fn main() {
             eprintln!("ring benchmark child: {e}");
             std::process::exit(1);
         }
+        return;
+    }
+    // `cargo bench --bench ring -- --interleaved [ROUNDS]`: the same contestants round-robin.
+    if let Some(at) = args.iter().position(|a| a == "--interleaved") {
+        let rounds = args
+            .get(at + 1)
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(15usize)
+            .max(1);
+        let launcher = Launcher::current_exe(&[CHILD_FLAG]).expect("benchmark executable");
+        interleaved(&launcher, Pinning::separate(), rounds);
         return;
     }
     ring();
