@@ -63,16 +63,6 @@ pub enum Fill {
     Slice,
 }
 
-impl Fill {
-    /// `in-place` or `slice`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Fill::InPlace => "in-place",
-            Fill::Slice => "slice",
-        }
-    }
-}
-
 /// How to start the running program again in benchmark-child mode: `program args... <ring args>`.
 #[derive(Clone, Debug)]
 pub struct Launcher {
