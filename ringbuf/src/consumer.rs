@@ -209,58 +209,15 @@ impl<M: Memory> Consumer<M> {
     /// Returns how many records `f` saw.
     #[inline]
     pub fn pop_batch(&mut self, max: usize, mut f: impl FnMut(Record<'_>)) -> Result<usize> {
-        ring::check_poison(self.mem.header(), &mut self.poisoned)?;
-        let mut pos = self.head;
-        let mut first = self.run_index;
-        let mut n = 0;
-        let mut outcome = Ok(());
-        while n < max {
-            match self.next_checked(pos) {
-                Ok(Some(next)) if next.count == 1 && first == 0 => {
-                    // A plain record: the common case, kept free of the run bookkeeping.
-                    f(Record {
-                        kind: next.kind,
-                        flags: next.flags,
-                        payload: self.payload(next, 0),
-                    });
-                    pos = next.pos + record_size(u64::from(next.len));
-                    n += 1;
-                }
-                Ok(Some(next)) => {
-                    if first >= next.count {
-                        outcome = Err(self.corrupt("run length"));
-                        break;
-                    }
-                    let mut i = first;
-                    while i < next.count && n < max {
-                        f(Record {
-                            kind: next.kind,
-                            flags: next.flags,
-                            payload: self.payload(next, i),
-                        });
-                        i += 1;
-                        n += 1;
-                    }
-                    if i < next.count {
-                        // Stopped inside a run: release what precedes it, remember how far.
-                        first = i;
-                        break;
-                    }
-                    pos = next.pos + next.total();
-                    first = 0;
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    outcome = Err(e);
-                    break;
-                }
+        self.pop_runs(max, |run| {
+            for payload in run.iter() {
+                f(Record {
+                    kind: run.kind,
+                    flags: run.flags,
+                    payload,
+                });
             }
-        }
-        if pos != self.head {
-            self.release(pos);
-        }
-        self.run_index = first;
-        outcome.map(|()| n)
+        })
     }
 
     /// Hands up to `max` committed records to `f` a run at a time — equal records a batch wrote

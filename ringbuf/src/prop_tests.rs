@@ -149,6 +149,24 @@ impl Model {
         true
     }
 
+    /// Checks `n` records popped with a limit of `max` (`got`, in order) against the model's
+    /// oldest ones, and releases them.
+    fn popped(
+        &mut self,
+        n: usize,
+        max: usize,
+        got: Vec<(u16, Vec<u8>)>,
+    ) -> Result<(), TestCaseError> {
+        prop_assert_eq!(n, got.len());
+        prop_assert_eq!(n, max.min(self.records.len()));
+        for (kind, data) in got {
+            let (mk, md, end) = self.records.pop_front().unwrap();
+            prop_assert_eq!((kind, data), (mk, md));
+            self.head = end.unwrap_or(self.head);
+        }
+        Ok(())
+    }
+
     /// Publishes what a batch staged.
     fn commit(&mut self, staged: Staged) {
         self.tail = staged.at.unwrap_or(self.tail);
@@ -274,13 +292,7 @@ fn run(cap: usize, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let n = c
                     .pop_batch(max, |r| got.push((r.kind, r.payload.to_vec())))
                     .unwrap();
-                prop_assert_eq!(n, got.len());
-                prop_assert_eq!(n, max.min(m.records.len()));
-                for (kind, data) in got {
-                    let (mk, md, end) = m.records.pop_front().unwrap();
-                    prop_assert_eq!((kind, data), (mk, md));
-                    m.head = end.unwrap_or(m.head);
-                }
+                m.popped(n, max, got)?;
             }
             Op::PopRuns { max } => {
                 let mut got = Vec::new();
@@ -303,13 +315,7 @@ fn run(cap: usize, ops: Vec<Op>) -> Result<(), TestCaseError> {
                         got.extend(all.into_iter().map(|r| (recs.kind, r.to_vec())));
                     })
                     .unwrap();
-                prop_assert_eq!(n, got.len());
-                prop_assert_eq!(n, max.min(m.records.len()));
-                for (kind, data) in got {
-                    let (mk, md, end) = m.records.pop_front().unwrap();
-                    prop_assert_eq!((kind, data), (mk, md));
-                    m.head = end.unwrap_or(m.head);
-                }
+                m.popped(n, max, got)?;
             }
             Op::PopOne => match c.try_pop().unwrap() {
                 Some(g) => {
