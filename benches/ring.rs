@@ -230,6 +230,19 @@ fn ping_pong(c: &mut Criterion, launcher: &Launcher, pin: Option<Pinning>) {
             })
         });
         print_quantiles(&format!("ringbuf_xproc/{label}"), &mut all);
+        if mode == WaitMode::Spin {
+            // 8-byte records: header, payload and the terminator in one line (most of the time).
+            let mut all = Vec::new();
+            group.bench_function(BenchmarkId::new("ringbuf_xproc", "spin_8B"), |b| {
+                b.iter_custom(|iters| {
+                    let samples = peer.ping_pong(8, iters as usize, mode).expect("ping-pong");
+                    let total = Duration::from_nanos(samples.iter().sum());
+                    all.extend(samples);
+                    total
+                })
+            });
+            print_quantiles("ringbuf_xproc/spin_8B", &mut all);
+        }
     }
     let mut all = Vec::new();
     group.bench_function(BenchmarkId::new("rtrb_inproc", "spin"), |b| {

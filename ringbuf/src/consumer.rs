@@ -3,7 +3,8 @@
 use crate::barrier;
 use crate::error::{Error, Result, Role};
 use crate::layout::{
-    MAX_POSITION, PAD_BIT, RECORD_HEADER, RUN_BIT, decode_record, max_payload, record_size,
+    LIVE_BIT, MAX_POSITION, PAD_BIT, Parsed, RECORD_HEADER, RUN_BIT, decode_record, max_payload,
+    parse_header, record_size,
 };
 use crate::liveness::{self, PeerState};
 use crate::memory::Memory;
@@ -25,8 +26,6 @@ pub struct Consumer<M: Memory = crate::DefaultMemory> {
     head: u64,
     /// Records of the run at `head` already delivered (0 unless a run was read in part).
     run_index: u64,
-    /// Our copy of the producer's tail; refreshed only when we have read everything up to it.
-    cached_tail: u64,
     last_woken: u32,
     sleep_gen: u32,
     releases: u32,
@@ -150,7 +149,6 @@ impl<M: Memory> Consumer<M> {
             max_payload: max_payload(cap),
             head,
             run_index: 0,
-            cached_tail: head,
             last_woken: hdr.prod_side.sleeping.load(Ordering::Relaxed),
             sleep_gen: 0,
             releases: 0,
@@ -160,15 +158,15 @@ impl<M: Memory> Consumer<M> {
             light: barrier::registered(),
             mem: Mapped::new(mem),
         };
+        // The tail may lag the records the consumer sees (it is stored after their header).
         if tail > MAX_POSITION
+            || head > MAX_POSITION
             || !head.is_multiple_of(8)
             || !tail.is_multiple_of(8)
-            || head > tail
-            || tail - head > cap
+            || tail.abs_diff(head) > cap
         {
             return Err(c.corrupt("positions at consumer attach"));
         }
-        c.cached_tail = tail;
         let gen_now = c.mem.header().cons_side.sleeping.load(Ordering::Relaxed);
         c.sleep_gen = gen_now.wrapping_add(gen_now & 1);
         c.mem
@@ -327,8 +325,8 @@ impl<M: Memory> Consumer<M> {
         )
     }
 
-    /// This side's slow-path counters (reloads of the producer's tail, empty-ring stalls, sleeps,
-    /// wakes) since it claimed the role.
+    /// This side's slow-path counters (polls that found the ring empty, counted as reloads and
+    /// stalls; sleeps; wakes) since it claimed the role.
     pub fn stats(&self) -> SideStats {
         self.stats
     }
@@ -362,9 +360,9 @@ impl<M: Memory> Consumer<M> {
         let off = (next.pos & self.mask) + RECORD_HEADER as u64 + index * stride;
         self.mem.track_read(off, stride);
         // SAFETY: `next_record` checked that the record (or the whole run, `count` records of
-        // `stride` bytes after the header, `index < count`) lies inside the data area and below
-        // the tail the producer published (Acquire), so its bytes are initialised, complete, and
-        // not written by a well-behaved producer until we release them.
+        // `stride` bytes after the header, `index < count`) lies inside the data area, and loaded
+        // its header with Acquire after the producer stored it with Release, so its bytes are
+        // initialised, complete, and not written by a well-behaved producer until we release them.
         unsafe { std::slice::from_raw_parts(self.mem.data().add(off as usize), next.len as usize) }
     }
 
@@ -384,8 +382,7 @@ impl<M: Memory> Consumer<M> {
             stride: stride as usize,
             count: count as usize,
             // SAFETY: as in `payload`: `next_checked` checked that the run's `next.count` records
-            // of `stride` bytes after its header lie inside the data area and below the published
-            // tail, and `first + count <= next.count`, so these bytes are complete and stay
+            // of `stride` bytes after its header lie inside the data area and are published, and `first + count <= next.count`, so these bytes are complete and stay
             // unwritten until we release them.
             bytes: unsafe {
                 std::slice::from_raw_parts(self.mem.data().add(off as usize), bytes as usize)
@@ -393,33 +390,23 @@ impl<M: Memory> Consumer<M> {
         }
     }
 
-    /// Whether bytes beyond `pos` are published (refreshing the cached tail if needed).
+    /// Whether a record (or padding) is published at `pos`: its header word is not the terminator.
     #[inline]
-    fn available(&mut self, pos: u64) -> Result<bool> {
-        if pos != self.cached_tail {
-            return Ok(true);
+    fn available(&mut self, pos: u64) -> bool {
+        // SYNC: Acquire pairs with the producer's Release store of a publish's first header
+        // (Producer::publish).
+        let word = self.mem.word(pos).load(Ordering::Acquire);
+        if word == 0 {
+            self.empty_poll();
         }
-        self.refresh_tail(pos)
+        word != 0
     }
 
-    /// Reloads the producer's tail (we caught up with our copy); whether bytes beyond `pos` exist.
-    #[inline(never)]
-    fn refresh_tail(&mut self, pos: u64) -> Result<bool> {
-        // SYNC: Acquire pairs with the producer's Release store of `prod.pos` (Producer::publish):
-        // the records below `tail` are completely written.
-        let tail = self.mem.header().prod.pos.load(Ordering::Acquire);
-        if tail < self.cached_tail || !tail.is_multiple_of(8) || tail - self.head > self.cap {
-            return Err(self.corrupt("producer position"));
-        }
-        self.cached_tail = tail;
-        self.mem
-            .header()
-            .cons
-            .cached_peer
-            .store(tail, Ordering::Relaxed);
+    /// Counts a poll that found the ring empty: each reloads the line the producer writes next.
+    #[cold]
+    fn empty_poll(&mut self) {
         self.stats.refreshes += 1;
-        self.stats.stalls += u64::from(pos == tail);
-        Ok(pos != tail)
+        self.stats.stalls += 1;
     }
 
     /// Validates the record at `pos` (skipping a padding record), without releasing anything.
@@ -430,86 +417,79 @@ impl<M: Memory> Consumer<M> {
     }
 
     /// [`next_record`](Self::next_record) once the poison flag was checked: the common case (a
-    /// data record, published, in bounds) inline, padding and errors out of line.
+    /// data record, in bounds) inline, padding, runs and errors out of line. `Ok(None)`: the
+    /// terminator (nothing published at `pos` yet).
     #[inline(always)]
     fn next_checked(&mut self, pos: u64) -> Result<Option<Next>> {
-        if !self.available(pos)? {
+        let off = pos & self.mask;
+        // SYNC: Acquire pairs with the producer's Release store of a publish's first header
+        // (Producer::publish): that publish's records, headers and terminator are written. The
+        // headers after the first were stored before it, so this load sees them too.
+        let word = self.mem.word(pos).load(Ordering::Acquire);
+        if word == 0 {
+            self.empty_poll();
             return Ok(None);
         }
-        let off = pos & self.mask;
-        let (len, kind, flags) = self.read_header(off);
-        let total = record_size(u64::from(len & !(PAD_BIT | RUN_BIT)));
-        if len & (PAD_BIT | RUN_BIT) != 0
-            || u64::from(len) > self.max_payload
+        let (len, kind, flags) = decode_record(word);
+        let total = record_size(u64::from(len & !(PAD_BIT | RUN_BIT | LIVE_BIT)));
+        if len & (PAD_BIT | RUN_BIT | LIVE_BIT) != LIVE_BIT
+            || u64::from(len & !LIVE_BIT) > self.max_payload
             || off + total > self.cap
-            || pos + total > self.cached_tail
+            || pos + total + RECORD_HEADER as u64 - self.head > self.cap
         {
-            return self.next_slow(pos);
+            return self.next_slow(pos, word);
         }
         Ok(Some(Next {
             pos,
-            len,
+            len: len & !LIVE_BIT,
             kind,
             flags,
             count: 1,
         }))
     }
 
-    /// The record at `pos` when it is padding (skipped), a run, or fails a check (an error).
+    /// The record at `pos`, whose header is `word`, when it is padding (skipped), a run, or fails
+    /// a check (an error).
     #[inline(never)]
-    fn next_slow(&mut self, mut pos: u64) -> Result<Option<Next>> {
-        let mut off = pos & self.mask;
-        let (mut len, mut kind, mut flags) = self.read_header(off);
-        if len & PAD_BIT != 0 {
-            let to_end = self.cap - off;
-            let pad = u64::from(len & !PAD_BIT);
-            if off == 0 || pad + RECORD_HEADER as u64 != to_end || pos + to_end > self.cached_tail {
-                return Err(self.corrupt("padding record"));
-            }
-            pos += to_end;
-            if !self.available(pos)? {
+    fn next_slow(&mut self, mut pos: u64, mut word: u64) -> Result<Option<Next>> {
+        let mut parsed = self.parse(pos, word)?;
+        if let Parsed::Pad { skip } = parsed {
+            pos += skip;
+            // SYNC: as in `next_checked` (the padding and the record after it are one publish).
+            word = self.mem.word(pos).load(Ordering::Acquire);
+            if word == 0 {
+                self.empty_poll();
                 return Ok(None);
             }
-            off = 0;
-            (len, kind, flags) = self.read_header(off);
-            if len & PAD_BIT != 0 {
-                return Err(self.corrupt("padding record"));
-            }
+            parsed = self.parse(pos, word)?;
         }
-        let mut next = Next {
+        let Parsed::Records {
+            len,
+            kind,
+            flags,
+            count,
+            total,
+        } = parsed
+        else {
+            return Err(self.corrupt("padding record"));
+        };
+        // Within one lap of what we released, with the terminator's word after it.
+        if pos + total + RECORD_HEADER as u64 - self.head > self.cap {
+            return Err(self.corrupt("record length"));
+        }
+        Ok(Some(Next {
             pos,
             len,
             kind,
             flags,
-            count: 1,
-        };
-        if len & RUN_BIT != 0 {
-            // A run of `flags` records of `len & !RUN_BIT` bytes: at least two, flags 0.
-            next.len = len & !RUN_BIT;
-            next.count = u64::from(flags);
-            next.flags = 0;
-            if next.count < 2 {
-                return Err(self.corrupt("run length"));
-            }
-        }
-        // A run's count is below 2^16 and a length below 2^29, so `total` cannot overflow.
-        let total = next.total();
-        if u64::from(next.len) > self.max_payload
-            || total > self.max_payload + RECORD_HEADER as u64
-            || off + total > self.cap
-            || pos + total > self.cached_tail
-        {
-            return Err(self.corrupt("record length"));
-        }
-        Ok(Some(next))
+            count,
+        }))
     }
 
-    #[inline]
-    fn read_header(&self, off: u64) -> (u32, u16, u16) {
-        self.mem.track_read(off, RECORD_HEADER as u64);
-        // SAFETY: off < cap and is a multiple of 8 (positions are validated to be 8-aligned), so the
-        // 8 bytes lie inside the 8-aligned data area.
-        decode_record(unsafe { crate::sync::load_word(self.mem.data().add(off as usize)) })
+    /// `parse_header` of the word at `pos`, a failure poisoning the ring.
+    fn parse(&mut self, pos: u64, word: u64) -> Result<Parsed> {
+        parse_header(word, pos & self.mask, self.cap, self.max_payload)
+            .map_err(|what| self.corrupt(what))
     }
 
     /// Stores `pos` as the new head and wakes the producer if it sleeps for room.
@@ -547,7 +527,7 @@ impl<M: Memory> Consumer<M> {
         loop {
             ring::check_poison(self.mem.header(), &mut self.poisoned)?;
             let (limit, head) = (self.config.spin, self.head);
-            if ring::spin(limit, || self.available(head))? {
+            if ring::spin(limit, || Ok(self.available(head)))? {
                 return Ok(true);
             }
             let hdr = self.mem.header();
@@ -558,9 +538,10 @@ impl<M: Memory> Consumer<M> {
                 .sleeping
                 .store(self.sleep_gen, Ordering::Relaxed);
             // SYNC: pairs with the producer's `barrier::publisher` in `Producer::publish` (eventcount):
-            // either we see its new tail below, or it sees our odd `sleeping` and rings the doorbell.
+            // either we see its first header below, or it sees our odd `sleeping` and rings the
+            // doorbell.
             barrier::waiter(self.light);
-            let ready = self.available(self.head);
+            let ready: Result<bool> = Ok(self.available(self.head));
             let now = Instant::now();
             let owner = self.mem.header().prod_side.owner.load(Ordering::Relaxed);
             let outcome = match ready {
@@ -652,7 +633,6 @@ impl<M: Memory> std::fmt::Debug for Consumer<M> {
         let hdr = self.mem.header();
         f.debug_struct("Consumer")
             .field("head", &self.head)
-            .field("cached_tail", &self.cached_tail)
             .field("shared_tail", &hdr.prod.pos.load(Ordering::Relaxed))
             .field("sleep_gen", &self.sleep_gen)
             .field("poisoned", &self.poisoned)

@@ -6,25 +6,33 @@
 //!      0   128  meta: magic u64, version u32, poisoned u32,    creator (poisoned: either side)
 //!                     capacity u64, epoch u64, creator u64
 //!    128   128  producer hot: tail u64, cached head u64        producer
-//!    256   128  consumer hot: head u64, cached tail u64        consumer
+//!    256   128  consumer hot: head u64, unused u64             consumer
 //!    384   128  producer side: owner u64, heartbeat u64,       producer
 //!                     sleeping u32, doorbell u32, flags u32
 //!    512   128  consumer side: owner u64, heartbeat u64,       consumer
 //!                     sleeping u32, doorbell u32, flags u32
 //!    640        (unused up to DATA_OFFSET)
-//!   4096   cap  data: records [len u32][kind u16][flags u16][payload][pad to 8]
+//!   4096   cap  data: records [len u32][kind u16][flags u16][payload][pad to 8], then a zero word
 //! ```
 //!
 //! Words written by the producer and words written by the consumer sit in different 128-byte blocks,
 //! so the adjacent-line prefetcher never pairs one side's line with the other's.
+//!
+//! The consumer learns of new records from the data area itself, not from the producer's tail: a
+//! record header is never zero ([`LIVE_BIT`]), the producer keeps a zero word (the terminator)
+//! where its next header will go, and a publish stores the zero after its last record before it
+//! stores its first header with `Release`. So a consumer that has caught up polls the line its next
+//! record arrives in, and a small record hands it one cache line, not two. The tail is still
+//! published (after the header), for a producer that takes the role over and for the waits.
 
 use crate::sync::{AtomicU32, AtomicU64};
 use crossbeam_utils::CachePadded;
 
 /// `"RSRING"` + two zero bytes, little-endian: identifies a ringserve ring segment.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"RSRING\0\0");
-/// Layout version; bump on any change to this file or to the record format. 2: runs.
-pub const VERSION: u32 = 2;
+/// Layout version; bump on any change to this file or to the record format. 2: runs. 3: headers
+/// carry [`LIVE_BIT`] and the consumer polls them (the terminator word after the last record).
+pub const VERSION: u32 = 3;
 /// Offset of the data area from the start of the segment (one page).
 pub const DATA_OFFSET: usize = 4096;
 /// Smallest capacity of a shared-memory ring.
@@ -35,6 +43,9 @@ pub const MAX_CAPACITY: usize = 1 << 30;
 pub const MIN_HEAP_CAPACITY: usize = 32;
 /// Size of a record header: `[len u32][kind u16][flags u16]`.
 pub const RECORD_HEADER: usize = 8;
+/// Bit 29 of `len` is set in every record header, so that no header is zero: a zero word at the
+/// consumer's head is the terminator (no record yet). Payloads stay below 2^29 bytes.
+pub const LIVE_BIT: u32 = 1 << 29;
 /// Bit 31 of `len` marks a padding record that fills the data area up to the wrap.
 pub(crate) const PAD_BIT: u32 = 1 << 31;
 /// Bit 30 of `len` marks a run: `flags` (2 or more) records of `len` payload bytes, kind `kind`
@@ -68,7 +79,8 @@ pub struct Meta {
 pub struct Hot {
     /// Producer: tail (end of published records). Consumer: head (end of released records).
     pub pos: AtomicU64,
-    /// The last value of the peer's position this side loaded (informational for the peer).
+    /// Producer: the last value of the consumer's head it loaded (informational). Consumer:
+    /// unused since layout 3 (it reads record headers, not the tail).
     pub cached_peer: AtomicU64,
 }
 
@@ -173,16 +185,87 @@ const _: () = {
     assert!(DATA_OFFSET.is_multiple_of(align_of::<Header>()));
 };
 
-/// Packs a record header word: `[len u32][kind u16][flags u16]` little-endian.
+/// Packs a record header word: `[len | LIVE_BIT u32][kind u16][flags u16]` little-endian.
 #[inline]
 pub(crate) fn encode_record(len: u32, kind: u16, flags: u16) -> u64 {
-    u64::from(len) | (u64::from(kind) << 32) | (u64::from(flags) << 48)
+    u64::from(len | LIVE_BIT) | (u64::from(kind) << 32) | (u64::from(flags) << 48)
 }
 
-/// Unpacks a record header word into `(len, kind, flags)`.
+/// Unpacks a record header word into `(len, kind, flags)`, `len` still carrying [`LIVE_BIT`]
+/// (a header without it is corrupt).
 #[inline]
 pub(crate) fn decode_record(word: u64) -> (u32, u16, u16) {
     (word as u32, (word >> 32) as u16, (word >> 48) as u16)
+}
+
+/// What a non-zero header word at data offset `off` describes, validated against the data area.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Parsed {
+    /// Padding: the next header is `skip` bytes on, at offset 0.
+    Pad { skip: u64 },
+    /// `count` records (1, or a run's count) of `len` payload bytes, `total` bytes in all.
+    Records {
+        len: u32,
+        kind: u16,
+        flags: u16,
+        count: u64,
+        total: u64,
+    },
+}
+
+/// Decodes and checks a non-zero header word at data offset `off` (8-aligned, `< cap`): the live
+/// bit, a padding record that ends exactly at the wrap, a run of at least two, a length within
+/// `max_payload` and the whole record inside the data area. The error names what was wrong.
+#[inline]
+pub(crate) fn parse_header(
+    word: u64,
+    off: u64,
+    cap: u64,
+    max_payload: u64,
+) -> Result<Parsed, &'static str> {
+    let (len, kind, flags) = decode_record(word);
+    if len & LIVE_BIT == 0 {
+        return Err("record header");
+    }
+    let len = len & !LIVE_BIT;
+    if len & PAD_BIT != 0 {
+        let skip = cap - off;
+        if off == 0
+            || len & RUN_BIT != 0
+            || u64::from(len & !PAD_BIT) + RECORD_HEADER as u64 != skip
+        {
+            return Err("padding record");
+        }
+        return Ok(Parsed::Pad { skip });
+    }
+    let (len, count, flags) = if len & RUN_BIT != 0 {
+        // A run of `flags` records of `len & !RUN_BIT` bytes: at least two, flags 0.
+        if flags < 2 {
+            return Err("run length");
+        }
+        (len & !RUN_BIT, u64::from(flags), 0)
+    } else {
+        (len, 1, flags)
+    };
+    // A run's count is below 2^16 and a length below 2^29, so `total` cannot overflow.
+    let total = if count == 1 {
+        record_size(u64::from(len))
+    } else {
+        RECORD_HEADER as u64 + count * u64::from(len).next_multiple_of(8)
+    };
+    if u64::from(len) > max_payload
+        || total > max_payload + RECORD_HEADER as u64
+        || off + total > cap
+    {
+        return Err("record length");
+    }
+    Ok(Parsed::Records {
+        len,
+        kind,
+        flags,
+        count,
+        total,
+    })
 }
 
 /// Bytes a record with `len` payload bytes occupies: header plus payload rounded up to 8.

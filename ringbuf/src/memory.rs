@@ -35,6 +35,10 @@ pub unsafe trait Memory: Send + Sync + 'static {
         #[cfg(loom)]
         let _ = word;
     }
+    /// Loom only: the loom atomic standing for the data-area word at `off` (8-aligned, below the
+    /// capacity), through which record headers are read and written.
+    #[cfg(loom)]
+    fn header_word(&self, off: u64) -> &crate::sync::AtomicU64;
     /// Loom only: records a write of data bytes `off..off+len` (no-op otherwise).
     #[inline]
     fn track_write(&self, _off: u64, _len: u64) {}
@@ -141,6 +145,7 @@ mod heap {
         data: *mut u8,
         capacity: u64,
         cells: Vec<UnsafeCell<()>>,
+        words: Vec<crate::sync::AtomicU64>,
         lock: Mutex<()>,
         cond: Condvar,
     }
@@ -160,6 +165,9 @@ mod heap {
                 data,
                 capacity: capacity as u64,
                 cells: (0..capacity / 8).map(|_| UnsafeCell::new(())).collect(),
+                words: (0..capacity / 8)
+                    .map(|_| crate::sync::AtomicU64::new(0))
+                    .collect(),
                 lock: Mutex::new(()),
                 cond: Condvar::new(),
             })
@@ -192,6 +200,9 @@ mod heap {
         #[inline]
         fn capacity(&self) -> u64 {
             self.capacity
+        }
+        fn header_word(&self, off: u64) -> &crate::sync::AtomicU64 {
+            &self.words[(off / 8) as usize]
         }
         fn wait(&self, word: &AtomicU32, expected: u32, _timeout: Duration) {
             let guard = self.lock.lock().expect("loom mutex");

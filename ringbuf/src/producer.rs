@@ -3,7 +3,8 @@
 use crate::barrier;
 use crate::error::{Error, Result, Role};
 use crate::layout::{
-    MAX_POSITION, MAX_RUN, PAD_BIT, RECORD_HEADER, RUN_BIT, encode_record, max_payload, record_size,
+    MAX_POSITION, MAX_RUN, PAD_BIT, Parsed, RECORD_HEADER, RUN_BIT, encode_record, max_payload,
+    parse_header, record_size,
 };
 use crate::liveness::{self, PeerState};
 use crate::memory::Memory;
@@ -39,8 +40,10 @@ pub struct Producer<M: Memory = crate::DefaultMemory> {
     cap: u64,
     mask: u64,
     max_payload: u64,
-    /// Published tail (the last value stored to `prod.pos`).
+    /// Published tail (the last value stored to `prod.pos`), where the terminator lies.
     tail: u64,
+    /// The header of the record (or padding) at `tail`, stored last, with `Release`, by `publish`.
+    first_header: u64,
     /// End of records committed but not yet published (inside a [`Batch`]); `== tail` otherwise.
     pending: u64,
     /// Number of records between `tail` and `pending`.
@@ -79,6 +82,7 @@ impl<M: Memory> Producer<M> {
             mask: cap - 1,
             max_payload: max_payload(cap),
             tail,
+            first_header: 0,
             pending: tail,
             pending_records: 0,
             cached_head: head,
@@ -94,13 +98,18 @@ impl<M: Memory> Producer<M> {
             mem: Mapped::new(mem),
         };
         if tail > MAX_POSITION
+            || head > MAX_POSITION
             || !tail.is_multiple_of(8)
             || !head.is_multiple_of(8)
-            || head > tail
-            || tail - head > cap
+            || tail.abs_diff(head) > cap
         {
             return Err(p.corrupt("positions at producer attach"));
         }
+        // A predecessor that died between storing a publish's first header and its tail left
+        // records the consumer can see (and may have read) beyond the tail: continue after them.
+        let end = p.walk_published(tail, head)?;
+        p.tail = end;
+        p.pending = end;
         // Clear a dead predecessor's sleeping flag: round our generation up to even.
         let gen_now = p.mem.header().prod_side.sleeping.load(Ordering::Relaxed);
         p.sleep_gen = gen_now.wrapping_add(gen_now & 1);
@@ -251,6 +260,44 @@ impl<M: Memory> Producer<M> {
         ring::poison(self.mem.header(), &mut self.poisoned, what)
     }
 
+    /// The end of the published records: from `from` (the published tail, a record boundary),
+    /// over every header a predecessor released after it, to the terminator. It must reach the
+    /// consumer's `head` and leave room for the terminator.
+    fn walk_published(&mut self, from: u64, head: u64) -> Result<u64> {
+        let mut pos = from;
+        loop {
+            if pos + RECORD_HEADER as u64 - head.min(pos) > self.cap {
+                return Err(self.corrupt("records at producer attach"));
+            }
+            // SYNC: Acquire pairs with the Release store of a publish's first header by the previous
+            // producer (`publish`): the records it covers, and the headers after it, are written.
+            let word = self.mem.word(pos).load(Ordering::Acquire);
+            if word == 0 {
+                break;
+            }
+            match parse_header(word, pos & self.mask, self.cap, self.max_payload) {
+                Ok(Parsed::Pad { skip }) => pos += skip,
+                Ok(Parsed::Records { total, .. }) => pos += total,
+                Err(what) => return Err(self.corrupt(what)),
+            }
+        }
+        if pos < head {
+            return Err(self.corrupt("consumer position"));
+        }
+        Ok(pos)
+    }
+
+    /// Writes the header word of the unpublished record (or padding) at `pos`: directly, or, for
+    /// the one at the published tail, into `first_header`, which `publish` stores last.
+    #[inline(always)]
+    fn put_header(&mut self, pos: u64, word: u64) {
+        if pos == self.tail {
+            self.first_header = word;
+        } else {
+            self.mem.word(pos).store(word, Ordering::Relaxed);
+        }
+    }
+
     /// Fails if the ring is poisoned, checked once per batch (at its first record; every single
     /// push is a batch of one): records added to a batch after the peer poisoned the ring are
     /// published into a ring nobody reads, which is harmless, and the next batch fails.
@@ -282,14 +329,11 @@ impl<M: Memory> Producer<M> {
         };
         let off = (pos & self.mask) as usize;
         // SAFETY: `place` checked that the `total` bytes at `off` (8-aligned) lie in the data area
-        // beyond the published tail, where the consumer does not read; header plus payload fit in
-        // `total`. `payload` cannot alias them: no borrow covers bytes beyond the tail except a
-        // `WriteGrant`, which holds `&mut self`.
-        unsafe {
-            let dst = self.mem.data().add(off);
-            copy_payload(payload, dst.add(RECORD_HEADER));
-            crate::sync::store_word(dst, encode_record(payload.len() as u32, kind, 0));
-        }
+        // beyond the published tail, where the consumer does not read; the payload fits in `total`
+        // after the header. `payload` cannot alias them: no borrow covers bytes beyond the tail
+        // except a `WriteGrant`, which holds `&mut self`.
+        unsafe { copy_payload(payload, self.mem.data().add(off + RECORD_HEADER)) };
+        self.put_header(pos, encode_record(payload.len() as u32, kind, 0));
         self.pending = pos + total;
         self.pending_records += 1;
         self.run = join.then_some(Run {
@@ -323,16 +367,13 @@ impl<M: Memory> Producer<M> {
             .track_write(run.pos & self.mask, RECORD_HEADER as u64);
         let count = run.count + 1;
         // SAFETY: `has_room` and the checks above put the `stride` bytes at `off` (8-aligned)
-        // inside the data area beyond the published tail, as is the run's header at `run.pos`
-        // (unpublished: the run started in this batch); `payload` cannot alias them (as in
+        // inside the data area beyond the published tail; `payload` cannot alias them (as in
         // `write_record`).
-        unsafe {
-            copy_payload(payload, self.mem.data().add(off as usize));
-            crate::sync::store_word(
-                self.mem.data().add((run.pos & self.mask) as usize),
-                encode_record(run.len | RUN_BIT, run.kind, count as u16),
-            );
-        }
+        unsafe { copy_payload(payload, self.mem.data().add(off as usize)) };
+        self.put_header(
+            run.pos,
+            encode_record(run.len | RUN_BIT, run.kind, count as u16),
+        );
         self.pending += stride;
         self.pending_records += 1;
         self.run = Some(Run { count, ..run });
@@ -384,7 +425,8 @@ impl<M: Memory> Producer<M> {
         if limit == 0 || !self.has_room(stride)? {
             return Ok(0);
         }
-        let free = self.cap - (self.pending - self.cached_head);
+        // Room after the terminator's word.
+        let free = self.cap - RECORD_HEADER as u64 - (self.pending - self.cached_head);
         let k = limit.min(free / per);
         let bytes = k * stride;
         self.mem.track_write(off, bytes);
@@ -393,8 +435,7 @@ impl<M: Memory> Producer<M> {
         let count = run.count + k;
         // SAFETY: `has_room` and the limits above put the `k * stride` bytes at `off` (8-aligned)
         // inside the data area, beyond the published tail and within the room the consumer
-        // released; the run's header at `run.pos` is unpublished (the run started in this batch).
-        // `items` cannot alias them (as in `write_record`). With `stride == N` the `k` items are
+        // released. `items` cannot alias them (as in `write_record`). With `stride == N` the `k` items are
         // `k * N` contiguous bytes; otherwise each is copied to its own stride.
         unsafe {
             let dst = self.mem.data().add(off as usize);
@@ -414,11 +455,11 @@ impl<M: Memory> Producer<M> {
                     copy_payload(item, dst.add(i * stride as usize));
                 }
             }
-            crate::sync::store_word(
-                self.mem.data().add((run.pos & self.mask) as usize),
-                encode_record(run.len | RUN_BIT, run.kind, count as u16),
-            );
         }
+        self.put_header(
+            run.pos,
+            encode_record(run.len | RUN_BIT, run.kind, count as u16),
+        );
         self.pending += bytes;
         self.pending_records += k as usize;
         self.run = Some(Run { count, ..run });
@@ -465,15 +506,14 @@ impl<M: Memory> Producer<M> {
         self.mem.track_write(0, total);
         // to_end >= 8 since offsets and capacity are multiples of 8, and to_end < total <= cap/2.
         let word = encode_record(PAD_BIT | (to_end - RECORD_HEADER as u64) as u32, 0, 0);
-        // SAFETY: off < cap and off is a multiple of 8, so 8 bytes at data+off lie in the data area;
-        // the bytes are beyond the published tail, which the consumer does not read.
-        unsafe { crate::sync::store_word(self.mem.data().add(off as usize), word) };
+        self.put_header(self.pending, word);
         Ok(Some(self.pending + to_end))
     }
 
+    /// Whether `need` more bytes, and the terminator's word after them, fit.
     #[inline]
     fn has_room(&mut self, need: u64) -> Result<bool> {
-        let end = self.pending + need;
+        let end = self.pending + need + RECORD_HEADER as u64;
         if end - self.cached_head <= self.cap {
             return Ok(true);
         }
@@ -521,15 +561,25 @@ impl<M: Memory> Producer<M> {
         if self.pending == self.tail {
             return;
         }
+        // The terminator first (`has_room` kept its word free), then the first header.
+        self.mem
+            .track_write(self.pending & self.mask, RECORD_HEADER as u64);
+        self.mem.word(self.pending).store(0, Ordering::Relaxed);
+        // SYNC: Release pairs with the consumer's Acquire load of this header (Consumer::next_checked):
+        // every record byte, header and the terminator written before it are visible to the
+        // consumer once it sees this word.
+        self.mem
+            .word(self.tail)
+            .store(self.first_header, Ordering::Release);
         let hdr = self.mem.header();
-        // SYNC: Release pairs with the consumer's Acquire load of `prod.pos` (Consumer::available):
-        // every record byte written before this store is visible to the consumer once it sees the tail.
+        // SYNC: Release pairs with the Acquire loads of `prod.pos` by a consumer or producer taking a
+        // role over (`claim`), which walk on from it over the released headers.
         hdr.prod.pos.store(self.pending, Ordering::Release);
         self.tail = self.pending;
         self.pending_records = 0;
         self.run = None;
         // SYNC: StoreLoad barrier pairs with the consumer's `barrier::waiter` in `Consumer::wait_data`
-        // (eventcount): either its re-check sees our new tail, or we see its `sleeping` flag below.
+        // (eventcount): either its re-check sees our first header, or we see its `sleeping` flag.
         barrier::publisher(
             self.light
                 && hdr.cons_side.flags.load(Ordering::Relaxed) & barrier::FLAG_MEMBARRIER != 0,
@@ -640,15 +690,7 @@ impl<M: Memory> WriteGrant<'_, M> {
     #[inline]
     pub fn commit(self) {
         let p = self.producer;
-        let off = (self.pos & p.mask) as usize;
-        // SAFETY: `place` checked that the whole record lies in the data area at `off` (8-aligned)
-        // and beyond the published tail, where the consumer does not read.
-        unsafe {
-            crate::sync::store_word(
-                p.mem.data().add(off),
-                encode_record(self.len, self.kind, self.flags),
-            )
-        };
+        p.put_header(self.pos, encode_record(self.len, self.kind, self.flags));
         p.pending = self.pos + record_size(u64::from(self.len));
         p.pending_records += 1;
         if self.publish {

@@ -40,9 +40,12 @@ impl Default for WaitConfig {
 /// it is not moving records. Plain counters in the side's own memory, bumped only off the fast path.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SideStats {
-    /// Reloads of the peer's position (the cached copy said full, or empty).
+    /// Reloads of the peer's position: the producer's of the consumer's head (its cached copy
+    /// said full); the consumer's of the header at its head that found the terminator (it has
+    /// no copy of the tail: every such poll reloads the line the producer writes next).
     pub refreshes: u64,
-    /// Reloads that found the ring still full (producer) or still empty (consumer).
+    /// Reloads that found the ring still full (producer) or empty (consumer: every one of its
+    /// reloads).
     pub stalls: u64,
     /// Futex sleeps this side entered while waiting.
     pub sleeps: u64,
@@ -184,6 +187,8 @@ pub(crate) struct Mapped<M: Memory> {
     mem: Arc<M>,
     header: std::ptr::NonNull<crate::layout::Header>,
     data: *mut u8,
+    /// `capacity - 8`: a position's 8-aligned offset in the data area.
+    word_mask: u64,
 }
 
 // SAFETY: the two pointers point into the memory `mem` owns, which is `Send + Sync` (a `Memory`
@@ -196,7 +201,32 @@ impl<M: Memory> Mapped<M> {
     pub(crate) fn new(mem: Arc<M>) -> Self {
         let header = std::ptr::NonNull::from(mem.header());
         let data = mem.data();
-        Mapped { mem, header, data }
+        let word_mask = (mem.capacity() - 1) & !7;
+        Mapped {
+            mem,
+            header,
+            data,
+            word_mask,
+        }
+    }
+
+    /// The record-header word at position `pos` of the data area (taken modulo the capacity,
+    /// rounded down to 8 bytes). Record headers and terminators are only ever accessed through it.
+    #[inline]
+    pub(crate) fn word(&self, pos: u64) -> &AtomicU64 {
+        let off = pos & self.word_mask;
+        #[cfg(not(loom))]
+        {
+            // SAFETY: `off` is a multiple of 8 below the capacity, and `data` is 8-aligned and valid
+            // for reads and writes of `capacity` bytes while `mem` (owned by `self`) lives, so the
+            // 8 bytes are a valid `AtomicU64` for the borrow. Header words are accessed atomically
+            // (here) by both sides; the payload copies that reuse those bytes in another lap of the
+            // ring are ordered with these accesses by the ring's protocol (Release/Acquire on the
+            // header words and positions), so no non-atomic access races with an atomic one.
+            unsafe { AtomicU64::from_ptr(self.data.add(off as usize).cast::<u64>()) }
+        }
+        #[cfg(loom)]
+        self.mem.header_word(off)
     }
 
     /// The shared header (as `M::header`, without the reload).

@@ -21,27 +21,28 @@ fn full_ring_and_wrap_with_padding() {
     let ring = Ring::heap(64).unwrap();
     let mut p = ring.producer().unwrap();
     let mut c = ring.consumer().unwrap();
-    // 24-byte payload = 32-byte records: two fill the ring exactly.
-    assert!(p.try_push(&[1; 24]).unwrap());
-    assert!(p.try_push(&[2; 24]).unwrap());
-    assert!(!p.try_push(&[3; 1]).unwrap(), "ring is full");
+    // A 24-byte payload takes 32 bytes, a 16-byte one 24, an 8-byte one 16; a publish also keeps
+    // the word after its last record for the terminator, so 64 bytes hold 56 of records.
+    assert!(p.try_push(&[1; 24]).unwrap()); // 0..32
+    assert!(p.try_push(&[2; 16]).unwrap()); // 32..56, the terminator at 56
+    assert!(!p.try_push(&[]).unwrap(), "ring is full");
     assert_eq!(&*c.try_pop().unwrap().unwrap(), &[1; 24]);
-    // Tail is at 64 (offset 0), head at 32.
-    assert!(p.try_push(&[4; 8]).unwrap()); // offset 0..16
-    // A 24-byte payload needs 32 contiguous bytes: only 16 remain before the consumer's data.
-    assert!(!p.try_push(&[5; 24]).unwrap());
-    assert_eq!(&*c.try_pop().unwrap().unwrap(), &[2; 24]);
-    // Now offset 16..64 is free but the ring's head is at 64 (offset 0 holds record 4).
-    assert!(p.try_push(&[5; 24]).unwrap()); // 16..48
-    assert!(p.try_push(&[]).unwrap()); // 48..56
-    // 8 bytes left before the wrap, 0 after: a 16-byte record does not fit.
-    assert!(!p.try_push(&[6; 1]).unwrap());
-    assert_eq!(&*c.try_pop().unwrap().unwrap(), &[4; 8]);
-    // Now: 8 bytes to the end (padding) + 16 at the start fit.
-    assert!(p.try_push(&[6; 1]).unwrap());
-    assert_eq!(&*c.try_pop().unwrap().unwrap(), &[5; 24]);
+    // Head at 32: padding fills 56..64 and the record goes to offset 0 (position 64..80).
+    assert!(p.try_push(&[4; 8]).unwrap());
+    // The next would end at 96 with its terminator at 96..104, past the head's lap (32 + 64).
+    assert!(!p.try_push(&[5; 1]).unwrap());
+    assert_eq!(&*c.try_pop().unwrap().unwrap(), &[2; 16]);
+    // Head at 56: two more 16-byte records, the second with its terminator exactly filling the lap.
+    assert!(p.try_push(&[5; 8]).unwrap()); // 80..96
+    assert!(p.try_push(&[6; 8]).unwrap()); // 96..112, the terminator at 112..120 = 56 + 64
+    assert!(!p.try_push(&[]).unwrap());
+    assert_eq!(&*c.try_pop().unwrap().unwrap(), &[4; 8]); // after the padding
+    assert_eq!(&*c.try_pop().unwrap().unwrap(), &[5; 8]);
+    assert_eq!(&*c.try_pop().unwrap().unwrap(), &[6; 8]);
+    assert!(c.try_pop().unwrap().is_none());
+    // An empty record of kind 0 and flags 0 is not mistaken for the terminator.
+    assert!(p.try_push(&[]).unwrap());
     assert_eq!(c.try_pop().unwrap().unwrap().len(), 0);
-    assert_eq!(&*c.try_pop().unwrap().unwrap(), &[6; 1]);
     assert!(c.try_pop().unwrap().is_none());
 }
 
@@ -135,6 +136,59 @@ fn dead_holder_is_taken_over() {
     if matches!(c.peer_state(), PeerState::Dead { .. }) {
         ring.producer().unwrap();
     }
+}
+
+/// A producer that died after storing a publish's first header but before its tail: the
+/// records are visible (and maybe read) beyond the published tail. Its successor walks over
+/// them to the terminator, so nothing is lost, delivered twice or overwritten while unread.
+#[test]
+fn a_successor_continues_after_records_published_beyond_the_tail() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let ring = Ring::heap(256).unwrap();
+    let prod_pos = |v: u64| ring.memory().header().prod.pos.store(v, SeqCst);
+    let mut c = ring.consumer().unwrap();
+    let mut p = ring.producer().unwrap();
+    assert!(p.try_push(b"one").unwrap());
+    let mut b = p.batch();
+    for tag in [b"two", b"six"] {
+        assert!(b.try_push(tag).unwrap());
+    }
+    assert!(b.try_push(&[7; 20]).unwrap());
+    b.commit();
+    // Roll the published tail back to the end of "one", as if the batch's tail store was lost.
+    prod_pos(16);
+    drop(p);
+    let mut p = ring.producer().unwrap();
+    assert!(p.try_push(b"ten").unwrap());
+    let mut seen = Vec::new();
+    while let Some(g) = c.try_pop().unwrap() {
+        seen.push(g.to_vec());
+    }
+    assert_eq!(
+        seen,
+        [&b"one"[..], b"two", b"six", &[7; 20], b"ten"].map(<[u8]>::to_vec)
+    );
+    // The consumer read past the stale tail before the successor came: it continues after the
+    // consumer's head, past a padding record at the wrap.
+    for i in 0..5u8 {
+        assert!(p.try_push(&[i; 24]).unwrap(), "record {i}"); // 88..248
+    }
+    while c.try_pop().unwrap().is_some() {}
+    assert!(p.try_push(&[5; 24]).unwrap()); // padding 248..256, then 256..288
+    assert!(p.try_push(&[6; 24]).unwrap()); // 288..320
+    while c.try_pop().unwrap().is_some() {}
+    let end = ring.memory().header().prod.pos.load(SeqCst);
+    assert_eq!(end, 320);
+    prod_pos(248);
+    drop(p);
+    let mut p = ring.producer().unwrap();
+    assert!(p.try_push(b"after").unwrap());
+    assert_eq!(&*c.try_pop().unwrap().unwrap(), b"after");
+    assert!(c.try_pop().unwrap().is_none());
+    // A tail inside a record leads the walk into payload bytes: reported, not followed.
+    drop(p);
+    prod_pos(ring.memory().header().prod.pos.load(SeqCst) - 8);
+    assert!(matches!(ring.producer(), Err(Error::Corrupt { .. })));
 }
 
 #[test]
@@ -285,7 +339,7 @@ fn stats_count_stalls_sleeps_and_wakes() {
     assert!(c.try_pop().unwrap().is_none());
     assert_eq!((c.stats().refreshes, c.stats().stalls), (1, 1));
     assert!(p.try_push(&[1; 24]).unwrap());
-    assert!(p.try_push(&[2; 24]).unwrap());
+    assert!(p.try_push(&[2; 16]).unwrap());
     // Full: the producer reloads the head and finds no room, twice in a row (the second after
     // its back-off).
     assert!(!p.try_push(&[3; 8]).unwrap());

@@ -45,7 +45,7 @@ fn region(rng: &mut Rng, ring: &Ring<Segment>) -> (usize, usize) {
     match rng.next() % 7 {
         0 => (0, 40),     // meta: magic, version, poisoned, capacity, epoch, creator
         1 => (128, 16),   // producer position + cached head
-        2 => (256, 16),   // consumer position + cached tail
+        2 => (256, 16),   // consumer position + unused word
         3 => (384, 24),   // producer owner, heartbeat, wait words
         4 => (512, 24),   // consumer owner, heartbeat, wait words
         5 => (data, 512), // the first records
