@@ -71,28 +71,30 @@ __device__ __forceinline__ void mma_top_k8(float& c0, float& c1, u32 a0, u32 b0)
             : "r"(a0), "r"(b0), "r"(0u), "f"(0.f));
 }
 
-// The FP8-cache variant's shared memory (DECODE_KV8_SMEM_BYTES, 3 blocks an SM): per warp a
-// converted (f16) copy of its 8 keys' K and V rows for the current tile (laid out and swizzled as
-// a bf16 stage's rows), then a ring of E4M3 stages (32 keys of K, then V, 128 bytes a row): 7
-// stages, so an SM has 168 KiB of the cache in flight (the bf16 kernel: 4 blocks of 48 KiB).
-#define DM8_CONV (DECODE_THREADS / 32 * 2 * DM_KW * 128 * 2)
+// The FP8-cache variant's shared memory (DECODE_KV8_SMEM_BYTES, 4 blocks an SM): a ring of E4M3
+// stages (per warp its 8 keys' K rows, then their V rows, 128 bytes a row, 16-byte chunks
+// XOR-swizzled by the row): 6 stages, so an SM has 192 KiB of the cache in flight.
 #define DM8_STAGE (2 * DEC_TK * 128)
-#define DM8_NST ((DECODE_KV8_SMEM_BYTES - DM8_CONV) / DM8_STAGE)
-static_assert(DM8_NST >= 2 && DM8_CONV + DM8_NST * DM8_STAGE == DECODE_KV8_SMEM_BYTES, "kv8 ring");
+#define DM8_NST (DECODE_KV8_SMEM_BYTES / DM8_STAGE)
+static_assert(DM8_NST >= 2 && DM8_NST * DM8_STAGE == DECODE_KV8_SMEM_BYTES, "kv8 ring");
 
 // KV8: the cache holds E4M3 codes (the K scale is in scale_log2, the V scale applied to the
-// output): each warp copies its keys' 128-byte rows into an E4M3 stage, converts them (exactly)
-// to f16 in its own conversion buffer, refills the stage at once, and runs the same mmas on f16
-// operands (Q converted from bf16 once, P packed to f16).
+// output), converted (exactly) to f16 in registers as the mmas take them. ldmatrix moves 16-bit
+// elements, here pairs of codes: a K row's chunk (16 dims) read plainly gives lane (g, t) dims
+// 4t .. 4t + 3 of key g, which feed one m16n8k16 as its logical k 2t, 2t + 1 (b0) and 2t + 8,
+// 2t + 9 (b1) — Q's fragments are gathered with the same mapping, so S is unchanged. A V chunk
+// read with .trans gives dims 2g, 2g + 1 of keys 2t and 2t + 1: one byte permute and two cvt
+// make the m16n8k8 B operands of output dims 2g (one mma) and 2g + 1 (another), so the output
+// tile of chunk j holds dims 16j + 4t, +2 in one accumulator pair and 16j + 4t + 1, +3 in the
+// next (the merge writes them back in order). Q is converted from bf16 once, P packed to f16.
 template <bool KV8> __device__ __forceinline__ void decode_mma_impl(const AttnParams& p) {
     constexpr int D = 128;
     constexpr int NST = KV8 ? DM8_NST : dec_stages(2, D);
     constexpr int STAGE_BYTES = KV8 ? DM8_STAGE : 2 * DEC_TK * D * 2; // K rows, then V rows
-    constexpr int RING0 = KV8 ? DM8_CONV : 0; // byte offset of the ring
     constexpr int NW = DEC_THREADS / 32;
     static_assert(NW * DM_KW == DEC_TK && NST >= 2, "thread mapping");
     static_assert(DECODE_MMA_ROWS == 8, "A rows 0..7 hold queries (the mma wrappers drop rows 8..15)");
-    static_assert(NW * 8 * D * 4 <= RING0 + NST * STAGE_BYTES, "the merge buffer reuses the ring");
+    static_assert(NW * 8 * D * 4 <= NST * STAGE_BYTES, "the merge buffer reuses the ring");
     extern __shared__ __align__(128) uint4 dm_ring[];
     __shared__ float m_s[NW][8], l_s[NW][8], mf_s[8], lf_s[8];
 
@@ -123,9 +125,7 @@ template <bool KV8> __device__ __forceinline__ void decode_mma_impl(const AttnPa
     const unsigned char* vc8 = (const unsigned char*)p.v_cache;
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const u32 smem = (u32)__cvta_generic_to_shared(dm_ring);
-    unsigned char* const smem_p = (unsigned char*)dm_ring;
-    // KV8: this warp's conversion buffer (K rows 0..7, then V rows) and its part of a stage.
-    const u32 conv = (u32)(warp * 2 * DM_KW * D * 2);
+    // KV8: this warp's part of a stage (K rows 0..7, then V rows).
     const u32 wpart = (u32)(warp * 2 * DM_KW * D);
 
     // Cache rows of the warp's keys in tiles 4grp..4grp+3, one per lane (one table read and
@@ -143,15 +143,16 @@ template <bool KV8> __device__ __forceinline__ void decode_mma_impl(const AttnPa
     // group_rows(tt / 4).
     auto issue = [&](int tt, u32 rows) {
         if (KV8 && tt < tiles) {
-            // Lane copies chunk lane & 7 (16 codes) of the K and V rows of keys lane / 8 + 4i.
-            const u32 st = smem + (u32)(RING0 + (tt % NST) * STAGE_BYTES) + wpart;
+            // Lane copies chunk lane & 7 (16 codes) of the K and V rows of keys lane / 8 + 4i,
+            // to chunk c ^ key (ldmatrix reads 8 rows' same chunk: 8 different bank groups).
+            const u32 st = smem + (u32)((tt % NST) * STAGE_BYTES) + wpart;
             const int c = lane & 7;
 #pragma unroll
             for (int i = 0; i < 2; i++) {
                 const int kw = (lane >> 3) + 4 * i, jl = DM_KW * warp + kw;
                 const bool valid = kv_lo + tt * DEC_TK + jl < kv_hi;
                 const size_t row = (size_t)__shfl_sync(0xffffffffu, rows, tt % 4 * 8 + kw) * D;
-                const u32 dst = st + (u32)(kw * D + c * 16);
+                const u32 dst = st + (u32)(kw * D + ((c ^ kw) << 4));
                 pf_cp_async16(dst, kc8 + row + c * 16, valid);
                 pf_cp_async16(dst + DM_KW * D, vc8 + row + c * 16, valid);
             }
@@ -180,11 +181,13 @@ template <bool KV8> __device__ __forceinline__ void decode_mma_impl(const AttnPa
         const u32* qp = (const u32*)((const bf16*)p.q + ((size_t)q_start * p.hq + kvh * G + (has ? g % G : 0)) * D);
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
-            qa[kk][0] = has ? qp[8 * kk + t] : 0u;
-            qa[kk][1] = has ? qp[8 * kk + 4 + t] : 0u;
             if constexpr (KV8) {
-                qa[kk][0] = bf16x2_to_f16x2(qa[kk][0]);
-                qa[kk][1] = bf16x2_to_f16x2(qa[kk][1]);
+                // Dims 16kk + 4t, +1 and 16kk + 4t + 2, +3 (see the KV8 note above).
+                qa[kk][0] = has ? bf16x2_to_f16x2(qp[8 * kk + 2 * t]) : 0u;
+                qa[kk][1] = has ? bf16x2_to_f16x2(qp[8 * kk + 2 * t + 1]) : 0u;
+            } else {
+                qa[kk][0] = has ? qp[8 * kk + t] : 0u;
+                qa[kk][1] = has ? qp[8 * kk + 4 + t] : 0u;
             }
         }
     }
@@ -197,9 +200,10 @@ template <bool KV8> __device__ __forceinline__ void decode_mma_impl(const AttnPa
     }
 
     // ldmatrix row address of this lane (K plain, V .trans alike): matrix lane / 8 is chunk
-    // 4q + lane / 8 of the warp's key rows, row lane & 7; XOR in q << 6 per step.
-    // KV8: rows of the warp's conversion buffer instead.
-    const u32 ld_lane = (u32)(((KV8 ? 0 : DM_KW * warp) + (lane & 7)) * D * 2 + ((((lane >> 3) ^ (lane & 7))) << 4));
+    // 4q + lane / 8 of the warp's key rows, row lane & 7; XOR in q << 6 per step. KV8: rows of
+    // 128 bytes in the warp's part of the stage.
+    const u32 ld_lane = KV8 ? (u32)((lane & 7) * D + (((lane >> 3) ^ (lane & 7)) << 4))
+                            : (u32)((DM_KW * warp + (lane & 7)) * D * 2 + (((lane >> 3) ^ (lane & 7)) << 4));
     const float sc = p.scale_log2;
     float o[D / 8][2];
 #pragma unroll
@@ -212,41 +216,37 @@ template <bool KV8> __device__ __forceinline__ void decode_mma_impl(const AttnPa
         if (refill % 4 == 0 && refill < tiles) rows = group_rows(refill / 4);
         cp_async_wait<NST - 1>();
         __syncwarp(); // the warp's copies of this stage visible to all its lanes
-        u32 ks, vs;
-        if constexpr (KV8) {
-            // Each lane converts the chunks it copied: 16 codes -> 16 f16 (two 16-byte chunks of
-            // a bf16-layout row, swizzled by the row as the ldmatrix reads expect).
-            const unsigned char* st = smem_p + RING0 + (tt % NST) * STAGE_BYTES + wpart;
-            const int c = lane & 7;
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int kw = (lane >> 3) + 4 * (i & 1), half = i >> 1; // half 1: V
-                const uint4 codes = *(const uint4*)(st + half * DM_KW * D + kw * D + c * 16);
-                uint4 a, b;
-                e4m3x4_to_f16x4(codes.x, a.x, a.y);
-                e4m3x4_to_f16x4(codes.y, a.z, a.w);
-                e4m3x4_to_f16x4(codes.z, b.x, b.y);
-                e4m3x4_to_f16x4(codes.w, b.z, b.w);
-                unsigned char* row = smem_p + conv + half * DM_KW * D * 2 + kw * D * 2;
-                *(uint4*)(row + (((2 * c) ^ kw) << 4)) = a;
-                *(uint4*)(row + (((2 * c + 1) ^ kw) << 4)) = b;
-            }
-            __syncwarp(); // converted rows visible; every lane is done reading the stage
-            issue(refill, rows);
-            ks = smem + conv;
-            vs = ks + DM_KW * D * 2;
-        } else {
-            ks = smem + (u32)((tt % NST) * STAGE_BYTES);
-            vs = ks + DEC_TK * D * 2;
-        }
-        // S for keys 2t, 2t+1 of the warp's 8 (row g), even and odd k-steps in two chains.
         float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+        u32 vs;
+        if constexpr (KV8) {
+            const u32 ks = smem + (u32)((tt % NST) * STAGE_BYTES) + wpart;
+            vs = ks + DM_KW * D;
+            // S for keys 2t, 2t+1 of the warp's 8 (row g): chunk 4q + i is k-step 4q + i.
 #pragma unroll
-        for (int q = 0; q < 4; q++) {
-            u32 b[4];
-            ldsm_x4(b, ks + (ld_lane ^ (u32)(q << 6)));
-            mma_top_k16<KV8>(s0, s1, qa[2 * q][0], qa[2 * q][1], b[0], b[1]);
-            mma_top_k16<KV8>(s2, s3, qa[2 * q + 1][0], qa[2 * q + 1][1], b[2], b[3]);
+            for (int q = 0; q < 2; q++) {
+                u32 b[4];
+                ldsm_x4(b, ks + (ld_lane ^ (u32)(q << 6)));
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    u32 lo, hi;
+                    e4m3x4_to_f16x4(b[i], lo, hi);
+                    if (i & 1)
+                        mma_top_k16<true>(s2, s3, qa[4 * q + i][0], qa[4 * q + i][1], lo, hi);
+                    else
+                        mma_top_k16<true>(s0, s1, qa[4 * q + i][0], qa[4 * q + i][1], lo, hi);
+                }
+            }
+        } else {
+            const u32 ks = smem + (u32)((tt % NST) * STAGE_BYTES);
+            vs = ks + DEC_TK * D * 2;
+            // S for keys 2t, 2t+1 of the warp's 8 (row g), even and odd k-steps in two chains.
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                u32 b[4];
+                ldsm_x4(b, ks + (ld_lane ^ (u32)(q << 6)));
+                mma_top_k16<false>(s0, s1, qa[2 * q][0], qa[2 * q][1], b[0], b[1]);
+                mma_top_k16<false>(s2, s3, qa[2 * q + 1][0], qa[2 * q + 1][1], b[2], b[3]);
+            }
         }
         s0 += s2;
         s1 += s3;
@@ -273,15 +273,34 @@ template <bool KV8> __device__ __forceinline__ void decode_mma_impl(const AttnPa
         }
         // O += P V: P (row g, keys 2t, 2t+1) is the A fragment as it stands.
         const u32 pa = KV8 ? pack_f16(p0, p1) : pack_bf16(p0, p1);
+        if constexpr (KV8) {
+            // Chunk j = 4q + i: codes {V[2t][2g], V[2t][2g+1], V[2t+1][2g], V[2t+1][2g+1]},
+            // permuted to {V[2t][2g], V[2t+1][2g], V[2t][2g+1], V[2t+1][2g+1]}: dim 2g's and
+            // dim 2g + 1's B operands, into o[2j] and o[2j + 1].
 #pragma unroll
-        for (int q = 0; q < 4; q++) {
-            u32 b[4];
-            ldsm_x4_t(b, vs + (ld_lane ^ (u32)(q << 6)));
+            for (int q = 0; q < 2; q++) {
+                u32 b[4];
+                ldsm_x4_t(b, vs + (ld_lane ^ (u32)(q << 6)));
 #pragma unroll
-            for (int i = 0; i < 4; i++) mma_top_k8<KV8>(o[4 * q + i][0], o[4 * q + i][1], pa, b[i]);
+                for (int i = 0; i < 4; i++) {
+                    u32 lo, hi;
+                    e4m3x4_to_f16x4(__byte_perm(b[i], 0u, 0x3120), lo, hi);
+                    const int j = 4 * q + i;
+                    mma_top_k8<true>(o[2 * j][0], o[2 * j][1], pa, lo);
+                    mma_top_k8<true>(o[2 * j + 1][0], o[2 * j + 1][1], pa, hi);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                u32 b[4];
+                ldsm_x4_t(b, vs + (ld_lane ^ (u32)(q << 6)));
+#pragma unroll
+                for (int i = 0; i < 4; i++) mma_top_k8<false>(o[4 * q + i][0], o[4 * q + i][1], pa, b[i]);
+            }
         }
-        __syncwarp(); // every lane has read the stage (KV8: its conversion buffer) before reuse
-        if (!KV8) issue(refill, rows);
+        __syncwarp(); // every lane has read the stage before it is refilled
+        issue(refill, rows);
     }
 
     // Merge the warps: per head the top max and total sum, then the rescaled outputs summed
@@ -300,9 +319,17 @@ template <bool KV8> __device__ __forceinline__ void decode_mma_impl(const AttnPa
     float* accs = (float*)dm_ring; // [NW][R][D]
     if (g < R) {
         const float w = merge_weight(m, mf_s[g]) * (KV8 ? p.v_scale : 1.f);
+        if constexpr (KV8) {
+            // o[2j], o[2j + 1]: dims 16j + 4t, +2 and 16j + 4t + 1, +3.
 #pragma unroll
-        for (int j = 0; j < D / 8; j++)
-            *(float2*)&accs[(warp * R + g) * D + 8 * j + 2 * t] = make_float2(o[j][0] * w, o[j][1] * w);
+            for (int j = 0; j < D / 16; j++)
+                *(float4*)&accs[(warp * R + g) * D + 16 * j + 4 * t] =
+                    make_float4(o[2 * j][0] * w, o[2 * j + 1][0] * w, o[2 * j][1] * w, o[2 * j + 1][1] * w);
+        } else {
+#pragma unroll
+            for (int j = 0; j < D / 8; j++)
+                *(float2*)&accs[(warp * R + g) * D + 8 * j + 2 * t] = make_float2(o[j][0] * w, o[j][1] * w);
+        }
     }
     __syncthreads();
     write_decode_out<bf16, D>(p, accs, NW, G, members, item, kvh, split, mf_s, lf_s);
@@ -312,6 +339,6 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) attn_decode_mma_bf1
     decode_mma_impl<false>(p);
 }
 // bf16 queries and outputs over an FP8 (E4M3) cache.
-extern "C" __global__ void __launch_bounds__(DEC_THREADS, 3) attn_decode_mma_kv8_d128(AttnParams p) {
+extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) attn_decode_mma_kv8_d128(AttnParams p) {
     decode_mma_impl<true>(p);
 }

@@ -152,15 +152,16 @@ pub const DECODE_KEY_TILE: usize = 32;
 pub const DECODE_RING_BYTES_2: usize = 49152;
 /// The K/V ring budget of a decode block for 4-byte elements.
 pub const DECODE_RING_BYTES_4: usize = 65536;
-/// Dynamic shared memory of the FP8-cache decode kernel: 16 KiB of f16 conversion buffers and 7
-/// E4M3 stages of 8 KiB (3 blocks an SM).
-pub const DECODE_KV8_SMEM_BYTES: usize = 73728;
+/// Dynamic shared memory of the FP8-cache decode kernel: 6 E4M3 stages of 8 KiB, so that 4 blocks
+/// fit an SM with their 1 KiB of static shared memory and the driver's 1 KiB each (7 stages left
+/// room for 3: run 40b).
+pub const DECODE_KV8_SMEM_BYTES: usize = 49152;
 /// The tensor-core decode attention kernel (bf16, head size 128, every group of
 /// [`DECODE_GROUPS`]); same grid, block, shared memory and parameters as
 /// `attn_decode_bf16_d128_g<G>`.
 pub const DECODE_MMA_KERNEL: &str = "attn_decode_mma_bf16_d128";
 /// [`DECODE_MMA_KERNEL`] over an FP8 (E4M3) cache: same grid, block and parameters; its shared
-/// memory is [`DECODE_KV8_SMEM_BYTES`] (an f16 conversion buffer per warp and a ring of E4M3 stages).
+/// memory is [`DECODE_KV8_SMEM_BYTES`] (a ring of E4M3 stages, converted to f16 in registers).
 pub const DECODE_MMA_KV8_KERNEL: &str = "attn_decode_mma_kv8_d128";
 /// Heads one `rope_kv_write_*` block rotates and writes (a warp each, `ROPE_HEADS`).
 pub const ROPE_HEADS: usize = 8;
