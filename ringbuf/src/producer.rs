@@ -26,6 +26,9 @@ struct Run {
     count: u64,
 }
 
+/// Cache-line size the record copies order their stores by (see `write_record`).
+const LINE: usize = 64;
+
 /// Largest single copy of `push_slice` (see `extend_run_many`).
 const COPY_PIECE: usize = 4096;
 
@@ -330,9 +333,20 @@ impl<M: Memory> Producer<M> {
         let off = (pos & self.mask) as usize;
         // SAFETY: `place` checked that the `total` bytes at `off` (8-aligned) lie in the data area
         // beyond the published tail, where the consumer does not read; the payload fits in `total`
-        // after the header. `payload` cannot alias them: no borrow covers bytes beyond the tail
+        // after the header (copied whole or as two pieces of it). `payload` cannot alias them: no borrow covers bytes beyond the tail
         // except a `WriteGrant`, which holds `&mut self`.
-        unsafe { copy_payload(payload, self.mem.data().add(off + RECORD_HEADER)) };
+        unsafe {
+            let dst = self.mem.data().add(off + RECORD_HEADER);
+            // The bytes in the header's cache line last: a caught-up consumer polls that line, and
+            // stores to it that follow each other (then the header) hand it over once.
+            let in_line = (LINE - (off + RECORD_HEADER) % LINE) % LINE;
+            if payload.len() > in_line && in_line > 0 {
+                copy_payload(&payload[in_line..], dst.add(in_line));
+                copy_payload(&payload[..in_line], dst);
+            } else {
+                copy_payload(payload, dst);
+            }
+        }
         self.put_header(pos, encode_record(payload.len() as u32, kind, 0));
         self.pending = pos + total;
         self.pending_records += 1;
