@@ -430,9 +430,29 @@ pub fn http(
     }
     req.push_str("\r\n");
     req.push_str(body.unwrap_or(""));
-    s.write_all(req.as_bytes()).unwrap();
+    // A server that refuses a request early (413 for an oversized body) may answer and close before
+    // the whole body is written: the write then fails with a broken pipe or a reset, and what it
+    // answered is still there to read.
+    if let Err(e) = s.write_all(req.as_bytes()) {
+        assert!(
+            matches!(
+                e.kind(),
+                std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+            ),
+            "writing the request: {e}"
+        );
+    }
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
+    let mut buf = [0u8; 16384];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+            // The same early close can end the answer with a reset once it has been received.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset && !raw.is_empty() => break,
+            Err(e) => panic!("reading the response: {e}"),
+        }
+    }
     parse_http(&raw)
 }
 
