@@ -236,6 +236,149 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_fp8_r32(GemvF
     gemv_fp8_impl<4, 2>(p);
 }
 
+// Predicated 16-byte loads (with ok false the destination keeps its value): a weight, streamed
+// past L1, and an activation, cached (every block reads the same x).
+__device__ __forceinline__ void ld_stream_if(uint4& r, const unsigned char* p, bool ok) {
+    asm("{\n.reg .pred q;\nsetp.ne.b32 q, %5, 0;\n"
+        "@q ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+        : "+r"(r.x), "+r"(r.y), "+r"(r.z), "+r"(r.w)
+        : "l"(p), "r"((int)ok));
+}
+__device__ __forceinline__ void ld_cached_if(uint4& r, const unsigned char* p, bool ok) {
+    asm("{\n.reg .pred q;\nsetp.ne.b32 q, %5, 0;\n"
+        "@q ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+        : "+r"(r.x), "+r"(r.y), "+r"(r.z), "+r"(r.w)
+        : "l"(p), "r"((int)ok));
+}
+
+#if __CUDA_ARCH__ >= 890
+// c += A * B, a full 16 x 32 A of E4M3 codes and an 8-column B.
+__device__ __forceinline__ void mma_fp8_16832(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+#endif
+
+// The tile GEMV: int4.cu's gemv_int4_t16 scheme on E4M3 codes, with no dequantization. One
+// mma.m16n8k32.e4m3 takes 16 weight rows as A (every A row used: half the mmas of gemv_fp8_r16,
+// whose A rows 8..15 are zero) and the batch's 8 x rows as B. Lane (g = lane / 4, t = lane % 4)
+// reads, per 64-wide k-step s, 16 bytes of the tile's weight rows g and g + 8 and of x row g at
+// byte 64 s + 16 t: words 0-1 feed the step's first mma (a0 / a2 row g, a1 / a3 row g + 8, b0 / b1
+// x), words 2-3 the second, so A and B map each logical k to one physical k as gemv_fp8_r16 does.
+// A block loops over the tiles blockIdx.x + i gridDim.x (the grid is at most the blocks that fit at
+// once); warp w takes the contiguous steps [w span, (w + 1) span) of every tile, D of them in
+// flight per lane in a register ring (weights, and x in the `x` variants) that runs on across the
+// block's tiles. Rows past n are read as row n - 1 and x rows past b as row b - 1: their products
+// land only in outputs never stored. k is a multiple of 64 (the host checks; others take
+// gemv_fp8_r16).
+// Sums: a warp adds its steps in increasing order on two f32 chains (each step's first and second
+// mma), then chain 0 + chain 1; the warps' sums are added in warp order, then
+// y = bf16(sum * xs[b] * ws[n]). y[b, n] does not depend on the batch size or on D.
+template <int D, bool XR>
+__device__ __forceinline__ void gemv_fp8_t16_impl(const GemvFp8Params& p) {
+#if __CUDA_ARCH__ >= 890
+    // [tile parity][warp][row 16][batch 8]: the warps' sums of the last two tiles.
+    __shared__ __align__(16) float red[2][GEMV_WARPS * 128];
+    const int n = p.n, k = p.k;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int ntiles = (n + 15) >> 4, nsteps = k >> 6;
+    // Warp w's items j < per_warp (a multiple of D, so that item j of any tile lives in ring slot
+    // j % D) are steps s_begin + j; items j >= cnt load nothing and add nothing (warp-uniform).
+    const int span = (nsteps + GEMV_WARPS - 1) / GEMV_WARPS;
+    const int per_warp = (span + D - 1) / D * D;
+    const int s_begin = min(nsteps, warp * span);
+    const int cnt = min(nsteps, s_begin + span) - s_begin;
+    // Byte offsets (n k < 2^32: the host checks) of the lane's x row and of its two rows of a
+    // tile, at its first step.
+    const u32 xo = (u32)min(g, p.b - 1) * (u32)k + 64u * (u32)s_begin + 16u * (u32)t;
+    auto rows_of = [&](int tile, u32(&wo)[2]) {
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            wo[h] = (u32)min(16 * tile + g + 8 * h, n - 1) * (u32)k + 64u * (u32)s_begin + 16u * (u32)t;
+    };
+    uint4 wv[D][2], xv[XR ? D : 1];
+#pragma unroll
+    for (int d = 0; d < D; d++) wv[d][0] = wv[d][1] = xv[XR ? d : 0] = make_uint4(0, 0, 0, 0);
+    auto load = [&](const u32(&wo)[2], int j, bool tile_ok, int d) {
+        const bool real = tile_ok && j < cnt;
+        const u32 off = 64u * (u32)j;
+        ld_stream_if(wv[d][0], p.w + (wo[0] + off), real);
+        ld_stream_if(wv[d][1], p.w + (wo[1] + off), real);
+        if (XR) ld_cached_if(xv[XR ? d : 0], p.x + (xo + off), real);
+    };
+
+    int tile = blockIdx.x;
+    u32 wo[2], wn[2];
+    rows_of(tile, wo);
+    rows_of(min(tile + (int)gridDim.x, ntiles - 1), wn);
+#pragma unroll
+    for (int d = 0; d < D; d++) load(wo, d, true, d);
+    for (int parity = 0; tile < ntiles; tile += gridDim.x, parity ^= 1) { // block-uniform
+        const bool next_ok = tile + (int)gridDim.x < ntiles;
+        float acc[2][4];
+#pragma unroll
+        for (int c = 0; c < 4; c++) acc[0][c] = acc[1][c] = 0.f;
+        for (int j0 = 0; j0 < per_warp; j0 += D) {
+            // The group's refills come from the next tile when it is the tile's last.
+            const bool last = j0 + D >= per_warp;
+#pragma unroll
+            for (int d = 0; d < D; d++) {
+                const int j = j0 + d;
+                if (j < cnt) { // warp-uniform: every lane of the warp takes the mma
+                    const uint4 x = XR ? xv[XR ? d : 0] : __ldg((const uint4*)(p.x + (xo + 64u * (u32)j)));
+                    mma_fp8_16832(acc[0], wv[d][0].x, wv[d][1].x, wv[d][0].y, wv[d][1].y, x.x, x.y);
+                    mma_fp8_16832(acc[1], wv[d][0].z, wv[d][1].z, wv[d][0].w, wv[d][1].w, x.z, x.w);
+                }
+                // Refill slot d with the item D ahead: this tile's, or the block's next tile's.
+                if (last) {
+                    load(wn, j + D - per_warp, next_ok, d);
+                } else {
+                    load(wo, j + D, true, d);
+                }
+            }
+        }
+        // c0, c1 = (row g, batch 2t, 2t + 1); c2, c3 = (row g + 8, the same batches).
+        float* rp = red[parity];
+        float* r = rp + warp * 128;
+        *(float2*)&r[g * 8 + 2 * t] = make_float2(acc[0][0] + acc[1][0], acc[0][1] + acc[1][1]);
+        *(float2*)&r[(g + 8) * 8 + 2 * t] = make_float2(acc[0][2] + acc[1][2], acc[0][3] + acc[1][3]);
+        // One barrier a tile: red[parity] is written again two tiles on, after the next barrier,
+        // which every thread reaches only once done reading it below.
+        __syncthreads();
+        for (int o = threadIdx.x; o < 128; o += blockDim.x) {
+            // o = (batch bb, row rr) with the row fastest, so that y's stores are contiguous.
+            const int bb = o >> 4, rr = o & 15;
+            const int row = 16 * tile + rr;
+            if (bb < p.b && row < n) {
+                float v = rp[rr * 8 + bb];
+#pragma unroll
+                for (int w = 1; w < GEMV_WARPS; w++) v += rp[w * 128 + rr * 8 + bb];
+                p.y[(size_t)bb * n + row] = __float2bfloat16(v * p.x_scales[bb] * p.w_scales[row]);
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) wo[h] = wn[h];
+        rows_of(min(tile + 2 * (int)gridDim.x, ntiles - 1), wn);
+    }
+#else
+    __trap(); // FP8 tensor cores need sm_89; the backend refuses FP8 below it
+#endif
+}
+
+// gemv_fp8_t16_d{D}[x]: D k-steps in flight a lane (x: their activations in the ring too, else
+// loaded at the mma), at least `blocks` blocks an SM; the grid is at most the blocks that fit.
+#define FP8_T16(name, d, xr, blocks)                                                                     \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, blocks) name(GemvFp8Params p) {           \
+        gemv_fp8_t16_impl<d, xr>(p);                                                                     \
+    }
+FP8_T16(gemv_fp8_t16_d4, 4, false, 3)
+FP8_T16(gemv_fp8_t16_d4x, 4, true, 3)
+FP8_T16(gemv_fp8_t16_d6, 6, false, 2)
+FP8_T16(gemv_fp8_t16_d8x, 8, true, 2)
+
 // y[b, n] = bf16(y[b, n] * xs[b] * ws[n]) in place: the scales of a product cuBLASLt ran on raw
 // E4M3 codes (Hopper's cuBLASLt scales FP8 operands by one value each, not per row). Takes
 // GemvFp8Params; its x and w are unused. Two bf16 elements a thread per step when n is even.

@@ -500,7 +500,10 @@ fn linear_alone(g: &Gpu) -> Res<Value> {
             let gemv = if picked == 32 { r32 } else { r16 };
             let gb = bytes as f64 / 1e6;
             if let Some((w8, w8s)) = &fp8 {
-                use worker::backend::cuda::fp8::{Fp8Linear, QuantRows, gemv_fp8, quant_rows};
+                use worker::backend::cuda::fp8::{
+                    Fp8Linear, QuantRows, gemv_fp8, gemv_fp8_choice, quant_rows,
+                };
+                use worker::backend::switches::Fp8GemvChoice;
                 let (xq, xs) = (g.alloc(DType::U8, m * k)?, g.alloc(DType::F32, m)?);
                 let yb = g.alloc(DType::Bf16, m * n)?;
                 let quant = QuantRows {
@@ -512,37 +515,39 @@ fn linear_alone(g: &Gpu) -> Res<Value> {
                     static_scale: 0.0,
                 };
                 let q_ms = time_ms(g, 100, || Ok(quant_rows(g, &quant)?))?;
-                let mut times = Vec::new();
-                for rows in worker::backend::cuda::fp8::GEMV_FP8_ROWS {
+                let l8 = |i: usize| Fp8Linear {
+                    x: &xq,
+                    x_scales: &xs,
+                    w: &w8[i % w8.len()],
+                    w_scales: w8s,
+                    y: &yb,
+                    m,
+                    n,
+                    k,
+                };
+                let mut i = 0;
+                let r32 = time_ms(g, 100, || {
+                    i += 1;
+                    Ok(gemv_fp8(g, &l8(i), 32)?)
+                })?;
+                let mut line = format!(
+                    "linear {name} m{m}: fp8 gemv r32 {r32:.4} ms ({:.0} GB/s)",
+                    gb / 2.0 / r32
+                );
+                let mut entry = serde_json::Map::new();
+                entry.insert("gemv_r32_ms".into(), json!(r32));
+                entry.insert("quant_ms".into(), json!(q_ms));
+                for choice in Fp8GemvChoice::ALL {
                     let mut i = 0;
-                    times.push(time_ms(g, 100, || {
+                    let ms = time_ms(g, 100, || {
                         i += 1;
-                        let l = Fp8Linear {
-                            x: &xq,
-                            x_scales: &xs,
-                            w: &w8[i % w8.len()],
-                            w_scales: w8s,
-                            y: &yb,
-                            m,
-                            n,
-                            k,
-                        };
-                        Ok(gemv_fp8(g, &l, *rows)?)
-                    })?);
+                        Ok(gemv_fp8_choice(g, &l8(i), choice)?)
+                    })?;
+                    line += &format!(", {} {ms:.4} ms ({:.0} GB/s)", choice.name(), gb / 2.0 / ms);
+                    entry.insert(format!("gemv_{}_ms", choice.name()), json!(ms));
                 }
-                let gb8 = gb / 2.0;
-                println!(
-                    "linear {name} m{m}: fp8 gemv r16 {:.4} ms ({:.0} GB/s), r32 {:.4} ms ({:.0} GB/s), \
-                     activation quantization {q_ms:.4} ms",
-                    times[0],
-                    gb8 / times[0],
-                    times[1],
-                    gb8 / times[1]
-                );
-                out.insert(
-                    format!("{name}_m{m}_fp8"),
-                    json!({"gemv_r16_ms": times[0], "gemv_r32_ms": times[1], "quant_ms": q_ms}),
-                );
+                println!("{line}, activation quantization {q_ms:.4} ms");
+                out.insert(format!("{name}_m{m}_fp8"), Value::Object(entry));
             }
             println!(
                 "linear {name} m{m}: gemv r16 {r16:.4} ms ({:.0} GB/s), r32 {r32:.4} ms ({:.0} GB/s), \

@@ -1871,13 +1871,19 @@ fn fused_silu_mul_quantization_equals_silu_mul_then_the_cpu_quantizer() {
 #[test]
 #[ignore = "requires a CUDA device"]
 fn gemv_fp8_matches_cpu() {
-    use worker::backend::cuda::fp8::{Fp8Linear, GEMV_FP8_ROWS, gemv_fp8};
+    use worker::backend::cuda::fp8::{Fp8Linear, GEMV_FP8_ROWS, gemv_fp8, gemv_fp8_tiles};
+    use worker::backend::switches::Fp8GemvChoice;
     let g = gpu();
     let table = worker::quant::fp8::decode_table();
     let mut r = Rng(12);
     // k % 64 of 0, 16, 48 and 32 (the last 64-wide step full or partial); n not a multiple of
-    // the 16/32-row blocks; m = 1..8.
+    // the 16/32-row blocks; m = 1..8. The tile kernels take k % 64 == 0: fewer steps than warps
+    // (192), more tiles than blocks fit at once (28,672 rows: the register ring runs on across a
+    // block's tiles), a partial last tile.
     for (m, n, k) in [
+        (7, 40, 192),
+        (1, 28672, 128),
+        (2, 1003, 640),
         (1, 64, 64),
         (3, 1000, 4096),
         (8, 4096, 14336),
@@ -1945,7 +1951,48 @@ fn gemv_fp8_matches_cpu() {
             }
             first = Some(b);
         }
-        eprintln!("gemv_fp8 m{m} n{n} k{k}: within bf16 rounding, every block height bit for bit");
+        if !l.tiles_ok() {
+            eprintln!(
+                "gemv_fp8 m{m} n{n} k{k}: within bf16 rounding, every block height bit for bit"
+            );
+            continue;
+        }
+        let mut first: Option<Vec<u32>> = None;
+        for choice in Fp8GemvChoice::ALL.into_iter().skip(1) {
+            g.overwrite(&y, &vec![0xff; m * n * 2]).unwrap(); // NaN: every output must be written
+            gemv_fp8_tiles(&g, &l, choice).unwrap();
+            let got = g.download_f32(&y).unwrap();
+            let bad: Vec<usize> = (0..m * n)
+                .filter(|&i| {
+                    let err = (got[i] - want[i]).abs();
+                    err.is_nan() || err > 8e-3 * want[i].abs() + 1e-5 * mag[i]
+                })
+                .collect();
+            assert!(
+                bad.is_empty(),
+                "gemv_fp8 {} m{m} n{n} k{k}: {} of {} off, first [{}] got {} want {}",
+                choice.name(),
+                bad.len(),
+                m * n,
+                bad[0],
+                got[bad[0]],
+                want[bad[0]]
+            );
+            let b = bits(&got);
+            if let Some(f) = &first {
+                assert_eq!(
+                    f,
+                    &b,
+                    "tile kernels differ: {} m{m} n{n} k{k}",
+                    choice.name()
+                );
+            }
+            first = Some(b);
+        }
+        eprintln!(
+            "gemv_fp8 m{m} n{n} k{k}: within bf16 rounding, every block height bit for bit, \
+             every tile kernel bit for bit"
+        );
     }
 }
 

@@ -9,7 +9,7 @@
 use std::fmt;
 
 /// The environment variables [`KernelSwitches::from_env`] reads, with what each accepts.
-pub const KERNEL_SWITCH_VARS: [(&str, &str); 10] = [
+pub const KERNEL_SWITCH_VARS: [(&str, &str); 11] = [
     ("RINGSERVE_CUDA_PREFILL", "mma or wgmma"),
     ("RINGSERVE_CUDA_DECODE_MMA", "0 or 1"),
     ("RINGSERVE_CUDA_DECODE_SHARE", "0 or 1"),
@@ -20,6 +20,10 @@ pub const KERNEL_SWITCH_VARS: [(&str, &str); 10] = [
     ("RINGSERVE_CUDA_INT4_TILES", "0 or 1"),
     ("RINGSERVE_CUDA_GGUF_INT4", "0 or 1"),
     ("RINGSERVE_CUDA_INT4_MMA", "0 or 1"),
+    (
+        "RINGSERVE_CUDA_FP8_GEMV",
+        "r16, t16_d4, t16_d4x, t16_d6 or t16_d8x",
+    ),
 ];
 
 /// Largest weight (elements) the GEMV kernel takes by default. On the H200 it beats cuBLAS on the
@@ -57,6 +61,46 @@ impl Default for GemvChoice {
     }
 }
 
+/// Which kernel runs FP8 products of at most `kernels::GEMV_MAX_BATCH` rows (`fp8.cu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Fp8GemvChoice {
+    /// `gemv_fp8_r16`: 16 weight rows a block as the mma's B operand, warps interleaved over k.
+    Rows16,
+    /// `gemv_fp8_t16_d4`: the 16-row tile kernel (weights as the mma's A operand, blocks looping
+    /// over tiles, each warp a contiguous k range), 4 k-steps in flight a lane; products whose k
+    /// is not a multiple of 64 take `gemv_fp8_r16`.
+    #[default]
+    TileD4,
+    /// The tile kernel with the activations in the register ring too.
+    TileD4x,
+    /// The tile kernel with 6 k-steps in flight (2 blocks an SM).
+    TileD6,
+    /// The tile kernel with 8 k-steps and their activations in flight (2 blocks an SM).
+    TileD8x,
+}
+
+impl Fp8GemvChoice {
+    /// Every choice, in the order `cuda_bench` times them.
+    pub const ALL: [Self; 5] = [
+        Self::Rows16,
+        Self::TileD4,
+        Self::TileD4x,
+        Self::TileD6,
+        Self::TileD8x,
+    ];
+
+    /// The name `RINGSERVE_CUDA_FP8_GEMV` takes (the kernel's, less `gemv_fp8_`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Rows16 => "r16",
+            Self::TileD4 => "t16_d4",
+            Self::TileD4x => "t16_d4x",
+            Self::TileD6 => "t16_d6",
+            Self::TileD8x => "t16_d8x",
+        }
+    }
+}
+
 /// The CUDA backend's kernel choices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KernelSwitches {
@@ -91,6 +135,8 @@ pub struct KernelSwitches {
     /// the tensor-core product with weights dequantized in registers (`gemm_int4_mma_*`); off: the
     /// whole matrix is dequantized to bf16 for cuBLAS, as larger batches always are.
     pub int4_mma: bool,
+    /// Small-batch FP8 products.
+    pub fp8_gemv: Fp8GemvChoice,
 }
 
 impl Default for KernelSwitches {
@@ -106,6 +152,7 @@ impl Default for KernelSwitches {
             int4_tiles: true,
             gguf_int4: true,
             int4_mma: true,
+            fp8_gemv: Fp8GemvChoice::default(),
         }
     }
 }
@@ -163,6 +210,12 @@ impl KernelSwitches {
                 "RINGSERVE_CUDA_INT4_TILES" => s.int4_tiles = flag()?,
                 "RINGSERVE_CUDA_GGUF_INT4" => s.gguf_int4 = flag()?,
                 "RINGSERVE_CUDA_INT4_MMA" => s.int4_mma = flag()?,
+                "RINGSERVE_CUDA_FP8_GEMV" => {
+                    s.fp8_gemv = *Fp8GemvChoice::ALL
+                        .iter()
+                        .find(|c| c.name() == value.trim())
+                        .ok_or_else(bad)?
+                }
                 _ => s.gemm_tune = flag()?,
             }
         }
@@ -180,7 +233,7 @@ impl fmt::Display for KernelSwitches {
         write!(
             f,
             "prefill={:?} decode_mma={} decode_share={} gemv={gemv} fuse_rope={} l2_prefetch={} \
-             gemm_tune={} int4_tiles={} gguf_int4={} int4_mma={}",
+             gemm_tune={} int4_tiles={} gguf_int4={} int4_mma={} fp8_gemv={}",
             self.prefill,
             self.decode_mma,
             self.decode_share,
@@ -189,7 +242,8 @@ impl fmt::Display for KernelSwitches {
             self.gemm_tune,
             self.int4_tiles,
             self.gguf_int4,
-            self.int4_mma
+            self.int4_mma,
+            self.fp8_gemv.name()
         )
     }
 }
@@ -229,8 +283,10 @@ mod tests {
             ("RINGSERVE_CUDA_INT4_TILES", "0"),
             ("RINGSERVE_CUDA_GGUF_INT4", "0"),
             ("RINGSERVE_CUDA_INT4_MMA", "0"),
+            ("RINGSERVE_CUDA_FP8_GEMV", "r16"),
         ])
         .unwrap();
+        assert_eq!(s.fp8_gemv, Fp8GemvChoice::Rows16);
         assert!(!s.int4_tiles && !s.gguf_int4 && !s.int4_mma && !s.decode_share);
         assert_eq!(s.prefill, PrefillChoice::Mma);
         assert!(!s.decode_mma && !s.fuse_rope && !s.l2_prefetch && !s.gemm_tune);
@@ -254,6 +310,7 @@ mod tests {
             ("RINGSERVE_CUDA_DECODE_MMA", "off"),
             ("RINGSERVE_CUDA_GEMV", "-3"),
             ("RINGSERVE_CUDA_GEMM_TUNE", "yes"),
+            ("RINGSERVE_CUDA_FP8_GEMV", "t16"),
         ] {
             let e = parse(&[(var, value)]).unwrap_err();
             assert_eq!(e.var, var);

@@ -24,7 +24,9 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use grammar::TokenMask;
 
 use super::device::{Buf, DType, Gpu};
-use super::fp8::{Fp8Gemm, Fp8Linear, QuantRows, check_fp8_options, gemv_fp8, has_fp8, quant_rows};
+use super::fp8::{
+    Fp8Gemm, Fp8Linear, QuantRows, check_fp8_options, gemv_fp8_choice, has_fp8, quant_rows,
+};
 use super::int4::{Int4Linear, Int4Scales, check_int4_options, gguf_runs_int4};
 use super::lt::{LtGemm, TuneRecord};
 use super::ops::{self, AddRmsNorm, Attention, Linear, NormFp8, RopeKv, SampleRow};
@@ -32,7 +34,7 @@ use super::step::{self, DECODE_SPLIT, HostStep, Limits};
 use super::tp::{CudaTp, DeviceGroup};
 use super::weights::{self, Fp8Layer, Fp8Scales, Int4Layer, LayerWeights, Weights};
 use super::workspace::{Caps, QuantBufs, Workspace};
-use crate::backend::switches::{GemvChoice, KernelSwitches};
+use crate::backend::switches::{Fp8GemvChoice, GemvChoice, KernelSwitches};
 use crate::backend::{Backend, BackendError, DeviceSampling, ForwardBatch, Logits};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
@@ -158,6 +160,8 @@ pub struct CudaBackend {
     quant_bufs: QuantBufs,
     /// [`KernelSwitches::int4_tiles`].
     int4_tiles: bool,
+    /// [`KernelSwitches::fp8_gemv`].
+    fp8_gemv: Fp8GemvChoice,
     /// [`KernelSwitches::int4_mma`].
     int4_mma: bool,
     /// Whether small-batch steps prefetch each layer's o_proj weights into L2 while RoPE and
@@ -433,6 +437,7 @@ impl CudaBackend {
             fp8_gemm,
             quant_bufs,
             int4_tiles: opts.kernels.int4_tiles,
+            fp8_gemv: opts.kernels.fp8_gemv,
             int4_mma: opts.kernels.int4_mma,
             l2_prefetch: opts.dtype == DType::Bf16
                 && ops::has_l2_prefetch(capability)
@@ -617,7 +622,9 @@ impl CudaBackend {
             k: l.k,
         };
         match &self.fp8_gemm {
-            _ if l.m <= kernels::GEMV_MAX_BATCH && f.gemv_ok() => gemv_fp8(g, &f, 16).map(|_| None),
+            _ if l.m <= kernels::GEMV_MAX_BATCH && f.gemv_ok() => {
+                gemv_fp8_choice(g, &f, self.fp8_gemv).map(|_| None)
+            }
             Some(gemm) if unscaled_ok => gemm.run_unscaled(g, &f).map(|_| Some((&ws.xs, &s.rows))),
             Some(gemm) => gemm.run(g, &f).map(|_| None),
             None => Err(BackendError::InvalidOptions(

@@ -15,12 +15,14 @@ use super::device::{Buf, DType, Gpu};
 use super::lt::LT_WORKSPACE_BYTES;
 use super::ops::{cfg, dim, int};
 use crate::backend::BackendError;
+use crate::backend::switches::Fp8GemvChoice;
 use crate::config::ModelConfig;
 use crate::quant::LinearQuant;
 use crate::tp::LocalDims;
 
 /// Rows of weights per block of the FP8 GEMV kernels (`gemv_fp8_r<R>`): 16 (2 tiles, 4 k-steps of
-/// 64 in flight per warp; the backend's choice) or 32 (4 tiles, 2 steps). Run 19d also timed 8
+/// 64 in flight per warp; the backend's choice where it does not run the tile kernels,
+/// [`gemv_fp8_tiles`]) or 32 (4 tiles, 2 steps). Run 19d also timed 8
 /// rows with 8 steps in flight: 10–35 % slower than 16 at every 8B shape, not kept.
 pub const GEMV_FP8_ROWS: &[usize] = &[16, 32];
 
@@ -181,6 +183,92 @@ impl Fp8Linear<'_> {
             && self.x.ptr().is_multiple_of(16)
             && self.w.ptr().is_multiple_of(16)
     }
+}
+
+impl Fp8Linear<'_> {
+    /// Whether the tile kernels ([`gemv_fp8_tiles`]) take `l`: [`Self::gemv_ok`], `k` a multiple
+    /// of 64 and `n k` below 2^32 (their byte offsets are 32-bit).
+    pub fn tiles_ok(&self) -> bool {
+        self.gemv_ok() && self.k.is_multiple_of(64) && (self.n as u64) * (self.k as u64) < 1 << 32
+    }
+}
+
+/// Runs `l` on the kernel `choice` names: the tile kernels where [`Fp8Linear::tiles_ok`], else
+/// `gemv_fp8_r16`.
+pub fn gemv_fp8_choice(
+    gpu: &Gpu,
+    l: &Fp8Linear<'_>,
+    choice: Fp8GemvChoice,
+) -> Result<(), BackendError> {
+    if choice == Fp8GemvChoice::Rows16 || !l.tiles_ok() {
+        gemv_fp8(gpu, l, 16)
+    } else {
+        gemv_fp8_tiles(gpu, l, choice)
+    }
+}
+
+/// Runs `l` on the 16-row tile kernel `choice` (`gemv_fp8_t16_*`; not [`Fp8GemvChoice::Rows16`]).
+/// Every tile kernel gives the same bits: each warp sums the same contiguous steps in the same
+/// order whatever the steps in flight.
+pub fn gemv_fp8_tiles(
+    gpu: &Gpu,
+    l: &Fp8Linear<'_>,
+    choice: Fp8GemvChoice,
+) -> Result<(), BackendError> {
+    l.check()?;
+    if !l.tiles_ok() || choice == Fp8GemvChoice::Rows16 {
+        return Err(BackendError::InvalidBatch(format!(
+            "gemv_fp8 {}: shape or alignment unsupported ({} x {} by {})",
+            choice.name(),
+            l.m,
+            l.n,
+            l.k
+        )));
+    }
+    if !has_fp8(gpu.capability) {
+        return Err(BackendError::Device(format!(
+            "FP8 tensor cores need compute capability 8.9 or later; this device is {}.{}",
+            gpu.capability.0, gpu.capability.1
+        )));
+    }
+    if l.m == 0 || l.n == 0 {
+        return Ok(());
+    }
+    let f = gpu.func(&format!("gemv_fp8_{}", choice.name()))?;
+    let tiles = l.n.div_ceil(16);
+    // The blocks that fit at once (each loops over its tiles), at least one an SM.
+    let per_sm = f
+        .occupancy_max_active_blocks_per_multiprocessor(kernels::GEMV_THREADS, 0, None)
+        .map_err(BackendError::from)?
+        .max(1) as usize;
+    let grid = (dim(tiles.min(per_sm * gpu.sms), "n")?, 1, 1);
+    let p = GemvFp8Params {
+        x: l.x.ptr(),
+        x_scales: l.x_scales.ptr(),
+        w: l.w.ptr(),
+        w_scales: l.w_scales.ptr(),
+        y: l.y.ptr(),
+        b: int(l.m, "m")?,
+        n: int(l.n, "n")?,
+        k: int(l.k, "k")?,
+        pad: 0,
+    };
+    let mut b = gpu.stream.launch_builder(f);
+    b.arg(&p);
+    // SAFETY: check() gave x >= m*k and w >= n*k bytes, x_scales >= m and w_scales >= n floats,
+    // y >= m*n bf16; tiles_ok gave 1 <= m <= GEMV_MAX_BATCH (m > 0 above), k a multiple of 64,
+    // n*k < 2^32 (the kernel's 32-bit byte offsets do not wrap) and 16-byte-aligned x and w, so
+    // every 16-byte load below is aligned. Block i takes the 16-row tiles i, i + grid, ... <
+    // ceil(n / 16); a lane reads 16 bytes of weight rows min(row, n - 1) < n and of x row
+    // min(g, m - 1) < m at byte 64*s + 16*t <= k - 16 for steps s < k / 64 (loads past a warp's
+    // steps are predicated off), and writes y[bb, r] and reads x_scales[bb], w_scales[r] only for
+    // bb < m, r < n. The device is sm_89 or later (checked), where the kernel's mma exists; every
+    // mma runs on all 32 lanes (the item test is warp-uniform) and every thread reaches each
+    // tile's barrier (the tile loop is the same for the whole block); shared memory is static and
+    // sized for GEMV_THREADS (256) threads.
+    unsafe { b.launch(cfg(grid, kernels::GEMV_THREADS, 0)) }
+        .map(|_| ())
+        .map_err(BackendError::from)
 }
 
 /// Runs `l` with the FP8 GEMV kernel, `rows_per_block` (one of [`GEMV_FP8_ROWS`]) weight rows a
