@@ -503,7 +503,7 @@ fn linear_alone(g: &Gpu) -> Res<Value> {
                 use worker::backend::cuda::fp8::{
                     Fp8Linear, QuantRows, gemv_fp8, gemv_fp8_choice, quant_rows,
                 };
-                use worker::backend::switches::Fp8GemvChoice;
+                use worker::backend::switches::{FP8_TILE_KERNELS, Fp8GemvChoice};
                 let (xq, xs) = (g.alloc(DType::U8, m * k)?, g.alloc(DType::F32, m)?);
                 let yb = g.alloc(DType::Bf16, m * n)?;
                 let quant = QuantRows {
@@ -537,7 +537,8 @@ fn linear_alone(g: &Gpu) -> Res<Value> {
                 let mut entry = serde_json::Map::new();
                 entry.insert("gemv_r32_ms".into(), json!(r32));
                 entry.insert("quant_ms".into(), json!(q_ms));
-                for choice in Fp8GemvChoice::ALL {
+                let choices = FP8_TILE_KERNELS.map(Fp8GemvChoice::Tile);
+                for choice in [Fp8GemvChoice::Rows16].iter().chain(&choices).copied() {
                     let mut i = 0;
                     let ms = time_ms(g, 100, || {
                         i += 1;

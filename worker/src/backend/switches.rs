@@ -61,43 +61,54 @@ impl Default for GemvChoice {
     }
 }
 
-/// Which kernel runs FP8 products of at most `kernels::GEMV_MAX_BATCH` rows (`fp8.cu`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// The FP8 tile GEMV kernels (`gemv_fp8_<name>` in `fp8.cu`), the backend's default first
+/// (fastest at every 8B shape on the H200, run 41); `cuda_bench gemv` times them all.
+pub const FP8_TILE_KERNELS: [&str; 7] = [
+    "t16_d4x",
+    "t16_d4",
+    "t16_d2x_b4",
+    "t16_d3x",
+    "t16_d4x_b2",
+    "t16_d6x_b2",
+    "t16_d8x",
+];
+
+/// Which kernel runs FP8 products of at most `kernels::GEMV_MAX_BATCH` rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fp8GemvChoice {
     /// `gemv_fp8_r16`: 16 weight rows a block as the mma's B operand, warps interleaved over k.
     Rows16,
-    /// `gemv_fp8_t16_d4`: the 16-row tile kernel (weights as the mma's A operand, blocks looping
-    /// over tiles, each warp a contiguous k range), 4 k-steps in flight a lane; products whose k
-    /// is not a multiple of 64 take `gemv_fp8_r16`.
-    #[default]
-    TileD4,
-    /// The tile kernel with the activations in the register ring too.
-    TileD4x,
-    /// The tile kernel with 6 k-steps in flight (2 blocks an SM).
-    TileD6,
-    /// The tile kernel with 8 k-steps and their activations in flight (2 blocks an SM).
-    TileD8x,
+    /// A 16-row tile kernel, one of [`FP8_TILE_KERNELS`] (weights as the mma's A operand, blocks
+    /// looping over tiles with a register ring, each warp a contiguous k range); products whose
+    /// k is not a multiple of 64 take `gemv_fp8_r16`.
+    Tile(&'static str),
+}
+
+impl Default for Fp8GemvChoice {
+    fn default() -> Self {
+        Self::Tile(FP8_TILE_KERNELS[0])
+    }
 }
 
 impl Fp8GemvChoice {
-    /// Every choice, in the order `cuda_bench` times them.
-    pub const ALL: [Self; 5] = [
-        Self::Rows16,
-        Self::TileD4,
-        Self::TileD4x,
-        Self::TileD6,
-        Self::TileD8x,
-    ];
-
-    /// The name `RINGSERVE_CUDA_FP8_GEMV` takes (the kernel's, less `gemv_fp8_`).
+    /// `r16`, or the tile kernel's name: what `RINGSERVE_CUDA_FP8_GEMV` takes (the kernel's name
+    /// less `gemv_fp8_`).
     pub fn name(self) -> &'static str {
         match self {
             Self::Rows16 => "r16",
-            Self::TileD4 => "t16_d4",
-            Self::TileD4x => "t16_d4x",
-            Self::TileD6 => "t16_d6",
-            Self::TileD8x => "t16_d8x",
+            Self::Tile(name) => name,
         }
+    }
+
+    /// The choice `name` names, if any.
+    pub fn parse(name: &str) -> Option<Self> {
+        if name == "r16" {
+            return Some(Self::Rows16);
+        }
+        FP8_TILE_KERNELS
+            .iter()
+            .find(|k| **k == name)
+            .map(|k| Self::Tile(k))
     }
 }
 
@@ -114,7 +125,8 @@ pub struct KernelSwitches {
     pub decode_share: bool,
     /// Small-batch products on the GEMV kernel.
     pub gemv: GemvChoice,
-    /// Where q/k/v takes the GEMV kernel, RoPE and the paged KV write run in its epilogue.
+    /// Where q/k/v takes the GEMV kernel (bf16, or FP8 on a tile kernel), RoPE and the paged KV
+    /// write run in its epilogue.
     pub fuse_rope: bool,
     /// bf16 on sm_90+, batch 1: each layer's o_proj weights are prefetched into L2 on a side
     /// branch of the graph while RoPE and attention run.
@@ -211,10 +223,7 @@ impl KernelSwitches {
                 "RINGSERVE_CUDA_GGUF_INT4" => s.gguf_int4 = flag()?,
                 "RINGSERVE_CUDA_INT4_MMA" => s.int4_mma = flag()?,
                 "RINGSERVE_CUDA_FP8_GEMV" => {
-                    s.fp8_gemv = *Fp8GemvChoice::ALL
-                        .iter()
-                        .find(|c| c.name() == value.trim())
-                        .ok_or_else(bad)?
+                    s.fp8_gemv = Fp8GemvChoice::parse(value.trim()).ok_or_else(bad)?
                 }
                 _ => s.gemm_tune = flag()?,
             }
@@ -268,6 +277,7 @@ mod tests {
         assert!(s.decode_mma && s.fuse_rope && s.l2_prefetch && s.gemm_tune && s.int4_tiles);
         assert!(s.gguf_int4 && s.int4_mma && s.decode_share);
         assert_eq!(s.gemv, GemvChoice::UpTo(GEMV_MAX_WEIGHT));
+        assert_eq!(s.fp8_gemv, Fp8GemvChoice::Tile("t16_d4x"));
     }
 
     #[test]
@@ -299,6 +309,11 @@ mod tests {
             parse(&[("RINGSERVE_CUDA_GEMV", "1")]).unwrap().gemv,
             GemvChoice::All
         );
+        for k in FP8_TILE_KERNELS {
+            let c = parse(&[("RINGSERVE_CUDA_FP8_GEMV", k)]).unwrap().fp8_gemv;
+            assert_eq!(c, Fp8GemvChoice::Tile(k));
+            assert_eq!(c.name(), k);
+        }
         let w = parse(&[("RINGSERVE_CUDA_PREFILL", "wgmma")]).unwrap();
         assert_eq!(w.prefill, PrefillChoice::Wgmma);
     }
