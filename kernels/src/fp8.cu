@@ -276,25 +276,15 @@ __device__ __forceinline__ void mma_fp8_16832(float* c, u32 a0, u32 a1, u32 a2, 
 // Sums: a warp adds its steps in increasing order on two f32 chains (each step's first and second
 // mma), then chain 0 + chain 1; the warps' sums are added in warp order, then
 // y = bf16(sum * xs[b] * ws[n]). y[b, n] does not depend on the batch size or on D.
-// Batch row bb's sum with tile row rr, from a tile's red: the warps' sums added in warp order.
-__device__ __forceinline__ float t16_sum(const float* rp, int rr, int bb) {
-    float v = rp[rr * 8 + bb];
-#pragma unroll
-    for (int w = 1; w < GEMV_WARPS; w++) v += rp[w * 128 + rr * 8 + bb];
-    return v;
-}
-
-// The tile loop over `ntiles` tiles whose row rr is weight row row_of(tile, rr) (< n); after each
-// tile's barrier, store(tile, rp) reads the warps' sums from rp ([warp][row 16][batch 8]).
-template <int D, bool XR, typename RowOf, typename Store>
-__device__ __forceinline__ void gemv_fp8_t16_core(const GemvFp8Params& p, int ntiles, RowOf row_of, Store store) {
+template <int D, bool XR>
+__device__ __forceinline__ void gemv_fp8_t16_impl(const GemvFp8Params& p) {
 #if __CUDA_ARCH__ >= 890
     // [tile parity][warp][row 16][batch 8]: the warps' sums of the last two tiles.
     __shared__ __align__(16) float red[2][GEMV_WARPS * 128];
-    const int k = p.k;
+    const int n = p.n, k = p.k;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int nsteps = k >> 6;
+    const int ntiles = (n + 15) >> 4, nsteps = k >> 6;
     // Warp w's items j < per_warp (a multiple of D, so that item j of any tile lives in ring slot
     // j % D) are steps s_begin + j; items j >= cnt load nothing and add nothing (warp-uniform).
     const int span = (nsteps + GEMV_WARPS - 1) / GEMV_WARPS;
@@ -306,7 +296,8 @@ __device__ __forceinline__ void gemv_fp8_t16_core(const GemvFp8Params& p, int nt
     const u32 xo = (u32)min(g, p.b - 1) * (u32)k + 64u * (u32)s_begin + 16u * (u32)t;
     auto rows_of = [&](int tile, u32(&wo)[2]) {
 #pragma unroll
-        for (int h = 0; h < 2; h++) wo[h] = (u32)row_of(tile, g + 8 * h) * (u32)k + 64u * (u32)s_begin + 16u * (u32)t;
+        for (int h = 0; h < 2; h++)
+            wo[h] = (u32)min(16 * tile + g + 8 * h, n - 1) * (u32)k + 64u * (u32)s_begin + 16u * (u32)t;
     };
     uint4 wv[D][2], xv[XR ? D : 1];
 #pragma unroll
@@ -355,9 +346,19 @@ __device__ __forceinline__ void gemv_fp8_t16_core(const GemvFp8Params& p, int nt
         *(float2*)&r[g * 8 + 2 * t] = make_float2(acc[0][0] + acc[1][0], acc[0][1] + acc[1][1]);
         *(float2*)&r[(g + 8) * 8 + 2 * t] = make_float2(acc[0][2] + acc[1][2], acc[0][3] + acc[1][3]);
         // One barrier a tile: red[parity] is written again two tiles on, after the next barrier,
-        // which every thread reaches only once done reading it in store.
+        // which every thread reaches only once done reading it below.
         __syncthreads();
-        store(tile, (const float*)rp);
+        for (int o = threadIdx.x; o < 128; o += blockDim.x) {
+            // o = (batch bb, row rr) with the row fastest, so that y's stores are contiguous.
+            const int bb = o >> 4, rr = o & 15;
+            const int row = 16 * tile + rr;
+            if (bb < p.b && row < n) {
+                float v = rp[rr * 8 + bb];
+#pragma unroll
+                for (int w = 1; w < GEMV_WARPS; w++) v += rp[w * 128 + rr * 8 + bb];
+                p.y[(size_t)bb * n + row] = __float2bfloat16(v * p.x_scales[bb] * p.w_scales[row]);
+            }
+        }
 #pragma unroll
         for (int h = 0; h < 2; h++) wo[h] = wn[h];
         rows_of(min(tile + 2 * (int)gridDim.x, ntiles - 1), wn);
@@ -367,66 +368,22 @@ __device__ __forceinline__ void gemv_fp8_t16_core(const GemvFp8Params& p, int nt
 #endif
 }
 
-// The plain product: tile i is weight rows 16 i .. 16 i + 15 (rows past n read row n - 1).
-template <int D, bool XR>
-__device__ __forceinline__ void gemv_fp8_t16_impl(const GemvFp8Params& p) {
-    const int n = p.n;
-    gemv_fp8_t16_core<D, XR>(
-        p, (n + 15) >> 4, [&](int tile, int rr) { return min(16 * tile + rr, n - 1); },
-        [&](int tile, const float* rp) {
-            for (int o = threadIdx.x; o < 128; o += blockDim.x) {
-                // o = (batch bb, row rr) with the row fastest, so that y's stores are contiguous.
-                const int bb = o >> 4, rr = o & 15;
-                const int row = 16 * tile + rr;
-                if (bb < p.b && row < n)
-                    p.y[(size_t)bb * n + row] = __float2bfloat16(t16_sum(rp, rr, bb) * p.x_scales[bb] * p.w_scales[row]);
-            }
-        });
-}
-
 // gemv_fp8_t16_d{D}[x][_b{blocks}]: D k-steps in flight a lane (x: their activations in the ring
 // too, else loaded at the mma), at least `blocks` blocks an SM (3 unless named); the grid is at
-// most the blocks that fit. The backend runs gemv_fp8_t16_d4x (fastest at every 8B shape in run
-// 41); the others are timed beside it by `cuda_bench gemv`.
+// most the blocks that fit. The backend runs d2x_b4 on products of at most 2^25 weights and d4x_b2
+// on larger ones (fastest on the 8B shapes in run 41: q/k/v and o, gate/up and down); the others
+// are timed beside them by `cuda_bench gemv`.
 #define FP8_T16(name, d, xr, blocks)                                                                     \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS, blocks) name(GemvFp8Params p) {           \
         gemv_fp8_t16_impl<d, xr>(p);                                                                     \
     }
-FP8_T16(gemv_fp8_t16_d4x, 4, true, 3)
-FP8_T16(gemv_fp8_t16_d4, 4, false, 3)
 FP8_T16(gemv_fp8_t16_d2x_b4, 2, true, 4)
-FP8_T16(gemv_fp8_t16_d3x, 3, true, 3)
 FP8_T16(gemv_fp8_t16_d4x_b2, 4, true, 2)
+FP8_T16(gemv_fp8_t16_d3x, 3, true, 3)
+FP8_T16(gemv_fp8_t16_d4x, 4, true, 3)
 FP8_T16(gemv_fp8_t16_d6x_b2, 6, true, 2)
 FP8_T16(gemv_fp8_t16_d8x, 8, true, 2)
-
-// The q/k/v product fused with RoPE and the paged KV write, on gemv_fp8_t16_d4x's loop (p.g.n =
-// (hq + 2 hkv) d, d a multiple of 16; p.g.y unused). Tile i is head h = i / (d / 16) and rotation
-// pairs j0 .. j0 + 7, j0 = 8 (i % (d / 16)): tile rows 0-7 are the head's dims j0 + r, rows 8-15
-// the dims j0 + r + d/2 they rotate with (gemv_rope_kv_bf16's map). Each output is rounded to bf16
-// as gemv_fp8_t16's y holds it and finished by rope_pair_store: the bits of gemv_fp8_t16_d4x
-// followed by rope_kv_write_bf16, in one launch. Batch row t is token t of the step.
-extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_fp8_rope_kv_t16(GemvFp8RopeParams p) {
-    const int d = p.rope.d, half = d / 2, per_head = d / 16;
-    gemv_fp8_t16_core<4, true>(
-        p.g, p.g.n >> 4,
-        [&](int tile, int rr) {
-            return (tile / per_head) * d + (tile % per_head) * 8 + (rr < 8 ? rr : half + rr - 8);
-        },
-        [&](int tile, const float* rp) {
-            const int h = tile / per_head, j0 = (tile % per_head) * 8;
-            for (int o = threadIdx.x; o < 64; o += blockDim.x) {
-                const int bb = o >> 3, r = o & 7;
-                if (bb < p.g.b) {
-                    const int row1 = h * d + j0 + r, row2 = row1 + half;
-                    const float xs = p.g.x_scales[bb];
-                    const float x1 = to_f(__float2bfloat16(t16_sum(rp, r, bb) * xs * p.g.w_scales[row1]));
-                    const float x2 = to_f(__float2bfloat16(t16_sum(rp, r + 8, bb) * xs * p.g.w_scales[row2]));
-                    rope_pair_store<bf16>(p.rope, bb, h, j0 + r, x1, x2);
-                }
-            }
-        });
-}
+FP8_T16(gemv_fp8_t16_d4, 4, false, 3)
 
 // y[b, n] = bf16(y[b, n] * xs[b] * ws[n]) in place: the scales of a product cuBLASLt ran on raw
 // E4M3 codes (Hopper's cuBLASLt scales FP8 operands by one value each, not per row). Takes

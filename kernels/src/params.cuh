@@ -142,15 +142,6 @@ RS_CHECK_FIELD(GemvFp8Params, n);
 RS_CHECK_FIELD(GemvFp8Params, k);
 RS_CHECK_FIELD(GemvFp8Params, pad);
 
-// The FP8 q/k/v tile GEMV with RoPE and the KV write in its epilogue (gemv_fp8_rope_kv_t16).
-struct GemvFp8RopeParams {
-    GemvFp8Params g; // n = (hq + 2 hkv) d; y unused
-    RopeParams rope; // its qkv field is unused
-};
-RS_CHECK_SIZE(GemvFp8RopeParams);
-RS_CHECK_FIELD(GemvFp8RopeParams, g);
-RS_CHECK_FIELD(GemvFp8RopeParams, rope);
-
 struct GemvInt4Params {
     const bf16* x;          // [b, k] (gemv_int4_*), unused by dequant_int4_bf16
     const u32* w;           // [n, k / 8] packed codes (int4.cu's layout)

@@ -214,16 +214,6 @@ pub struct GemvRopeParams {
     pub rope: RopeParams,
 }
 
-/// `GemvFp8RopeParams`: the FP8 q/k/v tile GEMV with RoPE and the KV write in its epilogue.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
-pub struct GemvFp8RopeParams {
-    /// The product: `n = (hq + 2 hkv) d`; its `y` is unused.
-    pub g: GemvFp8Params,
-    /// Its `qkv` field is unused.
-    pub rope: RopeParams,
-}
-
 /// `SampleRow`: one row's sampling settings, uploaded as an array (`sample_f32`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
@@ -260,8 +250,6 @@ unsafe impl DeviceRepr for SampleRow {}
 unsafe impl DeviceRepr for Fp8QuantParams {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for GemvFp8Params {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for GemvFp8RopeParams {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for GemvInt4Params {}
 // SAFETY: as above.
@@ -372,7 +360,6 @@ pub fn layout_defines() -> Vec<(&'static str, usize)> {
             pad
         }
     );
-    layout!(out, GemvFp8RopeParams { g, rope });
     layout!(
         out,
         GemvInt4Params {
@@ -424,7 +411,7 @@ mod tests {
         let defines = layout_defines();
         assert_eq!(
             defines.len(),
-            5 + 19 + 12 + 7 + 5 + 6 + 10 + 10 + 3 + 14 + 6 + 4 + 5
+            5 + 19 + 12 + 7 + 5 + 6 + 10 + 10 + 14 + 6 + 4 + 5
         );
         let get = |n: &str| defines.iter().find(|(k, _)| *k == n).unwrap().1;
         assert_eq!(get("RS_SIZEOF_AttnParams"), 112);
@@ -441,8 +428,6 @@ mod tests {
         assert_eq!(get("RS_OFFSETOF_Fp8QuantParams_static_scale"), 32);
         assert_eq!(get("RS_SIZEOF_GemvFp8Params"), 56);
         assert_eq!(get("RS_OFFSETOF_GemvFp8Params_b"), 40);
-        assert_eq!(get("RS_SIZEOF_GemvFp8RopeParams"), 152);
-        assert_eq!(get("RS_OFFSETOF_GemvFp8RopeParams_rope"), 56);
         assert_eq!(get("RS_SIZEOF_GemvInt4Params"), 80);
         assert_eq!(get("RS_OFFSETOF_GemvInt4Params_m"), 32);
         assert_eq!(get("RS_OFFSETOF_GemvInt4Params_group_size"), 72);

@@ -61,54 +61,73 @@ impl Default for GemvChoice {
     }
 }
 
-/// The FP8 tile GEMV kernels (`gemv_fp8_<name>` in `fp8.cu`), the backend's default first
-/// (fastest at every 8B shape on the H200, run 41); `cuda_bench gemv` times them all.
+/// The FP8 tile GEMV kernels (`gemv_fp8_<name>` in `fp8.cu`): [`FP8_TILE_SMALL`] and
+/// [`FP8_TILE_LARGE`] first, then the variants `cuda_bench gemv` times beside them.
 pub const FP8_TILE_KERNELS: [&str; 7] = [
-    "t16_d4x",
-    "t16_d4",
-    "t16_d2x_b4",
+    FP8_TILE_SMALL,
+    FP8_TILE_LARGE,
     "t16_d3x",
-    "t16_d4x_b2",
+    "t16_d4x",
     "t16_d6x_b2",
     "t16_d8x",
+    "t16_d4",
 ];
+/// The tile kernel [`Fp8GemvChoice::Auto`] runs on products of at most [`FP8_TILE_SMALL_MAX`]
+/// weights (2 k-steps in flight, 4 blocks an SM): on the H200 (run 41) the fastest at q/k/v and o
+/// of the 8B shape (9.6 and 7.9 µs at one row against 11.0 and 8.5 for `gemv_fp8_r16`).
+pub const FP8_TILE_SMALL: &str = "t16_d2x_b4";
+/// The tile kernel [`Fp8GemvChoice::Auto`] runs on larger products (4 k-steps in flight, 2 blocks
+/// an SM): the fastest at gate/up and down (32.2 and 18.5 µs against 37.9 and 20.1).
+pub const FP8_TILE_LARGE: &str = "t16_d4x_b2";
+/// Largest product (weights) [`FP8_TILE_SMALL`] takes under [`Fp8GemvChoice::Auto`].
+pub const FP8_TILE_SMALL_MAX: usize = 1 << 25;
 
 /// Which kernel runs FP8 products of at most `kernels::GEMV_MAX_BATCH` rows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Fp8GemvChoice {
     /// `gemv_fp8_r16`: 16 weight rows a block as the mma's B operand, warps interleaved over k.
     Rows16,
-    /// A 16-row tile kernel, one of [`FP8_TILE_KERNELS`] (weights as the mma's A operand, blocks
-    /// looping over tiles with a register ring, each warp a contiguous k range); products whose
-    /// k is not a multiple of 64 take `gemv_fp8_r16`.
+    /// The 16-row tile kernels (weights as the mma's A operand, blocks looping over tiles with a
+    /// register ring of weights and activations, each warp a contiguous k range), picked by the
+    /// product's size: [`FP8_TILE_SMALL`] up to [`FP8_TILE_SMALL_MAX`] weights, else
+    /// [`FP8_TILE_LARGE`]. Products whose k is not a multiple of 64 take `gemv_fp8_r16`.
+    #[default]
+    Auto,
+    /// One tile kernel of [`FP8_TILE_KERNELS`] for every product (for measuring).
     Tile(&'static str),
 }
 
-impl Default for Fp8GemvChoice {
-    fn default() -> Self {
-        Self::Tile(FP8_TILE_KERNELS[0])
-    }
-}
-
 impl Fp8GemvChoice {
-    /// `r16`, or the tile kernel's name: what `RINGSERVE_CUDA_FP8_GEMV` takes (the kernel's name
-    /// less `gemv_fp8_`).
+    /// `r16`, `auto` or the tile kernel's name: what `RINGSERVE_CUDA_FP8_GEMV` takes (a kernel's
+    /// name less `gemv_fp8_`).
     pub fn name(self) -> &'static str {
         match self {
             Self::Rows16 => "r16",
+            Self::Auto => "auto",
             Self::Tile(name) => name,
         }
     }
 
     /// The choice `name` names, if any.
     pub fn parse(name: &str) -> Option<Self> {
-        if name == "r16" {
-            return Some(Self::Rows16);
+        match name {
+            "r16" => Some(Self::Rows16),
+            "auto" => Some(Self::Auto),
+            _ => FP8_TILE_KERNELS
+                .iter()
+                .find(|k| **k == name)
+                .map(|k| Self::Tile(k)),
         }
-        FP8_TILE_KERNELS
-            .iter()
-            .find(|k| **k == name)
-            .map(|k| Self::Tile(k))
+    }
+
+    /// The tile kernel this choice runs a product of `weights` weights on (`None`: `r16`).
+    pub fn tile_for(self, weights: usize) -> Option<&'static str> {
+        match self {
+            Self::Rows16 => None,
+            Self::Auto if weights <= FP8_TILE_SMALL_MAX => Some(FP8_TILE_SMALL),
+            Self::Auto => Some(FP8_TILE_LARGE),
+            Self::Tile(name) => Some(name),
+        }
     }
 }
 
@@ -125,8 +144,7 @@ pub struct KernelSwitches {
     pub decode_share: bool,
     /// Small-batch products on the GEMV kernel.
     pub gemv: GemvChoice,
-    /// Where q/k/v takes the GEMV kernel (bf16, or FP8 on a tile kernel), RoPE and the paged KV
-    /// write run in its epilogue.
+    /// Where q/k/v takes the GEMV kernel, RoPE and the paged KV write run in its epilogue.
     pub fuse_rope: bool,
     /// bf16 on sm_90+, batch 1: each layer's o_proj weights are prefetched into L2 on a side
     /// branch of the graph while RoPE and attention run.
@@ -277,7 +295,9 @@ mod tests {
         assert!(s.decode_mma && s.fuse_rope && s.l2_prefetch && s.gemm_tune && s.int4_tiles);
         assert!(s.gguf_int4 && s.int4_mma && s.decode_share);
         assert_eq!(s.gemv, GemvChoice::UpTo(GEMV_MAX_WEIGHT));
-        assert_eq!(s.fp8_gemv, Fp8GemvChoice::Tile("t16_d4x"));
+        assert_eq!(s.fp8_gemv, Fp8GemvChoice::Auto);
+        assert_eq!(s.fp8_gemv.tile_for(4096 * 6144), Some(FP8_TILE_SMALL));
+        assert_eq!(s.fp8_gemv.tile_for(4096 * 14336), Some(FP8_TILE_LARGE));
     }
 
     #[test]

@@ -7,8 +7,7 @@
 //! [`GEMV_MAX_WEIGHT`](crate::backend::switches::GEMV_MAX_WEIGHT) elements (q/k/v and o at the 8B shape), which take the tensor-core GEMV
 //! kernel: it beats cuBLAS there and not on the larger matrices (`cuda_bench gemv`, run 10).
 //! Where the q/k/v product takes the GEMV kernel, RoPE and the KV write run in its epilogue
-//! ([`ops::gemv_rope_kv`]: one launch fewer a layer, the same bits); likewise on the FP8 tile GEMV
-//! ([`super::fp8::gemv_fp8_rope_kv`]). Logits are computed only for
+//! ([`ops::gemv_rope_kv`]: one launch fewer a layer, the same bits). Logits are computed only for
 //! sampling rows.
 //! Decode steps (every sequence one token, all sampling) replay a CUDA graph captured per
 //! (batch bucket, block-table width), with inputs copied into fixed device buffers first.
@@ -26,8 +25,7 @@ use grammar::TokenMask;
 
 use super::device::{Buf, DType, Gpu};
 use super::fp8::{
-    Fp8Gemm, Fp8Linear, QuantRows, check_fp8_options, gemv_fp8_choice, gemv_fp8_rope_fits,
-    gemv_fp8_rope_kv, has_fp8, quant_rows,
+    Fp8Gemm, Fp8Linear, QuantRows, check_fp8_options, gemv_fp8_choice, has_fp8, quant_rows,
 };
 use super::int4::{Int4Linear, Int4Scales, check_int4_options, gguf_runs_int4};
 use super::lt::{LtGemm, TuneRecord};
@@ -601,31 +599,7 @@ impl CudaBackend {
             ProductQuant::Int4(s) => return self.product_int4(l, s).map(|_| None),
             ProductQuant::Fp8(s) => s,
         };
-        let f = self.fp8_input(l, s, quantized)?;
-        let g = &self.gpu;
-        match &self.fp8_gemm {
-            _ if l.m <= kernels::GEMV_MAX_BATCH && f.gemv_ok() => {
-                gemv_fp8_choice(g, &f, self.fp8_gemv).map(|_| None)
-            }
-            Some(gemm) if unscaled_ok => gemm
-                .run_unscaled(g, &f)
-                .map(|_| Some((&self.ws.xs, &s.rows))),
-            Some(gemm) => gemm.run(g, &f).map(|_| None),
-            None => Err(BackendError::InvalidOptions(
-                "FP8 weights in a backend built without FP8".into(),
-            )),
-        }
-    }
-
-    /// The FP8 product `l` on the workspace's activation codes: `l.x` quantized per row (or with
-    /// the static scale) into them first unless `quantized`.
-    fn fp8_input<'s>(
-        &'s self,
-        l: &Linear<'s>,
-        s: &'s Fp8Scales,
-        quantized: bool,
-    ) -> Result<Fp8Linear<'s>, BackendError> {
-        let ws = &self.ws;
+        let (g, ws) = (&self.gpu, &self.ws);
         if !quantized {
             let quant = QuantRows {
                 x: l.x,
@@ -635,9 +609,9 @@ impl CudaBackend {
                 k: l.k,
                 static_scale: s.static_input.unwrap_or(0.0),
             };
-            quant_rows(&self.gpu, &quant)?;
+            quant_rows(g, &quant)?;
         }
-        Ok(Fp8Linear {
+        let f = Fp8Linear {
             x: &ws.xq,
             x_scales: &ws.xs,
             w: l.w,
@@ -646,41 +620,17 @@ impl CudaBackend {
             m: l.m,
             n: l.n,
             k: l.k,
-        })
-    }
-
-    /// The q/k/v product `l` and, when it fuses them (`fuse_rope` on: the bf16 GEMV, or the FP8
-    /// tile GEMV), RoPE and the KV write `a`; returns whether it did (else the caller runs
-    /// `rope_kv_write`).
-    fn product_qkv(
-        &self,
-        l: &Linear<'_>,
-        scales: ProductQuant<'_>,
-        quantized: bool,
-        a: &RopeKv<'_>,
-    ) -> Result<bool, BackendError> {
-        if self.fuses_rope(l, a) {
-            // SAFETY: step::build derived every slot from a checked block id < num_blocks
-            // (padding uses block 0), so slots index inside the cache.
-            unsafe { ops::gemv_rope_kv(&self.gpu, l, a) }?;
-            return Ok(true);
-        }
-        if let ProductQuant::Fp8(s) = scales
-            && self.fuse_rope
-            && matches!(self.fp8_gemv, Fp8GemvChoice::Tile(_))
-            && l.m <= kernels::GEMV_MAX_BATCH
-        {
-            let f = self.fp8_input(l, s, quantized)?;
-            if gemv_fp8_rope_fits(&f, a) {
-                // SAFETY: as above.
-                unsafe { gemv_fp8_rope_kv(&self.gpu, &f, a) }?;
-                return Ok(true);
+        };
+        match &self.fp8_gemm {
+            _ if l.m <= kernels::GEMV_MAX_BATCH && f.gemv_ok() => {
+                gemv_fp8_choice(g, &f, self.fp8_gemv).map(|_| None)
             }
-            gemv_fp8_choice(&self.gpu, &f, self.fp8_gemv)?;
-            return Ok(false);
+            Some(gemm) if unscaled_ok => gemm.run_unscaled(g, &f).map(|_| Some((&ws.xs, &s.rows))),
+            Some(gemm) => gemm.run(g, &f).map(|_| None),
+            None => Err(BackendError::InvalidOptions(
+                "FP8 weights in a backend built without FP8".into(),
+            )),
         }
-        self.product(l, scales, quantized)?;
-        Ok(false)
     }
 
     /// An INT4 product: its input permuted first for act order; the GEMV kernel up to
@@ -876,8 +826,13 @@ impl CudaBackend {
                 block_size: self.block_size,
                 kv_scales: self.kv_scales.as_ref().map(|s| (s.k[l], s.v[l])),
             };
-            let fused_rope =
-                self.product_qkv(&p.qkv, p.quant(|f| &f.qkv, |i| &i.qkv), fused_quant, &rope)?;
+            let fused_rope = self.fuses_rope(&p.qkv, &rope);
+            if fused_rope {
+                // SAFETY: as rope_kv_write's below.
+                unsafe { ops::gemv_rope_kv(g, &p.qkv, &rope) }?;
+            } else {
+                self.product(&p.qkv, p.quant(|f| &f.qkv, |i| &i.qkv), fused_quant)?;
+            }
             // o_proj's weights into L2 on a branch beside RoPE and attention (joined before o).
             let prefetch_o = self.l2_prefetch && n <= L2_PREFETCH_MAX_ROWS;
             if prefetch_o {

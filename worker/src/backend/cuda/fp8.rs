@@ -9,11 +9,11 @@ use std::ffi::c_void;
 use cudarc::cublaslt::sys::cublasLtMatmulDescAttributes_t as Attr;
 use cudarc::cublaslt::{result as lt, sys as lt_sys};
 use cudarc::driver::PushKernelArg;
-use kernels::params::{Fp8QuantParams, GemvFp8Params, GemvFp8RopeParams};
+use kernels::params::{Fp8QuantParams, GemvFp8Params};
 
 use super::device::{Buf, DType, Gpu};
 use super::lt::LT_WORKSPACE_BYTES;
-use super::ops::{RopeKv, cfg, dim, int};
+use super::ops::{cfg, dim, int};
 use crate::backend::BackendError;
 use crate::backend::switches::Fp8GemvChoice;
 use crate::config::ModelConfig;
@@ -208,7 +208,7 @@ impl Fp8Linear<'_> {
     }
 }
 
-/// Runs `l` on the kernel `choice` names: the tile kernels where [`Fp8Linear::tiles_ok`], else
+/// Runs `l` on the kernel `choice` picks for it: a tile kernel where [`Fp8Linear::tiles_ok`], else
 /// `gemv_fp8_r16`.
 pub fn gemv_fp8_choice(
     gpu: &Gpu,
@@ -222,7 +222,7 @@ pub fn gemv_fp8_choice(
     }
 }
 
-/// Runs `l` on the 16-row tile kernel `choice` names (`gemv_fp8_t16_*`; not
+/// Runs `l` on the 16-row tile kernel `choice` picks for it ([`Fp8GemvChoice::tile_for`]; not
 /// [`Fp8GemvChoice::Rows16`]).
 /// Every tile kernel gives the same bits: each warp sums the same contiguous steps in the same
 /// order whatever the steps in flight.
@@ -232,7 +232,7 @@ pub fn gemv_fp8_tiles(
     choice: Fp8GemvChoice,
 ) -> Result<(), BackendError> {
     l.check()?;
-    if !l.tiles_ok() || choice == Fp8GemvChoice::Rows16 {
+    let Some(kernel) = choice.tile_for(l.n * l.k).filter(|_| l.tiles_ok()) else {
         return Err(BackendError::InvalidBatch(format!(
             "gemv_fp8 {}: shape or alignment unsupported ({} x {} by {})",
             choice.name(),
@@ -240,7 +240,7 @@ pub fn gemv_fp8_tiles(
             l.n,
             l.k
         )));
-    }
+    };
     if !has_fp8(gpu.capability) {
         return Err(BackendError::Device(format!(
             "FP8 tensor cores need compute capability 8.9 or later; this device is {}.{}",
@@ -250,7 +250,7 @@ pub fn gemv_fp8_tiles(
     if l.m == 0 || l.n == 0 {
         return Ok(());
     }
-    let f = gpu.func(&format!("gemv_fp8_{}", choice.name()))?;
+    let f = gpu.func(&format!("gemv_fp8_{kernel}"))?;
     let grid = (tile_grid(gpu, f, l.n.div_ceil(16))?, 1, 1);
     let p = l.params()?;
     let mut b = gpu.stream.launch_builder(f);
@@ -283,64 +283,6 @@ fn tile_grid(
         .map_err(BackendError::from)?
         .max(1) as usize;
     dim(tiles.min(per_sm * gpu.sms), "n")
-}
-
-/// Whether [`gemv_fp8_rope_kv`] takes the q/k/v product `l` with RoPE and the KV write `a`.
-pub fn gemv_fp8_rope_fits(l: &Fp8Linear<'_>, a: &RopeKv<'_>) -> bool {
-    l.tiles_ok()
-        && a.qkv.dtype() == DType::Bf16
-        && a.d.is_multiple_of(16)
-        && l.m == a.n
-        && l.n == (a.hq + 2 * a.hkv) * a.d
-}
-
-/// The FP8 q/k/v product `l` and [`super::ops::rope_kv_write`] of its output in one launch
-/// (`gemv_fp8_rope_kv_t16`; `l.y` and `a.qkv` are not written): the same bits as
-/// [`gemv_fp8_tiles`] on `t16_d4x` followed by `rope_kv_write`.
-///
-/// # Safety
-/// As `rope_kv_write`: every one of the first `n` slots is `< k_cache.len() / (hkv * d)` (or
-/// negative: skipped).
-pub unsafe fn gemv_fp8_rope_kv(
-    gpu: &Gpu,
-    l: &Fp8Linear<'_>,
-    a: &RopeKv<'_>,
-) -> Result<(), BackendError> {
-    l.check()?;
-    let (_, rope) = a.params()?;
-    if !gemv_fp8_rope_fits(l, a) {
-        return Err(BackendError::InvalidBatch(format!(
-            "gemv_fp8_rope_kv: shape, type or alignment unsupported ({} x {} by {}, head size {})",
-            l.m, l.n, l.k, a.d
-        )));
-    }
-    if !has_fp8(gpu.capability) {
-        return Err(BackendError::Device(format!(
-            "FP8 tensor cores need compute capability 8.9 or later; this device is {}.{}",
-            gpu.capability.0, gpu.capability.1
-        )));
-    }
-    if a.n == 0 {
-        return Ok(());
-    }
-    let f = gpu.func("gemv_fp8_rope_kv_t16")?;
-    let grid = (tile_grid(gpu, f, l.n / 16)?, 1, 1);
-    let p = GemvFp8RopeParams {
-        g: l.params()?,
-        rope,
-    };
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(&p);
-    // SAFETY: as gemv_fp8_tiles for the product (l checked; tiles_ok: 1 <= m <= 8, k a multiple of
-    // 64, n*k < 2^32, x and w 16-byte aligned), with n = (hq + 2 hkv) d a multiple of 16 (d is), so
-    // the tiles i < n / 16 cover every row once: tile i reads rows of head i / (d/16), dims
-    // 8 (i % (d/16)) + 0..8 and the same + d/2, all < n. Its epilogue is rope_kv_write's for token
-    // t < m = a.n, head h, pair j < d/2, whose buffers a.params() checked (q_out, caches, positions,
-    // slots, inv_freq, bias); cache slots are the caller's promise. It reads x_scales[t] and
-    // w_scales[row] for t < m, row < n only.
-    unsafe { b.launch(cfg(grid, kernels::GEMV_THREADS, 0)) }
-        .map(|_| ())
-        .map_err(BackendError::from)
 }
 
 /// Runs `l` with the FP8 GEMV kernel, `rows_per_block` (one of [`GEMV_FP8_ROWS`]) weight rows a

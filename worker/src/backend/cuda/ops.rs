@@ -306,7 +306,7 @@ fn cache_type(dt: DType, kv_scales: Option<(f32, f32)>) -> Result<DType, Backend
 
 impl RopeKv<'_> {
     /// Checks the buffers against the shape; returns their type and the kernel's parameters.
-    pub(super) fn params(&self) -> Result<(DType, RopeParams), BackendError> {
+    fn params(&self) -> Result<(DType, RopeParams), BackendError> {
         let dt = float_type(self.qkv, "qkv")?;
         let width = (self.hq + 2 * self.hkv) * self.d;
         if !self.d.is_multiple_of(2) || self.d / 2 > kernels::ROPE_MAX_PAIRS {
