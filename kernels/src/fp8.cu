@@ -23,8 +23,9 @@ __device__ __forceinline__ unsigned char fp8_code(float v) {
     return (unsigned char)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
 }
 
-// The largest magnitude of a block's values (every thread's m), then the row's scale: `static_scale`
-// when > 0, else max(amax / 448, FP8_MIN_SCALE). Every thread returns it.
+// The largest magnitude of a block's values (every thread's m, THREADS of them), then the row's
+// scale: `static_scale` when > 0, else max(amax / 448, FP8_MIN_SCALE). Every thread returns it.
+template <int THREADS = FP8_QUANT_THREADS>
 __device__ __forceinline__ float fp8_row_scale(float m, float static_scale, float* red) {
     if (static_scale > 0.f) return static_scale;
 #pragma unroll
@@ -33,37 +34,38 @@ __device__ __forceinline__ float fp8_row_scale(float m, float static_scale, floa
     __syncthreads();
     m = red[0];
 #pragma unroll
-    for (int w = 1; w < FP8_QUANT_THREADS / 32; w++) m = fmaxf(m, red[w]);
+    for (int w = 1; w < THREADS / 32; w++) m = fmaxf(m, red[w]);
     return fmaxf(m / FP8_MAX, FP8_MIN_SCALE);
 }
 
 // Quantizes one row of `nvec` 8-value vectors, vector i produced by load(i, out[8]) (values that
-// are bf16 numbers), to q[8i .. 8i + 8) (8-byte aligned) and *scale_out: the values of the first
-// FP8_QUANT_CACHED vectors a thread takes stay in its registers between the two passes, the rest
-// are produced again. The same codes and scale as the scalar path: max is exact in any order, and
-// each code is cvt.rn.satfinite.e4m3(x / scale) of the same x and scale.
+// are bf16 numbers), to q[8i .. 8i + 8) (8-byte aligned) and *scale_out, with a block of THREADS
+// threads: the values of the first CACHED vectors a thread takes stay in its registers between
+// the two passes, the rest are produced again. The same codes and scale as the scalar path (and
+// for any THREADS): max is exact in any order, and each code is cvt.rn.satfinite.e4m3(x / scale)
+// of the same x and scale.
 #define FP8_QUANT_CACHED 8
-template <typename Load>
+template <int THREADS = FP8_QUANT_THREADS, int CACHED = FP8_QUANT_CACHED, typename Load>
 __device__ __forceinline__ void fp8_quant_row_vec(Load load, int nvec, unsigned char* q, float* scale_out,
                                                   float static_scale, float* red) {
-    float v[FP8_QUANT_CACHED][8];
+    float v[CACHED][8];
     float m = 0.f;
 #pragma unroll
-    for (int c = 0; c < FP8_QUANT_CACHED; c++) {
-        const int i = threadIdx.x + c * FP8_QUANT_THREADS;
+    for (int c = 0; c < CACHED; c++) {
+        const int i = threadIdx.x + c * THREADS;
         if (i < nvec) {
             load(i, v[c]);
 #pragma unroll
             for (int e = 0; e < 8; e++) m = fmaxf(m, fabsf(v[c][e]));
         }
     }
-    for (int i = threadIdx.x + FP8_QUANT_CACHED * FP8_QUANT_THREADS; i < nvec; i += FP8_QUANT_THREADS) {
+    for (int i = threadIdx.x + CACHED * THREADS; i < nvec; i += THREADS) {
         float t[8];
         load(i, t);
 #pragma unroll
         for (int e = 0; e < 8; e++) m = fmaxf(m, fabsf(t[e]));
     }
-    const float scale = fp8_row_scale(m, static_scale, red);
+    const float scale = fp8_row_scale<THREADS>(m, static_scale, red);
     if (threadIdx.x == 0) *scale_out = scale;
     auto put = [&](int i, const float* t) {
         uint2 w;
@@ -74,11 +76,11 @@ __device__ __forceinline__ void fp8_quant_row_vec(Load load, int nvec, unsigned 
         *(uint2*)(q + 8 * (size_t)i) = w;
     };
 #pragma unroll
-    for (int c = 0; c < FP8_QUANT_CACHED; c++) {
-        const int i = threadIdx.x + c * FP8_QUANT_THREADS;
+    for (int c = 0; c < CACHED; c++) {
+        const int i = threadIdx.x + c * THREADS;
         if (i < nvec) put(i, v[c]);
     }
-    for (int i = threadIdx.x + FP8_QUANT_CACHED * FP8_QUANT_THREADS; i < nvec; i += FP8_QUANT_THREADS) {
+    for (int i = threadIdx.x + CACHED * THREADS; i < nvec; i += THREADS) {
         float t[8];
         load(i, t);
         put(i, t);
@@ -114,15 +116,19 @@ extern "C" __global__ void __launch_bounds__(FP8_QUANT_THREADS) quant_fp8_rows_b
 // scale_fp8_out_bf16 scales it — bf16(x * in_x_scales[row] * in_w_scales[col]) — so the launch
 // gives the bits of the scaling pass followed by this kernel, without the pass's write and read
 // of the whole product (67 % of an FP8 layer's product outputs on the 8B shape).
-extern "C" __global__ void __launch_bounds__(FP8_QUANT_THREADS) silu_mul_quant_fp8_bf16(Fp8QuantParams p) {
-    __shared__ float red[FP8_QUANT_THREADS / 32];
+// silu_mul_quant_fp8_bf16 takes FP8_QUANT_THREADS threads a row; _wide FP8_QUANT_WIDE_THREADS, for
+// products of few rows, where one block a row leaves most SMs idle and the row's SiLU is the
+// step's latency (run 41g: 9.6 us a layer at one row with 256 threads). The same codes either way.
+template <int THREADS, int CACHED>
+__device__ __forceinline__ void silu_mul_quant_impl(const Fp8QuantParams& p) {
+    __shared__ float red[THREADS / 32];
     const int row = blockIdx.x;
     const bf16* gate = p.x + (size_t)row * 2 * p.k;
     const bf16* up = gate + p.k;
     const float* ws = p.in_w_scales;
     // Read before any thread of the block writes p.scales[row] (the two may be one buffer).
     const float xs = ws ? p.in_x_scales[row] : 1.f;
-    fp8_quant_row_vec(
+    fp8_quant_row_vec<THREADS, CACHED>(
         [&](int i, float* t) {
             float u[8];
             load16(gate + 8 * i, t);
@@ -142,6 +148,12 @@ extern "C" __global__ void __launch_bounds__(FP8_QUANT_THREADS) silu_mul_quant_f
             for (int e = 0; e < 8; e++) t[e] = __bfloat162float(__float2bfloat16(t[e] / (1.f + expf(-t[e])) * u[e]));
         },
         p.k / 8, p.q + (size_t)row * p.k, p.scales + row, p.static_scale, red);
+}
+extern "C" __global__ void __launch_bounds__(FP8_QUANT_THREADS) silu_mul_quant_fp8_bf16(Fp8QuantParams p) {
+    silu_mul_quant_impl<FP8_QUANT_THREADS, FP8_QUANT_CACHED>(p);
+}
+extern "C" __global__ void __launch_bounds__(FP8_QUANT_WIDE_THREADS) silu_mul_quant_fp8_bf16_wide(Fp8QuantParams p) {
+    silu_mul_quant_impl<FP8_QUANT_WIDE_THREADS, 2>(p);
 }
 
 #if __CUDA_ARCH__ >= 890

@@ -103,6 +103,7 @@ pub const KERNELS: &[&str] = &[
     "gemv_rope_kv_bf16",
     "quant_fp8_rows_bf16",
     "silu_mul_quant_fp8_bf16",
+    "silu_mul_quant_fp8_bf16_wide",
     "gemv_fp8_r16",
     "gemv_fp8_r32",
     "gemv_fp8_t16_d2x_b4",
@@ -253,6 +254,9 @@ pub const GEMV_THREADS: u32 = 256;
 pub const GEMV_BF16_ROWS: &[usize] = &[16, 32];
 /// Threads per block of `quant_fp8_rows_bf16` (one block per row).
 pub const FP8_QUANT_THREADS: u32 = 256;
+/// Threads per block of `silu_mul_quant_fp8_bf16_wide` (one block per row, for products of few
+/// rows).
+pub const FP8_QUANT_WIDE_THREADS: u32 = 1024;
 /// Threads per block of `scale_fp8_out_bf16`.
 pub const FP8_SCALE_THREADS: u32 = 256;
 /// Threads per block of `dequant_int4_bf16` and `permute_cols_bf16`.
@@ -311,6 +315,7 @@ pub const LAUNCH_CONSTANTS: &[(&str, usize)] = &[
     ("GEMV_MAX_BATCH", GEMV_MAX_BATCH),
     ("GEMV_THREADS", GEMV_THREADS as usize),
     ("FP8_QUANT_THREADS", FP8_QUANT_THREADS as usize),
+    ("FP8_QUANT_WIDE_THREADS", FP8_QUANT_WIDE_THREADS as usize),
     ("FP8_SCALE_THREADS", FP8_SCALE_THREADS as usize),
     ("INT4_DEQUANT_THREADS", INT4_DEQUANT_THREADS as usize),
     ("INT4_MMA_BATCH", INT4_MMA_BATCH),

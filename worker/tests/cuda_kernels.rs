@@ -1801,7 +1801,15 @@ fn fused_silu_mul_quantization_equals_silu_mul_then_the_cpu_quantizer() {
     use worker::backend::cuda::fp8::silu_mul_quant;
     let g = gpu();
     let mut r = Rng(13);
-    for (m, k) in [(1, 14336), (3, 4096), (8, 1000), (2, 20000), (5, 40)] {
+    // m up to the SM count takes the wide kernel (1,024 threads a row), more rows the narrow one.
+    for (m, k) in [
+        (1, 14336),
+        (3, 4096),
+        (8, 1000),
+        (2, 20000),
+        (5, 40),
+        (300, 520),
+    ] {
         // Gate/up values of a few magnitudes per row, so that rows' scales differ.
         let gate_up: Vec<f32> = (0..m * 2 * k)
             .map(|i| r.f() * [0.05, 2.0, 9.0][(i / (2 * k)) % 3])

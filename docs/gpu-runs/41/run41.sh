@@ -7,11 +7,13 @@
 #      model; bench engine --quantization fp8 at 1 and 8 x 512 with each RINGSERVE_CUDA_FP8_GEMV
 #   b (carry .gpu41 rebuilt: more tile variants, RoPE fused into the FP8 q/k/v tile GEMV): the FP8
 #      kernel and model tests again, cuda_bench gemv, bench engine fp8 1 and 8 x 512 with the
-#      fusion off and on, and r16
-#   c (carry .peer-vllm/carry/…part00): vLLM's first part stashed
-#   d (+ part01): vLLM installed; ringserve fp8 (batch 1, 128, 256 x 512), vLLM 0.26 fp8, ringserve
+#      fusion off and on, and r16 (the fusion gained nothing and was removed)
+#   c (carry .gpu41 rebuilt: ringserve and cuda_fp8 with the tile kernel picked by size): the FP8
+#      model test; bench engine fp8 1 and 8 x 512 with RINGSERVE_CUDA_FP8_GEMV auto, r16, t16_d4x
+#   d (carry .peer-vllm/carry/…part00): vLLM's first part stashed
+#   e (+ part01): vLLM installed; ringserve fp8 (batch 1, 128, 256 x 512), vLLM 0.26 fp8, ringserve
 #      fp8 again
-#   e: bf16 prefill at vLLM's offline step budget (16,384 tokens, what its LLM class uses on this
+#   f: bf16 prefill at vLLM's offline step budget (16,384 tokens, what its LLM class uses on this
 #      GPU) and at ringserve's default (8,192), around vLLM bf16
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
@@ -58,15 +60,24 @@ b)
   done
   tail -2 $OUT/bench.err ;;
 c)
-  install_vllm c ;;
+  timeout 200 $B/cuda_fp8 --include-ignored --test-threads=1 --nocapture > $OUT/cuda_fp8.log 2>&1; echo "cuda_fp8 rc=$?"
+  grep -E "test result|panicked|rel L2" $OUT/cuda_fp8.log | head -20
+  ( [ -f $M/config.json ] || python3 scripts/make_random_llama8b.py $M > $OUT/make_model.log 2>&1 )
+  for c in auto r16 t16_d4x auto r16 t16_d4x; do
+    echo "== fp8, RINGSERVE_CUDA_FP8_GEMV=$c" | tee -a $OUT/bench.txt
+    RINGSERVE_CUDA_FP8_GEMV=$c timeout 100 $E --batch-sizes 1,8 --prompt-lens 512 --quantization fp8 2>>$OUT/bench.err | grep -E "^\| [0-9]" | tee -a $OUT/bench.txt
+  done
+  tail -2 $OUT/bench.err ;;
 d)
-  install_vllm d
+  install_vllm d ;;
+e)
+  install_vllm e
   timeout 120 $E --batch-sizes 1,128,256 --prompt-lens 512 --quantization fp8 2>>$OUT/bench.err | grep -E "^\| [0-9]" | tee -a $OUT/bench.txt
   PYTHONPATH=/tmp/site $V $OUT/vllm_fp8.json --batches 128,256 --quantization fp8 > $OUT/vllm_fp8.log 2>&1; echo "vllm fp8 rc $?"
   grep -hE "prefill|decode|batch1" $OUT/vllm_fp8.log | grep -v Warn | tail -8
   timeout 120 $E --batch-sizes 1,128,256 --prompt-lens 512 --quantization fp8 2>>$OUT/bench.err | grep -E "^\| [0-9]" | tee -a $OUT/bench.txt
   tail -2 $OUT/bench.err ;;
-e)
+f)
   for t in 8192 16384; do
     echo "== bf16, --max-num-batched-tokens $t" | tee -a $OUT/bench.txt
     timeout 100 $E --batch-sizes 128 --prompt-lens 512 --max-num-batched-tokens $t 2>>$OUT/bench.err | grep -E "^\| [0-9]" | tee -a $OUT/bench.txt

@@ -129,9 +129,17 @@ pub fn silu_mul_quant(
         in_x_scales: raw.map_or(0, |(xs, _)| xs.ptr()),
         in_w_scales: raw.map_or(0, |(_, ws)| ws.ptr()),
     };
-    let mut b = gpu
-        .stream
-        .launch_builder(gpu.func("silu_mul_quant_fp8_bf16")?);
+    // Few rows: a block of FP8_QUANT_WIDE_THREADS a row (at most one an SM), since the one block of
+    // a row is the launch's whole latency; many rows: FP8_QUANT_THREADS, several blocks an SM.
+    let (name, threads) = if m <= gpu.sms {
+        (
+            "silu_mul_quant_fp8_bf16_wide",
+            kernels::FP8_QUANT_WIDE_THREADS,
+        )
+    } else {
+        ("silu_mul_quant_fp8_bf16", kernels::FP8_QUANT_THREADS)
+    };
+    let mut b = gpu.stream.launch_builder(gpu.func(name)?);
     b.arg(&p);
     // SAFETY: the checks above gave gate_up >= m*2k bf16, q >= m*k bytes and scales >= m floats
     // (with raw: x_scales >= m and w_scales >= 2k floats); device buffers start 256-byte aligned
@@ -139,9 +147,9 @@ pub fn silu_mul_quant(
     // every 8-column group of w_scales 32-byte aligned, as the kernel's vector accesses need.
     // Block r (grid m) reads gate_up[r, 0..2k) (and x_scales[r], read by every thread before
     // the block's one write of scales[r], then w_scales[0..2k)) and writes q[r, 0..k) and
-    // scales[r] only, with kernels::FP8_QUANT_THREADS threads, the size its reduction's shared
-    // array has.
-    unsafe { b.launch(cfg((dim(m, "m")?, 1, 1), kernels::FP8_QUANT_THREADS, 0)) }
+    // scales[r] only, with `threads` threads: the kernel's launch bound and the size its
+    // reduction's shared array has.
+    unsafe { b.launch(cfg((dim(m, "m")?, 1, 1), threads, 0)) }
         .map(|_| true)
         .map_err(BackendError::from)
 }
