@@ -47,8 +47,14 @@ template <typename T>
 __device__ void add_rmsnorm_impl(T* __restrict__ residual, const T* __restrict__ delta,
                                  const T* __restrict__ weight, T* __restrict__ out, int hidden,
                                  float eps, unsigned char* __restrict__ q = nullptr,
-                                 float* __restrict__ qscales = nullptr, float static_scale = 0.f) {
+                                 float* __restrict__ qscales = nullptr, float static_scale = 0.f,
+                                 const float* __restrict__ dxs = nullptr, const float* __restrict__ dws = nullptr) {
     __shared__ float red[32];
+    // With dws, delta is a raw FP8 product: each value is first scaled as scale_fp8_out_bf16
+    // scales it, T(delta * dxs[row] * dws[col]), so the launch gives the bits of that pass followed
+    // by this kernel. dxs[row] is read here, before any barrier: it may be qscales[row], which
+    // thread 0 writes only after the block's reductions.
+    const float dx = dws ? dxs[blockIdx.x] : 1.f;
     constexpr int V = vec16<T>();
     T* res = residual + (size_t)blockIdx.x * hidden;
     const T* del = delta ? delta + (size_t)blockIdx.x * hidden : nullptr;
@@ -67,6 +73,10 @@ __device__ void add_rmsnorm_impl(T* __restrict__ residual, const T* __restrict__
                 float v[V], dv[V];
                 unpack16(row[c], v, T());
                 load16(del + i, dv);
+                if (dws) {
+#pragma unroll
+                    for (int e = 0; e < V; e++) dv[e] = to_f(from_f<T>(dv[e] * dx * dws[i + e]));
+                }
 #pragma unroll
                 for (int e = 0; e < V; e++) v[e] += dv[e];
                 row[c] = pack16<T>(v);
@@ -125,7 +135,8 @@ __device__ void add_rmsnorm_impl(T* __restrict__ residual, const T* __restrict__
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
         float v = to_f(res[i]);
         if (del) {
-            T r = from_f<T>(v + to_f(del[i]));
+            const float d = dws ? to_f(from_f<T>(to_f(del[i]) * dx * dws[i])) : to_f(del[i]);
+            T r = from_f<T>(v + d);
             res[i] = r;
             v = to_f(r);
         }
@@ -174,8 +185,9 @@ __device__ void cast_impl(const Ti* in, To* out, u64 n) {
         embedding_impl<T>(out, table, ids, hidden);                                                \
     }                                                                                              \
     extern "C" __global__ void add_rmsnorm_##S(T* residual, const T* delta, const T* weight, T* out, \
-                                               int hidden, float eps) {                            \
-        add_rmsnorm_impl<T>(residual, delta, weight, out, hidden, eps);                            \
+                                               int hidden, float eps, const float* dxs,            \
+                                               const float* dws) {                                 \
+        add_rmsnorm_impl<T>(residual, delta, weight, out, hidden, eps, nullptr, nullptr, 0.f, dxs, dws); \
     }                                                                                              \
     extern "C" __global__ void silu_mul_##S(const T* gate_up, T* out, int inter) {                  \
         silu_mul_impl<T>(gate_up, out, inter);                                                     \
@@ -185,8 +197,9 @@ ELEMENTWISE(bf16, bf16)
 
 extern "C" __global__ void add_rmsnorm_fp8_bf16(bf16* residual, const bf16* delta, const bf16* weight,
                                                  bf16* out, unsigned char* q, float* scales, int hidden,
-                                                 float eps, float static_scale) {
-    add_rmsnorm_impl<bf16>(residual, delta, weight, out, hidden, eps, q, scales, static_scale);
+                                                 float eps, float static_scale, const float* dxs,
+                                                 const float* dws) {
+    add_rmsnorm_impl<bf16>(residual, delta, weight, out, hidden, eps, q, scales, static_scale, dxs, dws);
 }
 
 extern "C" __global__ void cast_f32_bf16(const float* in, bf16* out, u64 n) { cast_impl(in, out, n); }

@@ -136,6 +136,7 @@ fn add_rmsnorm_matches_cpu() {
                     hidden,
                     eps: 1e-5,
                     fp8: None,
+                    delta_scales: None,
                 },
             )
             .unwrap();
@@ -174,6 +175,9 @@ fn add_rmsnorm_matches_cpu() {
                 (1e-3, 8e-3)
             };
             assert_close("rmsnorm", &g.download_f32(&out).unwrap(), &want, abs, rel);
+            if with_delta && dt == DType::Bf16 {
+                raw_delta_is_scaled_as_the_scaling_pass(&g, (&res, &delta, &wb), (rows, hidden));
+            }
             if !AddRmsNorm::fuses_fp8(hidden, dt) {
                 continue;
             }
@@ -200,6 +204,7 @@ fn add_rmsnorm_matches_cpu() {
                             scales: &scales,
                             static_scale,
                         }),
+                        delta_scales: None,
                     },
                 )
                 .unwrap();
@@ -223,6 +228,94 @@ fn add_rmsnorm_matches_cpu() {
             eprintln!("add_rmsnorm + fp8 rows {rows} hidden {hidden}: codes equal the CPU's");
         }
     }
+}
+
+/// `add_rmsnorm` with `delta_scales` on a raw FP8 product gives the bits of the product scaled as
+/// `scale_fp8_out_bf16` does (bf16((raw * row scale) * column scale)) and added plainly; with the
+/// FP8 output too, its row scales in the buffer the delta's row scales are read from.
+fn raw_delta_is_scaled_as_the_scaling_pass(
+    g: &Gpu,
+    (res, raw, wb): (&[f32], &[f32], &worker::backend::cuda::Buf),
+    (rows, hidden): (usize, usize),
+) {
+    let dt = DType::Bf16;
+    let rs: Vec<f32> = (0..rows).map(|i| 0.01 + 0.003 * i as f32).collect();
+    let cs: Vec<f32> = (0..hidden).map(|j| 0.5 + (j % 7) as f32 * 0.1).collect();
+    let scaled: Vec<f32> = raw
+        .iter()
+        .enumerate()
+        .map(|(i, d)| d * rs[i / hidden] * cs[i % hidden])
+        .collect();
+    let scaled = q(&scaled, dt);
+    let (rsb, csb) = (
+        g.upload_f32(&rs, DType::F32).unwrap(),
+        g.upload_f32(&cs, DType::F32).unwrap(),
+    );
+    let (sb, rawb) = (
+        g.upload_f32(&scaled, dt).unwrap(),
+        g.upload_f32(raw, dt).unwrap(),
+    );
+    let fp8 = AddRmsNorm::fuses_fp8(hidden, dt);
+    let mut outs = Vec::new();
+    for in_kernel in [false, true] {
+        let rb = g.upload_f32(res, dt).unwrap();
+        let out = g.alloc(dt, rows * hidden).unwrap();
+        let codes = g.alloc(DType::U8, rows * hidden).unwrap();
+        // With the FP8 output, its scales overwrite the delta's row scales (a copy of them).
+        let row_scales = g.upload_f32(&rs, DType::F32).unwrap();
+        let (delta, delta_scales) = if in_kernel {
+            (&rawb, Some((if fp8 { &row_scales } else { &rsb }, &csb)))
+        } else {
+            (&sb, None)
+        };
+        ops::add_rmsnorm(
+            g,
+            &AddRmsNorm {
+                residual: &rb,
+                delta: Some(delta),
+                weight: wb,
+                out: &out,
+                rows,
+                hidden,
+                eps: 1e-5,
+                fp8: fp8.then_some(ops::NormFp8 {
+                    q: &codes,
+                    scales: &row_scales,
+                    static_scale: 0.0,
+                }),
+                delta_scales,
+            },
+        )
+        .unwrap();
+        let mut got = vec![
+            bits(&g.download_f32(&rb).unwrap()),
+            bits(&g.download_f32(&out).unwrap()),
+        ];
+        if fp8 {
+            got.push(bits(&g.download_f32(&row_scales).unwrap()));
+            got.push(
+                g.download_bytes(&codes, rows * hidden)
+                    .unwrap()
+                    .into_iter()
+                    .map(u32::from)
+                    .collect(),
+            );
+        }
+        outs.push(got);
+    }
+    for (i, what) in ["residual", "output", "fp8 scales", "fp8 codes"]
+        .iter()
+        .take(outs[0].len())
+        .enumerate()
+    {
+        assert!(
+            outs[0][i] == outs[1][i],
+            "rows {rows} hidden {hidden}: {what} differs with the delta scaled in the kernel"
+        );
+    }
+    eprintln!(
+        "add_rmsnorm rows {rows} hidden {hidden} fp8 {fp8}: a raw delta scaled in the kernel, bit for bit"
+    );
 }
 
 #[test]

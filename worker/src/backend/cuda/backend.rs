@@ -794,6 +794,12 @@ impl CudaBackend {
                 static_scale: s.static_input.unwrap_or(0.0),
             })
         };
+        // o and down on cuBLASLt's FP8 product leave their output unscaled for the norm that adds
+        // it to the residual to scale (the same bits as the scaling pass), except in a tensor-
+        // parallel group, whose all-reduce adds partial products of differently scaled shards.
+        let unscaled_ok = self.group.borrow().is_none();
+        // The scales of the last down product when it was left unscaled.
+        let mut raw_down = None;
         for (l, w) in self.weights.layers.iter().enumerate() {
             let fp8 = w.fp8();
             ops::add_rmsnorm(
@@ -807,6 +813,7 @@ impl CudaBackend {
                     hidden: h,
                     eps,
                     fp8: norm_fp8(fp8.map(|f| &f.qkv)),
+                    delta_scales: raw_down.take(),
                 },
             )?;
             let p = self.layer_products(w, n);
@@ -882,7 +889,8 @@ impl CudaBackend {
             if prefetch_o {
                 g.stream.join(&g.side)?;
             }
-            self.product(&p.o, p.quant(|f| &f.o, |i| &i.o), false)?;
+            let raw_o =
+                self.product_maybe_unscaled(&p.o, p.quant(|f| &f.o, |i| &i.o), false, unscaled_ok)?;
             self.all_reduce(&ws.proj, n * h)?;
             ops::add_rmsnorm(
                 g,
@@ -895,6 +903,7 @@ impl CudaBackend {
                     hidden: h,
                     eps,
                     fp8: norm_fp8(fp8.map(|f| &f.gate_up)),
+                    delta_scales: raw_o,
                 },
             )?;
             let down = p.quant(|f| &f.down, |i| &i.down);
@@ -922,7 +931,7 @@ impl CudaBackend {
             if !quantized {
                 ops::silu_mul(g, &ws.gate_up, &ws.act, (n, inter))?;
             }
-            self.product(&p.down, down, quantized)?;
+            raw_down = self.product_maybe_unscaled(&p.down, down, quantized, unscaled_ok)?;
             self.all_reduce(&ws.proj, n * h)?;
         }
         ops::add_rmsnorm(
@@ -936,6 +945,7 @@ impl CudaBackend {
                 hidden: h,
                 eps,
                 fp8: None,
+                delta_scales: raw_down,
             },
         )?;
         if d.rows == 0 {

@@ -84,6 +84,10 @@ pub struct AddRmsNorm<'a> {
     /// Also quantize `out` for an FP8 product, as `fp8::quant_rows` would (bf16 rows that take the
     /// kernel's vector path only: see [`AddRmsNorm::fuses_fp8`]).
     pub fp8: Option<NormFp8<'a>>,
+    /// `delta` is an FP8 product cuBLASLt left unscaled: F32 `(row scales [rows], column scales
+    /// [hidden])`, applied to each value first exactly as `fp8::Fp8Gemm::run`'s scaling pass would
+    /// (the row scales may be `fp8.scales` itself).
+    pub delta_scales: Option<(&'a Buf, &'a Buf)>,
 }
 
 /// Where [`add_rmsnorm`] writes its output's E4M3 codes and row scales.
@@ -121,6 +125,15 @@ pub fn add_rmsnorm(gpu: &Gpu, a: &AddRmsNorm<'_>) -> Result<(), BackendError> {
     a.residual.check("residual", dt, n)?;
     if let Some(d) = a.delta {
         d.check("delta", dt, n)?;
+    }
+    if let Some((xs, ws)) = a.delta_scales {
+        if a.delta.is_none() {
+            return Err(BackendError::InvalidBatch(
+                "add_rmsnorm: delta scales without a delta".into(),
+            ));
+        }
+        xs.check("delta row scales", DType::F32, a.rows)?;
+        ws.check("delta column scales", DType::F32, a.hidden)?;
     }
     a.weight.check("norm weight", dt, a.hidden)?;
     a.out.check("norm out", dt, n)?;
@@ -168,8 +181,13 @@ pub fn add_rmsnorm(gpu: &Gpu, a: &AddRmsNorm<'_>) -> Result<(), BackendError> {
     if let Some(f) = &a.fp8 {
         b.arg(&f.static_scale);
     }
+    let (dxs, dws) = a
+        .delta_scales
+        .map_or((0u64, 0u64), |(x, w)| (x.ptr(), w.ptr()));
+    b.arg(&dxs).arg(&dws);
     // SAFETY: every buffer holds rows*hidden (weight: hidden) elements of dt (checked above);
-    // delta is null or rows*hidden long; the arguments match add_rmsnorm_<dt> (or, with fp8,
+    // delta is null or rows*hidden long, and with delta scales (null otherwise) rows and hidden
+    // floats, read at [row] and [col < hidden] only; the arguments match add_rmsnorm_<dt> (or, with fp8,
     // add_rmsnorm_fp8_bf16's: q rows*hidden bytes and scales rows floats, checked, written only on
     // the vector path, which fuses_fp8 guaranteed, one row per block). The kernel's
     // 16-byte accesses happen only where hidden is a multiple of 16 bytes' worth, so every row
