@@ -22,7 +22,7 @@ pub const KERNEL_SWITCH_VARS: [(&str, &str); 11] = [
     ("RINGSERVE_CUDA_INT4_MMA", "0 or 1"),
     (
         "RINGSERVE_CUDA_FP8_GEMV",
-        "r16, t16_d4, t16_d4x, t16_d6 or t16_d8x",
+        "auto, r16 or a tile kernel's name (t16_d2x_b4, ...)",
     ),
 ];
 

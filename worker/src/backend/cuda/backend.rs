@@ -586,7 +586,8 @@ impl CudaBackend {
 
     /// [`Self::product`]; with `unscaled_ok`, an FP8 product on cuBLASLt leaves its output
     /// unscaled and returns its row and column scales (`Some((x_scales, w_scales))`) for the
-    /// consumer to apply ([`super::fp8::silu_mul_quant`]), saving the scaling pass.
+    /// consumer to apply ([`super::fp8::silu_mul_quant`], or [`ops::add_rmsnorm`]'s
+    /// `delta_scales`), saving the scaling pass.
     fn product_maybe_unscaled<'s>(
         &'s self,
         l: &Linear<'_>,

@@ -191,9 +191,7 @@ impl Fp8Linear<'_> {
             && self.x.ptr().is_multiple_of(16)
             && self.w.ptr().is_multiple_of(16)
     }
-}
 
-impl Fp8Linear<'_> {
     /// The kernels' parameters (`y` bf16 `[m, n]`).
     fn params(&self) -> Result<GemvFp8Params, BackendError> {
         Ok(GemvFp8Params {
