@@ -15,8 +15,8 @@ use common::{fixture, last_logits, rel_l2};
 use half::bf16;
 use worker::backend::cpu::{CpuBackend, CpuOptions};
 use worker::backend::cuda::int4::{
-    Int4Linear, Int4Scales, MMA_KERNELS, dequant_int4, gemm_int4, gemv_int4, launch_mma, pack,
-    permute_cols, tile_step,
+    Int4Linear, Int4Scales, MMA_KERNELS, TILE_VARIANTS, dequant_int4, gemm_int4, gemv_int4,
+    launch_mma, launch_tile, pack, permute_cols, tile_step,
 };
 use worker::backend::cuda::{CudaBackend, CudaOptions, DType, Gpu};
 use worker::backend::switches::KernelSwitches;
@@ -246,6 +246,22 @@ fn int4_kernels_match_the_reference_at_odd_shapes() {
                             "{n}x{k} (groups of {gs}, act order {act}, Q4_1 {q41}, {kernel:?}) \
                              m {m} [{b}, {r}]: {} vs {want}",
                             got[b * n + r]
+                        );
+                    }
+                }
+                // The tile kernel's variants (cuda_bench's) give its bits: the same steps in the
+                // same order, whatever the ring holds.
+                if tiles && m <= 8 && tile_step(&scales, k) == Some(128) {
+                    for v in &TILE_VARIANTS {
+                        launch_tile(&g, &l, v, 0, m).expect("tile variant");
+                        let again = bf16s(&g.download_bytes(&y, m * n).expect("download"));
+                        assert!(
+                            again
+                                .iter()
+                                .map(|v| v.to_bits())
+                                .eq(got.iter().map(|v| v.to_bits())),
+                            "{n}x{k} (groups of {gs}) m {m}: {} differs from the tile kernel",
+                            v.name
                         );
                     }
                 }
