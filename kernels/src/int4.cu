@@ -244,7 +244,7 @@ __device__ __forceinline__ u32 int4_less_zero(u32 word, int i, u32 zz) {
 // slots with the next tile's first. Rows past n are read as row n - 1 (clamped) and x rows past b
 // as row b - 1: their products land only in outputs never stored (an mma's D[row][col] depends
 // on A's row and B's column alone). k is a multiple of KS, so every step is whole.
-template <int KS, int NB, int D, bool XR = false>
+template <int KS, int NB, int D>
 __device__ __forceinline__ void gemv_int4_t16_impl(const GemvInt4Params& p) {
     constexpr int WPL = KS / 32; // words a lane reads of each of its two rows per step
     // [tile parity][warp][nb][row 16][batch 8]: the warps' sums of the last two tiles.
@@ -286,14 +286,6 @@ __device__ __forceinline__ void gemv_int4_t16_impl(const GemvInt4Params& p) {
             for (int i = 0; i < WPL; i++) wv[d][h].v[i] = 0u;
             sz[d][h] = 0u;
         }
-    // With XR, the ring also holds each item's x (fp8.cu's x variants: no load waits at the mma).
-    uint4 xr[XR ? D : 1][NB][WPL];
-#pragma unroll
-    for (int d = 0; d < (XR ? D : 1); d++)
-#pragma unroll
-        for (int nb = 0; nb < NB; nb++)
-#pragma unroll
-            for (int i = 0; i < WPL; i++) xr[d][nb][i] = make_uint4(0, 0, 0, 0);
     auto load = [&](const u32(&wo)[2], u32 so, int j, bool tile_ok, int d) {
         const int s = s_begin + j;
         const bool real = tile_ok && j < cnt;
@@ -301,14 +293,6 @@ __device__ __forceinline__ void gemv_int4_t16_impl(const GemvInt4Params& p) {
 #pragma unroll
         for (int h = 0; h < 2; h++) ld_words_if(wv[d][h], p.w + (wo[h] + (KS / 8) * s), real);
         ld_u32x2_if(sz[d], p.tsz + (so + 16u * grp), real);
-        if (XR) {
-#pragma unroll
-            for (int nb = 0; nb < NB; nb++)
-#pragma unroll
-                for (int i = 0; i < WPL; i++)
-                    ld_cached_if(xr[XR ? d : 0][nb][i], (const unsigned char*)((const uint4*)(xp[nb] + KS * s) + i),
-                                 real);
-        }
     };
 
     int tile = blockIdx.x;
@@ -335,8 +319,7 @@ __device__ __forceinline__ void gemv_int4_t16_impl(const GemvInt4Params& p) {
 #pragma unroll
                 for (int nb = 0; nb < NB; nb++)
 #pragma unroll
-                    for (int i = 0; i < WPL; i++)
-                        xv[nb][i] = XR ? xr[XR ? d : 0][nb][i] : __ldg((const uint4*)(xp[nb] + KS * s) + i);
+                    for (int i = 0; i < WPL; i++) xv[nb][i] = __ldg((const uint4*)(xp[nb] + KS * s) + i);
                 u32 zz[2];
                 float sc[2];
 #pragma unroll
@@ -420,14 +403,8 @@ INT4_T16(gemv_int4_t16_k128_b32, 128, 4, 2, 1)
 INT4_T16(gemv_int4_t16_k64_b8, 64, 1, 4, 3)
 INT4_T16(gemv_int4_t16_k64_b16, 64, 2, 4, 2)
 INT4_T16(gemv_int4_t16_k64_b32, 64, 4, 4, 1)
-// Variants timed by `cuda_bench int4` (the same contract as gemv_int4_t16_k128_b8): a ring of 4;
-// the ring of 2 with x in it too (2 blocks an SM: at 3 it spills).
+// A variant timed by `cuda_bench int4` (the same contract as gemv_int4_t16_k128_b8): a ring of 4.
 INT4_T16(gemv_int4_t16x_d4_k128_b8, 128, 1, 4, 2)
-#define INT4_T16X(name, ks, nb, d, blocks)                                                               \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, blocks) name(GemvInt4Params p) {          \
-        gemv_int4_t16_impl<ks, nb, d, true>(p);                                                          \
-    }
-INT4_T16X(gemv_int4_t16x_d2x_k128_b8, 128, 1, 2, 2)
 
 // 16 weight rows per block.
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_int4_r16(GemvInt4Params p) {

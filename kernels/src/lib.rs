@@ -123,7 +123,6 @@ pub const KERNELS: &[&str] = &[
     "gemv_int4_t16_k64_b16",
     "gemv_int4_t16_k64_b32",
     "gemv_int4_t16x_d4_k128_b8",
-    "gemv_int4_t16x_d2x_k128_b8",
     "dequant_int4_bf16",
     "gemv_int4_min_r16",
     "gemv_int4_min_r32",

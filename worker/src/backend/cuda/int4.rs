@@ -351,14 +351,10 @@ pub const TILE_KERNELS: [TileKernel; 6] = [
     tile("gemv_int4_t16_k64_b32", 64, 32),
 ];
 
-/// Variants of `gemv_int4_t16_k128_b8` that `cuda_bench int4` times beside it: a ring of 4 items,
-/// 2 blocks an SM, against its 2 and 3 (level on the largest product, slower on the others: runs
-/// 33a, 34); its ring of 2 holding each item's x too, 2 blocks an SM (FP8's tile GEMV gained
-/// 25 % on gate/up from that, run 41a).
-pub const TILE_VARIANTS: [TileKernel; 2] = [
-    tile("gemv_int4_t16x_d4_k128_b8", 128, 8),
-    tile("gemv_int4_t16x_d2x_k128_b8", 128, 8),
-];
+/// A variant of `gemv_int4_t16_k128_b8` (a ring of 4 items, 2 blocks an SM, against its 2 and 3)
+/// that `cuda_bench int4` times beside it: level on the largest product, slower on the others
+/// (runs 33a, 34).
+pub const TILE_VARIANTS: [TileKernel; 1] = [tile("gemv_int4_t16x_d4_k128_b8", 128, 8)];
 
 const fn tile(name: &'static str, ks: usize, batch: usize) -> TileKernel {
     TileKernel { name, ks, batch }
