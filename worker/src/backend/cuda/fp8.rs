@@ -31,6 +31,17 @@ pub fn has_fp8(capability: (i32, i32)) -> bool {
     capability >= (8, 9)
 }
 
+/// An error naming the device unless it has FP8 tensor cores ([`has_fp8`]).
+fn require_fp8(gpu: &Gpu) -> Result<(), BackendError> {
+    if has_fp8(gpu.capability) {
+        return Ok(());
+    }
+    Err(BackendError::Device(format!(
+        "FP8 tensor cores need compute capability 8.9 or later; this device is {}.{}",
+        gpu.capability.0, gpu.capability.1
+    )))
+}
+
 /// `q[m, k]`, `scales[m]` from bf16 `x[m, k]`: each row's codes with its own scale, or with
 /// `static_scale` for every row when that is positive.
 pub struct QuantRows<'a> {
@@ -247,12 +258,7 @@ pub fn gemv_fp8_tiles(
             l.k
         )));
     };
-    if !has_fp8(gpu.capability) {
-        return Err(BackendError::Device(format!(
-            "FP8 tensor cores need compute capability 8.9 or later; this device is {}.{}",
-            gpu.capability.0, gpu.capability.1
-        )));
-    }
+    require_fp8(gpu)?;
     if l.m == 0 || l.n == 0 {
         return Ok(());
     }
@@ -306,12 +312,7 @@ pub fn gemv_fp8(gpu: &Gpu, l: &Fp8Linear<'_>, rows_per_block: usize) -> Result<(
             "gemv_fp8: no kernel for {rows_per_block} rows per block"
         )));
     }
-    if !has_fp8(gpu.capability) {
-        return Err(BackendError::Device(format!(
-            "FP8 tensor cores need compute capability 8.9 or later; this device is {}.{}",
-            gpu.capability.0, gpu.capability.1
-        )));
-    }
+    require_fp8(gpu)?;
     if l.m == 0 || l.n == 0 {
         return Ok(());
     }
