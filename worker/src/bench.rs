@@ -226,6 +226,15 @@ fn run_point(
         engine.step()?;
         let took = start.elapsed();
         let step = engine.last_step();
+        // The line `ringserve generate` logs (scripts/step_log_summary.py reads both).
+        tracing::debug!(
+            prefill_tokens = step.prefill_tokens,
+            decode_tokens = step.decode_tokens,
+            seqs = step.num_seqs,
+            backend_ms = step.backend_time.as_secs_f64() * 1e3,
+            step_ms = took.as_secs_f64() * 1e3,
+            "step"
+        );
         if step.prefill_tokens > 0 {
             row.prefill_tokens += step.prefill_tokens;
             row.prefill_time += took;
