@@ -186,7 +186,10 @@ template <typename T, bool KV8> __device__ __forceinline__ void attention_entry(
     extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attention_##S(AttnParams p) {       \
         attention_entry<T, false>(p);                                                              \
     }                                                                                              \
-    extern "C" __global__ void attn_combine_##S(AttnParams p) { combine_impl<T>(p); }
+    extern "C" __global__ void attn_combine_##S(AttnParams p) {                                    \
+        PDL_ENTRY();                                                                               \
+        combine_impl<T>(p);                                                                        \
+    }
 ATTENTION(float, f32)
 ATTENTION(bf16, bf16)
 // bf16 queries and outputs over an FP8 (E4M3) cache; its splits combine with attn_combine_bf16.

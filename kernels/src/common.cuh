@@ -115,6 +115,27 @@ __device__ __forceinline__ u32 pack_f16(float lo, float hi) {
     return r;
 }
 
+// Programmatic dependent launch (sm_90+). In a decode graph a kernel of PDL_KERNELS (lib.rs) whose
+// only dependency is another kernel may launch while that kernel finishes (worker's graph.rs). Such a
+// kernel enters through PDL_ENTRY: pdl_wait() returns once every kernel before it has completed and
+// its writes are visible (at once in an ordinary launch), so nothing before it may read what an
+// earlier kernel wrote or write anything; pdl_trigger() then lets the kernel after it launch.
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+#define PDL_ENTRY() \
+    do {            \
+        pdl_wait();    \
+        pdl_trigger(); \
+    } while (0)
+
 // A bf16x2 word as f16x2 (exact for |x| < 65504 and above f16's subnormal range; queries are).
 __device__ __forceinline__ u32 bf16x2_to_f16x2(u32 b) {
     return pack_f16(__uint_as_float(b << 16), __uint_as_float(b & 0xffff0000u));

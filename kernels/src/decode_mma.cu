@@ -336,9 +336,11 @@ template <bool KV8> __device__ __forceinline__ void decode_mma_impl(const AttnPa
 }
 
 extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) attn_decode_mma_bf16_d128(AttnParams p) {
+    PDL_ENTRY();
     decode_mma_impl<false>(p);
 }
 // bf16 queries and outputs over an FP8 (E4M3) cache.
 extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) attn_decode_mma_kv8_d128(AttnParams p) {
+    PDL_ENTRY();
     decode_mma_impl<true>(p);
 }

@@ -187,9 +187,11 @@ __device__ void cast_impl(const Ti* in, To* out, u64 n) {
     extern "C" __global__ void add_rmsnorm_##S(T* residual, const T* delta, const T* weight, T* out, \
                                                int hidden, float eps, const float* dxs,            \
                                                const float* dws) {                                 \
+        PDL_ENTRY();                                                                               \
         add_rmsnorm_impl<T>(residual, delta, weight, out, hidden, eps, nullptr, nullptr, 0.f, dxs, dws); \
     }                                                                                              \
     extern "C" __global__ void silu_mul_##S(const T* gate_up, T* out, int inter) {                  \
+        PDL_ENTRY();                                                                               \
         silu_mul_impl<T>(gate_up, out, inter);                                                     \
     }
 ELEMENTWISE(float, f32)
@@ -199,6 +201,7 @@ extern "C" __global__ void add_rmsnorm_fp8_bf16(bf16* residual, const bf16* delt
                                                  bf16* out, unsigned char* q, float* scales, int hidden,
                                                  float eps, float static_scale, const float* dxs,
                                                  const float* dws) {
+    PDL_ENTRY();
     add_rmsnorm_impl<bf16>(residual, delta, weight, out, hidden, eps, q, scales, static_scale, dxs, dws);
 }
 

@@ -91,6 +91,7 @@ __device__ __forceinline__ void fp8_quant_row_vec(Load load, int nvec, unsigned 
 // Rows of a multiple of 8 values at 16-byte aligned addresses (every product's input) take 16-byte
 // loads and 8-byte stores (fp8_quant_row_vec); others one value a thread at a time.
 extern "C" __global__ void __launch_bounds__(FP8_QUANT_THREADS) quant_fp8_rows_bf16(Fp8QuantParams p) {
+    PDL_ENTRY();
     __shared__ float red[FP8_QUANT_THREADS / 32];
     const int row = blockIdx.x;
     const bf16* x = p.x + (size_t)row * p.k;
@@ -150,9 +151,11 @@ __device__ __forceinline__ void silu_mul_quant_impl(const Fp8QuantParams& p) {
         p.k / 8, p.q + (size_t)row * p.k, p.scales + row, p.static_scale, red);
 }
 extern "C" __global__ void __launch_bounds__(FP8_QUANT_THREADS) silu_mul_quant_fp8_bf16(Fp8QuantParams p) {
+    PDL_ENTRY();
     silu_mul_quant_impl<FP8_QUANT_THREADS, FP8_QUANT_CACHED>(p);
 }
 extern "C" __global__ void __launch_bounds__(FP8_QUANT_WIDE_THREADS) silu_mul_quant_fp8_bf16_wide(Fp8QuantParams p) {
+    PDL_ENTRY();
     silu_mul_quant_impl<FP8_QUANT_WIDE_THREADS, 2>(p);
 }
 
@@ -242,9 +245,11 @@ __device__ __forceinline__ void gemv_fp8_impl(const GemvFp8Params& p) {
 }
 
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_fp8_r16(GemvFp8Params p) {
+    PDL_ENTRY();
     gemv_fp8_impl<2, 4>(p);
 }
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_fp8_r32(GemvFp8Params p) {
+    PDL_ENTRY();
     gemv_fp8_impl<4, 2>(p);
 }
 
@@ -326,8 +331,18 @@ __device__ __forceinline__ void gemv_fp8_t16_impl(const GemvFp8Params& p) {
     u32 wo[2], wn[2];
     rows_of(tile, wo);
     rows_of(min(tile + (int)gridDim.x, ntiles - 1), wn);
+    // The ring's first weights are loaded before pdl_wait() (no kernel writes them), so that in a
+    // decode graph they stream while the kernel before finishes; its activations after it.
 #pragma unroll
-    for (int d = 0; d < D; d++) load(wo, d, true, d);
+    for (int d = 0; d < D; d++) {
+        ld_stream_if(wv[d][0], p.w + (wo[0] + 64u * (u32)d), d < cnt);
+        ld_stream_if(wv[d][1], p.w + (wo[1] + 64u * (u32)d), d < cnt);
+    }
+    pdl_wait();
+    pdl_trigger();
+#pragma unroll
+    for (int d = 0; d < D; d++)
+        if (XR) ld_cached_if(xv[XR ? d : 0], p.x + (xo + 64u * (u32)d), d < cnt);
     for (int parity = 0; tile < ntiles; tile += gridDim.x, parity ^= 1) { // block-uniform
         const bool next_ok = tile + (int)gridDim.x < ntiles;
         float acc[2][4];
@@ -387,7 +402,7 @@ __device__ __forceinline__ void gemv_fp8_t16_impl(const GemvFp8Params& p) {
 // are timed beside them by `cuda_bench gemv`.
 #define FP8_T16(name, d, xr, blocks)                                                                     \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS, blocks) name(GemvFp8Params p) {           \
-        gemv_fp8_t16_impl<d, xr>(p);                                                                     \
+        gemv_fp8_t16_impl<d, xr>(p); /* pdl_wait() in the ring fill (PDL_KERNELS) */                     \
     }
 FP8_T16(gemv_fp8_t16_d2x_b4, 2, true, 4)
 FP8_T16(gemv_fp8_t16_d4x_b2, 4, true, 2)
@@ -401,6 +416,7 @@ FP8_T16(gemv_fp8_t16_d4, 4, false, 3)
 // E4M3 codes (Hopper's cuBLASLt scales FP8 operands by one value each, not per row). Takes
 // GemvFp8Params; its x and w are unused. Two bf16 elements a thread per step when n is even.
 extern "C" __global__ void __launch_bounds__(FP8_SCALE_THREADS) scale_fp8_out_bf16(GemvFp8Params p) {
+    PDL_ENTRY();
     const size_t total = (size_t)p.b * p.n;
     const size_t step = (size_t)gridDim.x * FP8_SCALE_THREADS;
     if ((p.n & 1) == 0) {

@@ -200,17 +200,21 @@ __device__ __forceinline__ void gemv_f32_impl(const GemvParams& p) {
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_f32(GemvParams p) { gemv_f32_impl(p); }
 // 16 weight rows per block.
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_bf16_r16(GemvParams p) {
+    PDL_ENTRY();
     gemv_mma_impl<2, 4, bf16>(p);
 }
 // 32 weight rows per block.
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_bf16_r32(GemvParams p) {
+    PDL_ENTRY();
     gemv_mma_impl<4, 2, bf16>(p);
 }
 // For logits: bf16 weights, f32 output.
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_bf16_f32out_r16(GemvParams p) {
+    PDL_ENTRY();
     gemv_mma_impl<2, 4, float>(p);
 }
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_bf16_f32out_r32(GemvParams p) {
+    PDL_ENTRY();
     gemv_mma_impl<4, 2, float>(p);
 }
 
@@ -221,6 +225,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_bf16_f32out_r
 // the q/k/v buffer would hold it) and finished by rope_pair_store: the bits of gemv_bf16_r16
 // followed by rope_kv_write_bf16, in one launch. Batch row t is token t of the step.
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_rope_kv_bf16(GemvRopeParams p) {
+    PDL_ENTRY();
     __shared__ __align__(16) float red[GEMV_WARPS * 2 * 64];
     const int half = p.rope.d / 2, per_head = half / 8;
     const int h = blockIdx.x / per_head, j0 = (blockIdx.x % per_head) * 8;

@@ -56,6 +56,37 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("prefetch.cu", include_str!("prefetch.cu")),
 ];
 
+/// Kernels that enter through `PDL_ENTRY` (common.cuh): nothing before it reads what another
+/// kernel wrote or writes anything, so in a decode graph each may launch while the kernel it
+/// depends on finishes (programmatic dependent launch, sm_90+).
+pub const PDL_KERNELS: &[&str] = &[
+    "add_rmsnorm_bf16",
+    "add_rmsnorm_fp8_bf16",
+    "silu_mul_bf16",
+    "rope_kv_write_bf16",
+    "attn_combine_bf16",
+    "attn_decode_mma_bf16_d128",
+    "attn_decode_mma_kv8_d128",
+    "gemv_bf16_r16",
+    "gemv_bf16_r32",
+    "gemv_bf16_f32out_r16",
+    "gemv_bf16_f32out_r32",
+    "gemv_rope_kv_bf16",
+    "quant_fp8_rows_bf16",
+    "silu_mul_quant_fp8_bf16",
+    "silu_mul_quant_fp8_bf16_wide",
+    "gemv_fp8_r16",
+    "gemv_fp8_r32",
+    "gemv_fp8_t16_d2x_b4",
+    "gemv_fp8_t16_d4x_b2",
+    "gemv_fp8_t16_d3x",
+    "gemv_fp8_t16_d4x",
+    "gemv_fp8_t16_d6x_b2",
+    "gemv_fp8_t16_d8x",
+    "gemv_fp8_t16_d4",
+    "scale_fp8_out_bf16",
+];
+
 /// Every kernel the sources define.
 pub const KERNELS: &[&str] = &[
     "embedding_f32",
@@ -629,6 +660,13 @@ fn c_chars_to_string(chars: &[c_char]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pdl_kernels_are_kernels() {
+        for k in PDL_KERNELS {
+            assert!(KERNELS.contains(k), "{k}");
+        }
+    }
 
     #[test]
     fn every_kernel_is_defined_in_the_sources() {

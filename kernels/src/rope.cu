@@ -130,4 +130,7 @@ __device__ void rope_kv_impl(const RopeParams& p) {
 }
 
 extern "C" __global__ void __launch_bounds__(ROPE_HEADS * 32) rope_kv_write_f32(RopeParams p) { rope_kv_impl<float>(p); }
-extern "C" __global__ void __launch_bounds__(ROPE_HEADS * 32) rope_kv_write_bf16(RopeParams p) { rope_kv_impl<bf16>(p); }
+extern "C" __global__ void __launch_bounds__(ROPE_HEADS * 32) rope_kv_write_bf16(RopeParams p) {
+    PDL_ENTRY();
+    rope_kv_impl<bf16>(p);
+}

@@ -58,8 +58,16 @@ fn cuda_options(eager: bool, quantization: Option<Quantization>) -> CudaOptions 
 
 /// 24 greedy tokens of every prompt, all batched together.
 fn greedy(backend: Box<dyn Backend>, config: &worker::config::ModelConfig) -> Vec<Vec<u32>> {
+    greedy_of(backend, config, &prompts())
+}
+
+/// 24 greedy tokens of each of `prompts`, batched together.
+fn greedy_of(
+    backend: Box<dyn Backend>,
+    config: &worker::config::ModelConfig,
+    prompts: &[Vec<u32>],
+) -> Vec<Vec<u32>> {
     let mut engine = Engine::new(backend, config, EngineConfig::default()).expect("engine");
-    let prompts = prompts();
     for (i, p) in prompts.iter().enumerate() {
         let mut req = Request::new(SeqId(i as u64), p.clone(), 24);
         req.params = SamplingParams::greedy();
@@ -235,4 +243,31 @@ fn fp8_kv_cache_on_cuda_matches_the_cpu_reference() {
         .err()
         .expect("refused");
     assert!(err.to_string().contains("--dtype bfloat16"), "{err}");
+}
+
+/// Decode graphs whose kernels launch early (programmatic dependent launch, sm_90+, graphs of
+/// at most `PDL_MAX_ROWS` sequences: each prompt alone) give the tokens the plain graphs give,
+/// with FP8 weights (the default) and in bf16 (`PdlChoice::All`): every kernel of
+/// `kernels::PDL_KERNELS` orders its reads behind its wait.
+#[test]
+#[ignore = "requires a CUDA device"]
+fn decode_graphs_with_pdl_give_the_same_tokens() {
+    use worker::backend::switches::PdlChoice;
+    const { assert!(worker::backend::cuda::PDL_MAX_ROWS >= 1) };
+    for q in [None, Some(Quantization::Fp8)] {
+        let tokens = |pdl: bool, prompts: &[Vec<u32>]| {
+            let (config, ckpt) = Checkpoint::load(&fixture("tiny-llama")).expect("fixture");
+            let mut opts = cuda_options(false, q);
+            opts.kernels.pdl = if pdl { PdlChoice::All } else { PdlChoice::Off };
+            let b = CudaBackend::new(&config, &ckpt, &opts).expect("CUDA backend");
+            greedy_of(Box::new(b), &config, prompts)
+        };
+        for p in prompts() {
+            let alone = [p];
+            let (with, without) = (tokens(true, &alone), tokens(false, &alone));
+            assert_eq!(with[0].len(), 24);
+            assert_eq!(with, without, "quantization {q:?}: PDL changed tokens");
+        }
+        assert_eq!(tokens(true, &prompts()), tokens(false, &prompts()));
+    }
 }

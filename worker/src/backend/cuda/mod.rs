@@ -4,6 +4,7 @@
 mod backend;
 pub mod device;
 pub mod fp8;
+mod graph;
 pub mod int4;
 pub mod lt;
 mod lt_cache;
@@ -15,7 +16,7 @@ mod weights;
 mod workspace;
 
 pub use backend::{
-    CudaBackend, CudaOptions, GEMV_CROSSOVER_ROWS, INVARIANT_CHUNK, MAX_GRAPH_BATCH,
+    CudaBackend, CudaOptions, GEMV_CROSSOVER_ROWS, INVARIANT_CHUNK, MAX_GRAPH_BATCH, PDL_MAX_ROWS,
 };
 pub use device::{Buf, DType, Gpu, PrefillKernel};
 pub use tp::CudaTp;
