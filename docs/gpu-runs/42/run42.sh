@@ -2,8 +2,10 @@
 # Run 42: where a long-context bf16 decode step's time goes (issue 24's 32 / 64 x 3,900 goal).
 #   a (carry .gpu42: bins.tar.xz = ringserve and cuda_bench built with --features cuda, stripped):
 #      the random 8B model; cuda_bench decode at 32 and 64 x 3,900; bench engine --peer-decode at
-#      32 and 64 x 3,900 with every step logged (RUST_LOG=worker=debug); ncu's time of every kernel
+#      32 and 64 x 3,900 (RUST_LOG=worker=debug: bench engine logged no steps until the commit
+#      after this call); ncu's time of every kernel
 #      node of one 32 x 3,900 decode step (replayed alone, zero KV: attention reads the same bytes)
+#   Calls b-d ran builds whose changes were measured and reverted (the run's README says what each was).
 #   b (+ cold.tar.xz, cold24.tar.xz: the build whose cuBLASLt tuning times each product on every
 #      layer's weights in turn, with 8 and 24 candidates): call a's build (warm tuning) and the two,
 #      alternating: cuda_bench decode at 32 / 64 x 3,900 and 128 x 512 with the tuning's lines,
