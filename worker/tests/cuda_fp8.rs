@@ -268,6 +268,5 @@ fn decode_graphs_with_pdl_give_the_same_tokens() {
             assert_eq!(with[0].len(), 24);
             assert_eq!(with, without, "quantization {q:?}: PDL changed tokens");
         }
-        assert_eq!(tokens(true, &prompts()), tokens(false, &prompts()));
     }
 }

@@ -26,7 +26,7 @@
 #      ids compared; cuda_bench decode at 1 / 8 / 32 x 512, bf16 and FP8, PDL on and off
 #      alternating; bench engine --peer-decode at 32 / 64 x 3,900, PDL on and off
 #   f (carry .gpu42/pdl1.tar.xz: the same with PDL only in graphs of one sequence, PDL_MAX_ROWS):
-#      the FP8 tests with the PDL test (each prompt alone and all together); `ringserve generate`
+#      the FP8 tests with the PDL test (each prompt alone); `ringserve generate`
 #      of one request, bf16 and FP8, PDL on and off, token ids compared; cuda_bench decode at 1 / 8
 #      x 512 and bench engine --peer-decode at 1 x 512, bf16 and FP8, PDL on and off alternating
 set -uo pipefail

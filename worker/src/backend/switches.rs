@@ -71,8 +71,8 @@ pub enum PdlChoice {
     /// None.
     Off,
     /// Those of models with FP8 linear layers: on the H200 (run 42) batch 1 3.4–3.8 % faster on
-    /// two machines. bf16's batch 1 (its o_proj prefetched into L2 on a side branch) was 1.9 %
-    /// faster on one machine and 3.4 % slower on another.
+    /// two machines. bf16's batch 1 (whose GEMVs wait on entry, where the FP8 tile GEMV first
+    /// loads weights) was 1.9 % faster on one machine and 3.4 % slower on another.
     #[default]
     Fp8,
     /// Every model's (for measuring, and for testing the kernels under it).
