@@ -1310,6 +1310,102 @@ fn gemv_and_gemm_match_cpu() {
     }
 }
 
+/// The bf16 bulk-copy GEMVs: within bf16 rounding of an f64 reference, every ring shape bit for
+/// bit, every row alone the bits it got in the batch. Shapes: fewer k-steps than warps (k 64),
+/// a partial last tile, more tiles than blocks (the ring runs on across a block's tiles), k of
+/// 14,336 (the down product), k % 64 of 32 (a half step: warps' spans end unevenly).
+#[test]
+#[ignore = "requires a CUDA device"]
+fn gemv_bulk_matches_cpu() {
+    let g = gpu();
+    if g.capability < (9, 0) {
+        eprintln!(
+            "skipped: bulk copies need sm_90, this GPU is {:?}",
+            g.capability
+        );
+        return;
+    }
+    let mut r = Rng(16);
+    let dt = DType::Bf16;
+    for (m, n, k) in [
+        (1, 64, 64),
+        (3, 1000, 4096),
+        (8, 4096, 14336),
+        (2, 33, 288),
+        (1, 28672, 128),
+        (5, 6144, 4096),
+    ] {
+        let x = q(&r.vec(m * k), dt);
+        let w = q(&r.vec(n * k), dt);
+        let xb = g.upload_f32(&x, dt).unwrap();
+        let wb = g.upload_f32(&w, dt).unwrap();
+        let y = g.alloc(dt, m * n).unwrap();
+        let l = Linear {
+            x: &xb,
+            w: &wb,
+            y: &y,
+            m,
+            n,
+            k,
+        };
+        // The f64 sum and the tolerance (f32 accumulation, one bf16 rounding) of each output.
+        let mut want = Vec::with_capacity(m * n);
+        for i in 0..m {
+            for j in 0..n {
+                let (mut s, mut a) = (0f64, 0f64);
+                for t in 0..k {
+                    let p = f64::from(x[i * k + t]) * f64::from(w[j * k + t]);
+                    s += p;
+                    a += p.abs();
+                }
+                want.push((s as f32, 1e-5 * a as f32 + 8e-3 * (s as f32).abs() + 1e-6));
+            }
+        }
+        let mut first: Option<Vec<u32>> = None;
+        for &(tail, _, _) in kernels::BULK_GEMVS {
+            g.overwrite(&y, &vec![0xff; m * n * 2]).unwrap(); // NaN: every output must be written
+            ops::gemv_bulk(&g, &l, tail).unwrap();
+            let got = g.download_f32(&y).unwrap();
+            for (i, (&v, &(want, tol))) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (v - want).abs() <= tol,
+                    "{tail} m{m} n{n} k{k} [{i}]: got {v} want {want}"
+                );
+            }
+            let b = bits(&got);
+            if let Some(f) = &first {
+                assert!(
+                    f == &b,
+                    "{tail} m{m} n{n} k{k}: bits differ from the first ring shape"
+                );
+            }
+            first = Some(b);
+        }
+        let bits_all = first.unwrap();
+        let y1 = g.alloc(dt, n).unwrap();
+        for i in 0..m {
+            let x1 = g.upload_f32(&x[i * k..(i + 1) * k], dt).unwrap();
+            let l1 = Linear {
+                x: &x1,
+                w: &wb,
+                y: &y1,
+                m: 1,
+                n,
+                k,
+            };
+            ops::gemv_bulk(&g, &l1, kernels::BULK_GEMVS[0].0).unwrap();
+            let alone = bits(&g.download_f32(&y1).unwrap());
+            assert!(
+                alone == bits_all[i * n..(i + 1) * n],
+                "bulk m{m} n{n} k{k}: row {i} alone differs"
+            );
+        }
+        eprintln!(
+            "gemv_bulk m{m} n{n} k{k}: within bf16 rounding, every ring shape bit for bit, rows alone the same"
+        );
+    }
+}
+
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
