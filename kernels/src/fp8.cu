@@ -412,6 +412,151 @@ FP8_T16(gemv_fp8_t16_d6x_b2, 6, true, 2)
 FP8_T16(gemv_fp8_t16_d8x, 8, true, 2)
 FP8_T16(gemv_fp8_t16_d4, 4, false, 3)
 
+// The bulk-copy tile GEMV (sm_90+): gemv_fp8_t16_impl's tiles, warps, k-spans and sums, with the
+// weights brought in by the copy engine instead of the lanes' loads. Each warp owns a ring of S
+// stages in shared memory; a stage holds J consecutive k-steps of its span for the 16 rows of a
+// tile (16 cp.async.bulk copies of J * 64 contiguous bytes, one a row, issued by lanes 0-15 and
+// counted on the stage's mbarrier), so up to S stages — S * J KiB — of a warp's weights are in
+// flight without a register each, and every copy is a contiguous run of a row rather than 64
+// bytes a lane quad. The ring runs on across the block's tiles (stage q of a warp's stream is
+// stage q % spt of its tile q / spt). Rows sit FP8_BULK_ROW_BYTES(J) apart (J * 64 rounded to
+// 64 mod 128), so the 8 lanes of a 16-byte shared load phase (rows g, g + 1, 4 lanes each) hit
+// 8 distinct 16-byte bank groups. The activations are read through L1 as in the `d4` variant,
+// before the stage's wait. Sums: the same mmas on the same operands in the same order as
+// gemv_fp8_t16_impl (steps in increasing order on two chains, then warps in order), so every
+// output is bit for bit the tile kernels'.
+#define FP8_BULK_ROW_BYTES(j) ((j) * 64 + (((j) & 1) ? 0 : 64))
+#define FP8_BULK_SMEM_BYTES(j, s) (GEMV_WARPS * (s) * 16 * FP8_BULK_ROW_BYTES(j))
+template <int J, int S>
+__device__ __forceinline__ void gemv_fp8_bulk_impl(const GemvFp8Params& p) {
+#if __CUDA_ARCH__ >= 900
+    constexpr int RS = FP8_BULK_ROW_BYTES(J), STAGE = 16 * RS;
+    extern __shared__ __align__(128) unsigned char bulk_ring[]; // [warp][stage][row 16][RS]
+    __shared__ __align__(16) float red[2][GEMV_WARPS * 128];
+    __shared__ __align__(8) unsigned long long bars[GEMV_WARPS][S];
+    u32 dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    if (dyn < (u32)FP8_BULK_SMEM_BYTES(J, S)) __trap(); // the host sized the launch for another ring
+    const int n = p.n, k = p.k;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int ntiles = (n + 15) >> 4, nsteps = k >> 6;
+    const int span = (nsteps + GEMV_WARPS - 1) / GEMV_WARPS;
+    const int s_begin = min(nsteps, warp * span);
+    const int cnt = min(nsteps, s_begin + span) - s_begin;
+    const int spt = (span + J - 1) / J; // stages a tile, the same for every warp
+    const int my_tiles = (ntiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
+    const int total = my_tiles * spt;   // stages in this warp's stream
+    const u32 ring = (u32)__cvta_generic_to_shared(bulk_ring + warp * S * STAGE);
+    const u32 bar0 = (u32)__cvta_generic_to_shared(&bars[warp][0]);
+    if (lane == 0) {
+#pragma unroll
+        for (int s = 0; s < S; s++)
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar0 + 8 * s) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncwarp();
+    // Stage q of the stream into slot q % S: lane 0 arms the barrier with the bytes to come (none
+    // when the warp has no steps there: the phase then completes at the arrival), lanes 0-15
+    // copy their row's run.
+    auto issue = [&](int q) {
+        const int tile = (int)blockIdx.x + (q / spt) * (int)gridDim.x;
+        const int j0 = (q % spt) * J;
+        const int nj = max(0, min(J, cnt - j0));
+        const u32 bar = bar0 + 8 * (q % S), bytes = 64u * (u32)nj;
+        if (lane == 0)
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(16 * bytes)
+                         : "memory");
+        __syncwarp();
+        if (lane < 16 && nj > 0) {
+            const size_t row = (size_t)min(16 * tile + lane, n - 1);
+            const unsigned char* src = p.w + row * (size_t)k + 64 * (size_t)(s_begin + j0);
+            const u32 dst = ring + (q % S) * STAGE + lane * RS;
+            asm volatile(
+                "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                "l"(src), "r"(bytes), "r"(bar)
+                : "memory");
+        }
+    };
+    // The weights no kernel writes stream in before pdl_wait(); the activations after it.
+    for (int q = 0; q < min(S, total); q++) issue(q);
+    pdl_wait();
+    pdl_trigger();
+    const unsigned char* x = p.x + (size_t)min(g, p.b - 1) * k + 64 * (size_t)s_begin + 16 * t;
+    float acc[2][4];
+#pragma unroll
+    for (int c = 0; c < 4; c++) acc[0][c] = acc[1][c] = 0.f;
+    for (int q = 0; q < total; q++) {
+        const int c = q % spt, j0 = c * J;
+        const int nj = max(0, min(J, cnt - j0)); // warp-uniform
+        uint4 xv[J];
+#pragma unroll
+        for (int jj = 0; jj < J; jj++)
+            if (jj < nj) xv[jj] = __ldg((const uint4*)(x + 64 * (j0 + jj)));
+        const u32 bar = bar0 + 8 * (q % S), parity = (u32)(q / S) & 1u;
+        u32 done;
+        do {
+            asm volatile(
+                "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                : "=r"(done)
+                : "r"(bar), "r"(parity)
+                : "memory");
+        } while (!done);
+        const unsigned char* st = bulk_ring + (warp * S + q % S) * STAGE;
+#pragma unroll
+        for (int jj = 0; jj < J; jj++) {
+            if (jj < nj) {
+                const uint4 a0 = *(const uint4*)(st + g * RS + 64 * jj + 16 * t);
+                const uint4 a1 = *(const uint4*)(st + (g + 8) * RS + 64 * jj + 16 * t);
+                mma_fp8_16832(acc[0], a0.x, a1.x, a0.y, a1.y, xv[jj].x, xv[jj].y);
+                mma_fp8_16832(acc[1], a0.z, a1.z, a0.w, a1.w, xv[jj].z, xv[jj].w);
+            }
+        }
+        // Every lane's reads of the slot are done (their values fed the mmas) before the copy
+        // engine writes it again.
+        __syncwarp();
+        if (q + S < total) {
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            issue(q + S);
+        }
+        if (c == spt - 1) {
+            // The tile's last stage: its sums, as gemv_fp8_t16_impl's epilogue.
+            const int tile = (int)blockIdx.x + (q / spt) * (int)gridDim.x;
+            float* rp = red[(q / spt) & 1];
+            float* r = rp + warp * 128;
+            *(float2*)&r[g * 8 + 2 * t] = make_float2(acc[0][0] + acc[1][0], acc[0][1] + acc[1][1]);
+            *(float2*)&r[(g + 8) * 8 + 2 * t] = make_float2(acc[0][2] + acc[1][2], acc[0][3] + acc[1][3]);
+            __syncthreads();
+            for (int o = threadIdx.x; o < 128; o += blockDim.x) {
+                const int bb = o >> 4, rr = o & 15;
+                const int row = 16 * tile + rr;
+                if (bb < p.b && row < n) {
+                    float v = rp[rr * 8 + bb];
+#pragma unroll
+                    for (int w = 1; w < GEMV_WARPS; w++) v += rp[w * 128 + rr * 8 + bb];
+                    p.y[(size_t)bb * n + row] = __float2bfloat16(v * p.x_scales[bb] * p.w_scales[row]);
+                }
+            }
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[0][e] = acc[1][e] = 0.f;
+        }
+    }
+#else
+    __trap(); // bulk copies need sm_90; the backend runs these kernels only there
+#endif
+}
+
+// gemv_fp8_bulk_j{J}_s{S}: J k-steps a stage, S stages a warp (lib.rs FP8_BULK_KERNELS, which
+// sizes the launch's dynamic shared memory; the kernel traps on less).
+#define FP8_BULK(name, j, s)                                                                   \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 1) name(GemvFp8Params p) {          \
+        gemv_fp8_bulk_impl<j, s>(p); /* pdl_wait() after the first copies (PDL_KERNELS) */          \
+    }
+FP8_BULK(gemv_fp8_bulk_j4_s5, 4, 5)
+FP8_BULK(gemv_fp8_bulk_j2_s8, 2, 8)
+FP8_BULK(gemv_fp8_bulk_j8_s2, 8, 2)
+FP8_BULK(gemv_fp8_bulk_j4_s2, 4, 2)
+
 // y[b, n] = bf16(y[b, n] * xs[b] * ws[n]) in place: the scales of a product cuBLASLt ran on raw
 // E4M3 codes (Hopper's cuBLASLt scales FP8 operands by one value each, not per row). Takes
 // GemvFp8Params; its x and w are unused. Two bf16 elements a thread per step when n is even.

@@ -550,16 +550,9 @@ fn linear_alone(g: &Gpu) -> Res<Value> {
                 println!("{line}, activation quantization {q_ms:.4} ms");
                 out.insert(format!("{name}_m{m}_fp8"), Value::Object(entry));
             }
-            let mut bulk = String::new();
-            if g.capability >= (9, 0) && k.is_multiple_of(32) && yt == DType::Bf16 {
-                for &(tail, _, _) in kernels::BULK_GEMVS {
-                    let ms = time(&|l| Ok(ops::gemv_bulk(g, l, tail)?))?;
-                    bulk += &format!(", {tail} {ms:.4} ms ({:.0} GB/s)", gb / ms);
-                }
-            }
             println!(
                 "linear {name} m{m}: gemv r16 {r16:.4} ms ({:.0} GB/s), r32 {r32:.4} ms ({:.0} GB/s), \
-                 cublas {gemm:.4} ms ({:.0} GB/s){bulk}",
+                 cublas {gemm:.4} ms ({:.0} GB/s)",
                 gb / r16,
                 gb / r32,
                 gb / gemm

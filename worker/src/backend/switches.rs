@@ -9,7 +9,7 @@
 use std::fmt;
 
 /// The environment variables [`KernelSwitches::from_env`] reads, with what each accepts.
-pub const KERNEL_SWITCH_VARS: [(&str, &str); 13] = [
+pub const KERNEL_SWITCH_VARS: [(&str, &str); 12] = [
     ("RINGSERVE_CUDA_PREFILL", "mma or wgmma"),
     ("RINGSERVE_CUDA_DECODE_MMA", "0 or 1"),
     ("RINGSERVE_CUDA_DECODE_SHARE", "0 or 1"),
@@ -24,10 +24,6 @@ pub const KERNEL_SWITCH_VARS: [(&str, &str); 13] = [
     (
         "RINGSERVE_CUDA_FP8_GEMV",
         "auto, r16 or a tile kernel's name (t16_d2x_b4, ...)",
-    ),
-    (
-        "RINGSERVE_CUDA_GEMV_BULK",
-        "0 or a bulk GEMV's name (bulk_j4_s5, ...)",
     ),
 ];
 
@@ -99,10 +95,6 @@ pub const FP8_TILE_KERNELS: [&str; 11] = [
     "bulk_j8_s2",
     "bulk_j4_s2",
 ];
-/// The bulk-copy GEMVs' names less `gemv_{fp8,bf16}_`: `kernels::BULK_GEMVS`'s (the CUDA
-/// backend's tests check the two lists agree; this one exists in every build).
-pub const BULK_GEMV_NAMES: [&str; 4] = ["bulk_j4_s5", "bulk_j2_s8", "bulk_j8_s2", "bulk_j4_s2"];
-
 /// The tile kernel [`Fp8GemvChoice::Auto`] runs on products of at most [`FP8_TILE_SMALL_MAX`]
 /// weights (2 k-steps in flight, 4 blocks an SM): on the H200 (run 41) the fastest at q/k/v and o
 /// of the 8B shape (9.6 and 7.9 µs at one row against 11.0 and 8.5 for `gemv_fp8_r16`).
@@ -200,10 +192,6 @@ pub struct KernelSwitches {
     pub int4_mma: bool,
     /// Small-batch FP8 products.
     pub fp8_gemv: Fp8GemvChoice,
-    /// The bulk-copy GEMV (`gemv_bf16_<name>`, one of [`BULK_GEMV_NAMES`]) that runs the
-    /// bf16 products the GEMV takes on sm_90+ (those whose `k` is a multiple of 32 and whose
-    /// q/k/v is not fused with RoPE); `None`: `gemv_bf16_r16/_r32`.
-    pub gemv_bulk: Option<&'static str>,
 }
 
 impl Default for KernelSwitches {
@@ -221,7 +209,6 @@ impl Default for KernelSwitches {
             gguf_int4: true,
             int4_mma: true,
             fp8_gemv: Fp8GemvChoice::default(),
-            gemv_bulk: None,
         }
     }
 }
@@ -290,17 +277,6 @@ impl KernelSwitches {
                 "RINGSERVE_CUDA_FP8_GEMV" => {
                     s.fp8_gemv = Fp8GemvChoice::parse(value.trim()).ok_or_else(bad)?
                 }
-                "RINGSERVE_CUDA_GEMV_BULK" => {
-                    s.gemv_bulk = match value.trim() {
-                        "0" => None,
-                        name => Some(
-                            *BULK_GEMV_NAMES
-                                .iter()
-                                .find(|b| **b == name)
-                                .ok_or_else(bad)?,
-                        ),
-                    }
-                }
                 _ => s.gemm_tune = flag()?,
             }
         }
@@ -318,8 +294,7 @@ impl fmt::Display for KernelSwitches {
         write!(
             f,
             "prefill={:?} decode_mma={} decode_share={} pdl={:?} gemv={gemv} fuse_rope={} \
-             l2_prefetch={} gemm_tune={} int4_tiles={} gguf_int4={} int4_mma={} fp8_gemv={} \
-             gemv_bulk={}",
+             l2_prefetch={} gemm_tune={} int4_tiles={} gguf_int4={} int4_mma={} fp8_gemv={}",
             self.prefill,
             self.decode_mma,
             self.decode_share,
@@ -330,8 +305,7 @@ impl fmt::Display for KernelSwitches {
             self.int4_tiles,
             self.gguf_int4,
             self.int4_mma,
-            self.fp8_gemv.name(),
-            self.gemv_bulk.unwrap_or("off")
+            self.fp8_gemv.name()
         )
     }
 }

@@ -142,8 +142,6 @@ pub struct CudaBackend {
     batch_invariant: bool,
     /// Which products take the GEMV kernel.
     gemv: GemvChoice,
-    /// The bulk GEMV the bf16 GEMV products take (sm_90+ only; see `KernelSwitches::gemv_bulk`).
-    gemv_bulk: Option<&'static str>,
     /// Tuned cuBLASLt products (bf16, unless [`KernelSwitches::gemm_tune`] is off or in
     /// batch-invariant mode).
     lt: Option<LtGemm>,
@@ -455,7 +453,6 @@ impl CudaBackend {
             enforce_eager,
             batch_invariant: opts.batch_invariant,
             gemv: opts.kernels.gemv,
-            gemv_bulk: opts.kernels.gemv_bulk.filter(|_| capability >= (9, 0)),
             lt,
             fp8_gemm,
             quant_bufs,
@@ -702,16 +699,7 @@ impl CudaBackend {
         if self.batch_invariant {
             ops::linear_chunked(&self.gpu, l, INVARIANT_CHUNK)
         } else if self.uses_gemv(l) {
-            match self.gemv_bulk {
-                Some(tail)
-                    if l.k.is_multiple_of(32)
-                        && l.w.dtype() == DType::Bf16
-                        && l.y.dtype() == DType::Bf16 =>
-                {
-                    ops::gemv_bulk(&self.gpu, l, tail)
-                }
-                _ => ops::gemv(&self.gpu, l),
-            }
+            ops::gemv(&self.gpu, l)
         } else if let Some(lt) = &self.lt
             && lt.run(&self.gpu, l)?
         {

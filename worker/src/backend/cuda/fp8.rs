@@ -13,7 +13,7 @@ use kernels::params::{Fp8QuantParams, GemvFp8Params};
 
 use super::device::{Buf, DType, Gpu};
 use super::lt::LT_WORKSPACE_BYTES;
-use super::ops::{cfg, dim, int, tile_grid};
+use super::ops::{cfg, dim, int};
 use crate::backend::BackendError;
 use crate::backend::switches::Fp8GemvChoice;
 use crate::config::ModelConfig;
@@ -262,10 +262,16 @@ pub fn gemv_fp8_tiles(
     if l.m == 0 || l.n == 0 {
         return Ok(());
     }
-    let smem = if kernel.starts_with("bulk") {
-        super::ops::bulk_smem(gpu, kernel)?
-    } else {
-        0
+    // The bulk kernels' rings are dynamic shared memory, and need sm_90.
+    let smem = match kernels::FP8_BULK_KERNELS.iter().find(|b| b.0 == kernel) {
+        Some(&(_, j, s)) if gpu.capability >= (9, 0) => kernels::fp8_bulk_smem_bytes(j, s),
+        Some(_) => {
+            return Err(BackendError::Device(format!(
+                "gemv_fp8 {kernel}: bulk copies need compute capability 9.0; GPU is {}.{}",
+                gpu.capability.0, gpu.capability.1
+            )));
+        }
+        None => 0,
     };
     let f = gpu.func(&format!("gemv_fp8_{kernel}"))?;
     let grid = (tile_grid(gpu, f, l.n.div_ceil(16), smem)?, 1, 1);
@@ -289,6 +295,21 @@ pub fn gemv_fp8_tiles(
     unsafe { b.launch(cfg(grid, kernels::GEMV_THREADS, smem)) }
         .map(|_| ())
         .map_err(BackendError::from)
+}
+
+/// The grid of a tile kernel over `tiles` tiles with `smem` bytes of dynamic shared memory a
+/// block: the blocks of `f` that fit at once (each loops over its tiles), at least one an SM.
+fn tile_grid(
+    gpu: &Gpu,
+    f: &cudarc::driver::CudaFunction,
+    tiles: usize,
+    smem: usize,
+) -> Result<u32, BackendError> {
+    let per_sm = f
+        .occupancy_max_active_blocks_per_multiprocessor(kernels::GEMV_THREADS, smem, None)
+        .map_err(BackendError::from)?
+        .max(1) as usize;
+    dim(tiles.min(per_sm * gpu.sms), "n")
 }
 
 /// Runs `l` with the FP8 GEMV kernel, `rows_per_block` (one of [`GEMV_FP8_ROWS`]) weight rows a

@@ -769,86 +769,6 @@ impl Linear<'_> {
     }
 }
 
-/// The grid of a tile kernel over `tiles` tiles with `smem` bytes of dynamic shared memory a
-/// block: the blocks of `f` that fit at once (each loops over its tiles), at least one an SM.
-pub(super) fn tile_grid(
-    gpu: &Gpu,
-    f: &cudarc::driver::CudaFunction,
-    tiles: usize,
-    smem: usize,
-) -> Result<u32, BackendError> {
-    let per_sm = f
-        .occupancy_max_active_blocks_per_multiprocessor(kernels::GEMV_THREADS, smem, None)
-        .map_err(BackendError::from)?
-        .max(1) as usize;
-    dim(tiles.min(per_sm * gpu.sms), "n")
-}
-
-/// The dynamic shared memory of the bulk GEMV `tail` (an entry of [`kernels::BULK_GEMVS`]), which
-/// needs sm_90.
-pub fn bulk_smem(gpu: &Gpu, tail: &str) -> Result<usize, BackendError> {
-    let Some(&(_, j, s)) = kernels::BULK_GEMVS.iter().find(|b| b.0 == tail) else {
-        return Err(BackendError::InvalidBatch(format!(
-            "no bulk GEMV named {tail}"
-        )));
-    };
-    if gpu.capability < (9, 0) {
-        return Err(BackendError::Device(format!(
-            "{tail}: bulk copies need compute capability 9.0; the GPU is {}.{}",
-            gpu.capability.0, gpu.capability.1
-        )));
-    }
-    Ok(kernels::bulk_smem_bytes(j, s))
-}
-
-/// Runs the bf16 product `l` (at most [`kernels::GEMV_MAX_BATCH`] rows, bf16 out, `k` a multiple
-/// of 32) with the bulk GEMV `tail` (`gemv_bf16_<tail>`, an entry of [`kernels::BULK_GEMVS`],
-/// sm_90+). Every bulk kernel gives the same bits; they differ from [`gemv`]'s (another split of
-/// k between warps).
-pub fn gemv_bulk(gpu: &Gpu, l: &Linear<'_>, tail: &str) -> Result<(), BackendError> {
-    let dt = l.check()?;
-    if dt != DType::Bf16
-        || l.y.dtype() != DType::Bf16
-        || !l.gemv_ok()
-        || !l.k.is_multiple_of(32)
-        || l.n * l.k * 2 >= 1 << 32
-    {
-        return Err(BackendError::InvalidBatch(format!(
-            "gemv_bf16_{tail}: shape, type or alignment unsupported ({} x {} by {})",
-            l.m, l.n, l.k
-        )));
-    }
-    let smem = bulk_smem(gpu, tail)?;
-    if l.m == 0 || l.n == 0 {
-        return Ok(());
-    }
-    let f = gpu.func(&format!("gemv_bf16_{tail}"))?;
-    let grid = (tile_grid(gpu, f, l.n.div_ceil(16), smem)?, 1, 1);
-    let p = GemvParams {
-        x: l.x.ptr(),
-        w: l.w.ptr(),
-        y: l.y.ptr(),
-        b: int(l.m, "m")?,
-        n: int(l.n, "n")?,
-        k: int(l.k, "k")?,
-        pad: 0,
-    };
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(&p);
-    // SAFETY: l.check() gave w >= n*k, x >= m*k and y >= m*n bf16; gemv_ok gave 1 <= m <= 8 (m > 0
-    // above) and 16-byte-aligned x and w, k a multiple of 32 makes every row's 64-byte steps
-    // whole and 16-byte aligned. Block i takes the 16-row tiles i, i + grid, ... < ceil(n / 16);
-    // its lanes 0-15 copy whole 64-byte steps of rows min(row, n - 1) < n into their own warp's
-    // ring (the launch gives the kernel the dynamic shared memory its J and S need, its attribute
-    // raised to that at start-up; the kernel traps on less; sm_90, checked by bulk_smem), lanes
-    // read x row min(g, m - 1) < m at byte offsets below 2k, and y[bb, r] is written only for
-    // bb < m, r < n. Every thread reaches each tile's barrier (the same tile loop for the whole
-    // block); every mma runs on all 32 lanes (the step test is warp-uniform).
-    unsafe { b.launch(cfg(grid, kernels::GEMV_THREADS, smem)) }
-        .map(|_| ())
-        .map_err(BackendError::from)
-}
-
 /// Weight matrices with at least this many rows take the bf16 GEMV kernel with 32 rows per block
 /// (half the activation reads per weight byte, 4 × 132 SMs' worth of blocks from 16384 rows);
 /// smaller ones take 16 rows per block, so a 4096-row matrix still spreads over 256 blocks. The
@@ -1086,16 +1006,6 @@ pub fn mask_logits(
 #[cfg(test)]
 mod tests {
     use super::has_l2_prefetch;
-    use crate::backend::switches::{BULK_GEMV_NAMES, FP8_TILE_KERNELS};
-
-    #[test]
-    fn the_switches_name_every_bulk_gemv() {
-        let names: Vec<&str> = kernels::BULK_GEMVS.iter().map(|b| b.0).collect();
-        assert_eq!(names, BULK_GEMV_NAMES);
-        for name in names {
-            assert!(FP8_TILE_KERNELS.contains(&name), "{name}");
-        }
-    }
 
     #[test]
     fn bulk_l2_prefetch_from_sm_90() {
