@@ -84,10 +84,6 @@ pub const PDL_KERNELS: &[&str] = &[
     "gemv_fp8_t16_d6x_b2",
     "gemv_fp8_t16_d8x",
     "gemv_fp8_t16_d4",
-    "gemv_fp8_bulk_j4_s5",
-    "gemv_fp8_bulk_j2_s8",
-    "gemv_fp8_bulk_j8_s2",
-    "gemv_fp8_bulk_j4_s2",
     "scale_fp8_out_bf16",
 ];
 
@@ -148,10 +144,6 @@ pub const KERNELS: &[&str] = &[
     "gemv_fp8_t16_d6x_b2",
     "gemv_fp8_t16_d8x",
     "gemv_fp8_t16_d4",
-    "gemv_fp8_bulk_j4_s5",
-    "gemv_fp8_bulk_j2_s8",
-    "gemv_fp8_bulk_j8_s2",
-    "gemv_fp8_bulk_j4_s2",
     "scale_fp8_out_bf16",
     "gemv_int4_r16",
     "gemv_int4_r32",
@@ -291,28 +283,6 @@ pub const GEMV_THREADS: u32 = 256;
 /// Weight rows per block of the bf16 GEMV kernels `gemv_bf16*_r<R>`; `gemv_f32` takes 8 (one per
 /// warp).
 pub const GEMV_BF16_ROWS: &[usize] = &[16, 32];
-/// The FP8 bulk-copy tile GEMVs (`gemv_fp8_bulk_j<J>_s<S>` in `fp8.cu`, sm_90+): their names
-/// less `gemv_fp8_`, with J (64-wide k-steps a stage) and S (stages in a warp's ring).
-pub const FP8_BULK_KERNELS: &[(&str, usize, usize)] = &[
-    ("bulk_j4_s5", 4, 5),
-    ("bulk_j2_s8", 2, 8),
-    ("bulk_j8_s2", 8, 2),
-    ("bulk_j4_s2", 4, 2),
-];
-
-/// Bytes between two weight rows of a bulk GEMV stage (`FP8_BULK_ROW_BYTES`): J * 64 rounded up
-/// to 64 mod 128, so that a 16-byte load phase of 8 lanes over two rows is free of bank
-/// conflicts.
-pub const fn fp8_bulk_row_bytes(j: usize) -> usize {
-    j * 64 + if j.is_multiple_of(2) { 64 } else { 0 }
-}
-
-/// Dynamic shared memory (bytes) of a bulk GEMV block (`FP8_BULK_SMEM_BYTES`, which the kernel
-/// checks it was given): every warp's ring of `s` stages of 16 rows.
-pub const fn fp8_bulk_smem_bytes(j: usize, s: usize) -> usize {
-    (GEMV_THREADS as usize / 32) * s * 16 * fp8_bulk_row_bytes(j)
-}
-
 /// Threads per block of `quant_fp8_rows_bf16` (one block per row).
 pub const FP8_QUANT_THREADS: u32 = 256;
 /// Threads per block of `silu_mul_quant_fp8_bf16_wide` (one block per row, for products of few
@@ -690,23 +660,6 @@ fn c_chars_to_string(chars: &[c_char]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn bulk_gemvs_are_listed_and_fit_an_sm() {
-        for &(name, j, s) in FP8_BULK_KERNELS {
-            let kernel = format!("gemv_fp8_{name}");
-            assert_eq!(name, format!("bulk_j{j}_s{s}"));
-            assert!(KERNELS.contains(&kernel.as_str()), "{kernel}");
-            assert!(PDL_KERNELS.contains(&kernel.as_str()), "{kernel}");
-            assert_eq!(fp8_bulk_row_bytes(j) % 128, 64, "{kernel}");
-            // The ring, the static partial sums (2 x 8 warps x 128 f32) and the barriers within
-            // the H200's 227 KiB a block.
-            assert!(
-                fp8_bulk_smem_bytes(j, s) + 8192 + 64 * s <= 232_448,
-                "{kernel}"
-            );
-        }
-    }
 
     #[test]
     fn pdl_kernels_are_kernels() {

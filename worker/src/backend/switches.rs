@@ -80,9 +80,8 @@ pub enum PdlChoice {
 }
 
 /// The FP8 tile GEMV kernels (`gemv_fp8_<name>` in `fp8.cu`): [`FP8_TILE_SMALL`] and
-/// [`FP8_TILE_LARGE`] first, then the variants `cuda_bench gemv` times beside them, the bulk-copy
-/// ones (`kernels::FP8_BULK_KERNELS`, sm_90+) last.
-pub const FP8_TILE_KERNELS: [&str; 11] = [
+/// [`FP8_TILE_LARGE`] first, then the variants `cuda_bench gemv` times beside them.
+pub const FP8_TILE_KERNELS: [&str; 7] = [
     FP8_TILE_SMALL,
     FP8_TILE_LARGE,
     "t16_d3x",
@@ -90,10 +89,6 @@ pub const FP8_TILE_KERNELS: [&str; 11] = [
     "t16_d6x_b2",
     "t16_d8x",
     "t16_d4",
-    "bulk_j4_s5",
-    "bulk_j2_s8",
-    "bulk_j8_s2",
-    "bulk_j4_s2",
 ];
 /// The tile kernel [`Fp8GemvChoice::Auto`] runs on products of at most [`FP8_TILE_SMALL_MAX`]
 /// weights (2 k-steps in flight, 4 blocks an SM): on the H200 (run 41) the fastest at q/k/v and o

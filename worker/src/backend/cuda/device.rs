@@ -333,21 +333,6 @@ impl Gpu {
                 100,
             )?;
         }
-        // The FP8 bulk GEMVs' weight rings: up to 200 KiB, one block per SM (bulk copies and
-        // that much shared memory exist from sm_90 on, where alone they run).
-        if (major, minor) >= (9, 0) {
-            for &(name, j, s) in kernels::FP8_BULK_KERNELS {
-                let f = &funcs[format!("gemv_fp8_{name}").as_str()];
-                f.set_attribute(
-                    Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    kernels::fp8_bulk_smem_bytes(j, s) as i32,
-                )?;
-                f.set_attribute(
-                    Attr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                    100,
-                )?;
-            }
-        }
         let blas = CudaBlas::new(stream.clone())?;
         Ok(Self {
             ctx,

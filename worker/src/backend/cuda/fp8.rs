@@ -262,19 +262,8 @@ pub fn gemv_fp8_tiles(
     if l.m == 0 || l.n == 0 {
         return Ok(());
     }
-    // The bulk kernels' rings are dynamic shared memory, and need sm_90.
-    let smem = match kernels::FP8_BULK_KERNELS.iter().find(|b| b.0 == kernel) {
-        Some(&(_, j, s)) if gpu.capability >= (9, 0) => kernels::fp8_bulk_smem_bytes(j, s),
-        Some(_) => {
-            return Err(BackendError::Device(format!(
-                "gemv_fp8 {kernel}: bulk copies need compute capability 9.0; GPU is {}.{}",
-                gpu.capability.0, gpu.capability.1
-            )));
-        }
-        None => 0,
-    };
     let f = gpu.func(&format!("gemv_fp8_{kernel}"))?;
-    let grid = (tile_grid(gpu, f, l.n.div_ceil(16), smem)?, 1, 1);
+    let grid = (tile_grid(gpu, f, l.n.div_ceil(16))?, 1, 1);
     let p = l.params()?;
     let mut b = gpu.stream.launch_builder(f);
     b.arg(&p);
@@ -287,26 +276,22 @@ pub fn gemv_fp8_tiles(
     // steps are predicated off), and writes y[bb, r] and reads x_scales[bb], w_scales[r] only for
     // bb < m, r < n. The device is sm_89 or later (checked), where the kernel's mma exists; every
     // mma runs on all 32 lanes (the item test is warp-uniform) and every thread reaches each
-    // tile's barrier (the tile loop is the same for the whole block); static shared memory is
-    // sized for GEMV_THREADS (256) threads. A bulk kernel (sm_90, checked) gets the dynamic
-    // shared memory its J and S need (its attribute raised to that at start-up; the kernel traps
-    // on less) and copies only whole 16-byte runs of rows < n at 16-byte aligned offsets
-    // 64*s < k, into its own warp's ring.
-    unsafe { b.launch(cfg(grid, kernels::GEMV_THREADS, smem)) }
+    // tile's barrier (the tile loop is the same for the whole block); shared memory is static and
+    // sized for GEMV_THREADS (256) threads.
+    unsafe { b.launch(cfg(grid, kernels::GEMV_THREADS, 0)) }
         .map(|_| ())
         .map_err(BackendError::from)
 }
 
-/// The grid of a tile kernel over `tiles` tiles with `smem` bytes of dynamic shared memory a
-/// block: the blocks of `f` that fit at once (each loops over its tiles), at least one an SM.
+/// The grid of a tile kernel over `tiles` tiles: the blocks of `f` that fit at once (each loops
+/// over its tiles), at least one an SM.
 fn tile_grid(
     gpu: &Gpu,
     f: &cudarc::driver::CudaFunction,
     tiles: usize,
-    smem: usize,
 ) -> Result<u32, BackendError> {
     let per_sm = f
-        .occupancy_max_active_blocks_per_multiprocessor(kernels::GEMV_THREADS, smem, None)
+        .occupancy_max_active_blocks_per_multiprocessor(kernels::GEMV_THREADS, 0, None)
         .map_err(BackendError::from)?
         .max(1) as usize;
     dim(tiles.min(per_sm * gpu.sms), "n")
