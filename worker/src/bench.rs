@@ -189,6 +189,8 @@ fn run_point(
     next_id: &mut u64,
 ) -> Result<BenchRow, BenchError> {
     let vocab = engine.vocab_size() as u64;
+    // Marks where a point's steps begin in a debug log (scripts/step_log_summary.py --points).
+    tracing::debug!(batch, prompt_len, output_len, "bench point");
     let began = Instant::now();
     for _ in 0..batch {
         let prompt = (0..prompt_len as u64)
