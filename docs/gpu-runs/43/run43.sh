@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run 43: the FP8 bulk-copy tile GEMV (gemv_fp8_bulk_j<J>_s<S>: weights brought into per-warp
 # shared-memory rings by cp.async.bulk, sm_90+).
-#   a (carry .gpu43/bins.tar.xz = cuda_bench and the cuda_kernels test, built with --features
+#   a (the build of commits c7d9501 + eeab94e, reverted after it; carry .gpu43/bins.tar.xz =
+#      cuda_bench and the cuda_kernels test of that build, built with --features
 #      cuda, stripped): the FP8 GEMV test (every tile kernel bit for bit, bulk ones included) and
 #      the bf16 bulk GEMV test; cuda_bench gemv (every GEMV alone at the 8B shapes, 1-8 rows); the
 #      random 8B model; cuda_bench decode at batch 1 x 512, fp8 with each tile kernel for every
