@@ -70,6 +70,11 @@ pub struct BenchRow {
     pub wall_time: Duration,
     /// Wall time of the same point with one output token (with [`BenchConfig::peer_decode`]).
     pub one_token_wall_time: Option<Duration>,
+    /// When every request of the point had its first token, and the decode tokens computed
+    /// before then (by requests whose prompt finished earlier, in steps that also carry prompt
+    /// chunks): `t(N) − t(1)` is this time less `t(1)`, plus the rest of the run.
+    pub all_first_time: Duration,
+    pub decode_tokens_before_all_first: usize,
 }
 
 impl BenchRow {
@@ -172,6 +177,21 @@ pub fn run_bench(
             };
             let mut row = run_point(engine, batch, prompt_len, config.output_len, &mut next_id)?;
             row.one_token_wall_time = one_token;
+            if let Some(t1) = one_token {
+                // Where t(N) − t(1) goes: the prompt phase's extra length (the decodes that ride
+                // in its steps, whatever else they cost), then the steps after the last request's
+                // first token.
+                let ms = |d: Duration| d.as_secs_f64() * 1e3;
+                tracing::info!(
+                    batch,
+                    prompt_len,
+                    t1_ms = ms(t1),
+                    all_first_ms = ms(row.all_first_time),
+                    decodes_before = row.decode_tokens_before_all_first,
+                    after_ms = ms(row.wall_time.saturating_sub(row.all_first_time)),
+                    "peer decode: t(N) - t(1) = (all_first - t1) + after"
+                );
+            }
             report(&row);
             rows.push(row);
         }
@@ -222,12 +242,22 @@ fn run_point(
         full_backend_time: Duration::ZERO,
         wall_time: Duration::ZERO,
         one_token_wall_time: None,
+        all_first_time: Duration::ZERO,
+        decode_tokens_before_all_first: 0,
     };
+    let mut started = std::collections::HashSet::new();
     while engine.has_unfinished() {
         let start = Instant::now();
-        engine.step()?;
+        let events = engine.step()?;
         let took = start.elapsed();
         let step = engine.last_step();
+        if started.len() < batch {
+            row.decode_tokens_before_all_first += step.decode_tokens;
+            started.extend(events.iter().map(|e| e.id));
+            if started.len() == batch {
+                row.all_first_time = began.elapsed();
+            }
+        }
         // The line `ringserve generate` logs (scripts/step_log_summary.py reads both).
         tracing::debug!(
             prefill_tokens = step.prefill_tokens,
@@ -310,8 +340,35 @@ mod tests {
             assert_eq!(r.decode_steps, r.output_len - 1);
             // Small prompts prefill in one step: every decode step has the whole batch.
             assert_eq!(r.full_steps, r.decode_steps);
+            // ... and every request has its first token after that step, before any decode.
+            assert_eq!(r.decode_tokens_before_all_first, 0);
+            assert!(r.all_first_time > Duration::ZERO && r.all_first_time < r.wall_time);
         }
         assert!(markdown_row(&rows[0]).starts_with("| 1 | 5 | 4 |"));
+    }
+
+    #[test]
+    fn decodes_in_prompt_steps_are_counted_before_every_first_token() {
+        // 3 prompts of 9 tokens through 10-token steps: the first request finishes its prompt
+        // in the first step and decodes while the others' chunks run.
+        let (backend, model) = ToyBackend::with_config(50, 4, 200);
+        let config = EngineConfig {
+            max_num_batched_tokens: 10,
+            ..EngineConfig::default()
+        };
+        let mut engine = Engine::new(Box::new(backend), &model, config).expect("engine");
+        let config = BenchConfig {
+            batch_sizes: vec![3],
+            prompt_lens: vec![9],
+            output_len: 6,
+            warmup: false,
+            peer_decode: false,
+        };
+        let rows = run_bench(&mut engine, &config, |_| {}).expect("bench");
+        let r = &rows[0];
+        assert!(r.decode_tokens_before_all_first > 0, "{r:?}");
+        assert!(r.decode_tokens_before_all_first < 3 * 5);
+        assert!(r.all_first_time > Duration::ZERO && r.all_first_time < r.wall_time);
     }
 
     #[test]

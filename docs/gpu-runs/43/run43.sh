@@ -7,7 +7,8 @@
 #      the bf16 bulk GEMV test; cuda_bench gemv (every GEMV alone at the 8B shapes, 1-8 rows); the
 #      random 8B model; cuda_bench decode at batch 1 x 512, fp8 with each tile kernel for every
 #      product and bf16 with the bulk GEMVs on every product but the LM head, alternating
-#   b (carry .gpu43/bins.tar.xz = ringserve with bench engine's "bench point" debug line):
+#   b (carry .gpu43/bins.tar.xz = ringserve with bench engine's "bench point" debug line and its
+#      "peer decode: t(N) - t(1) = ..." line; build it from the commit that added the latter):
 #      bench engine --peer-decode at 32 and 64 x 3,900 with every step logged, summarised point by
 #      point (scripts/step_log_summary.py --points): where t(65) - t(1) goes
 set -uo pipefail
@@ -45,7 +46,7 @@ b)
   for b in 32 64; do
     RUST_LOG=worker=debug timeout 250 $B/ringserve bench engine --model $M --device cuda --max-model-len 4096 \
       --output-len 65 --peer-decode --batch-sizes $b --prompt-lens 3900 > $OUT/b_bench_$b.txt 2> $OUT/b_steps_$b.log
-    echo "bench $b rc=$?"; grep -E "^\| [0-9]" $OUT/b_bench_$b.txt
+    echo "bench $b rc=$?"; grep -E "^\| [0-9]" $OUT/b_bench_$b.txt; grep "peer decode:" $OUT/b_steps_$b.log
     python3 scripts/step_log_summary.py --points $OUT/b_steps_$b.log | tee $OUT/b_summary_$b.txt
     grep -E "step_ms=|bench point" $OUT/b_steps_$b.log | sed -E 's/.*(bench point|prefill_tokens)/\1/' > $OUT/b_seq_$b.txt
     rm $OUT/b_steps_$b.log
