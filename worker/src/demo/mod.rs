@@ -212,11 +212,12 @@ pub fn cached_demo_model_dir_in(root: &Path) -> Result<PathBuf, DemoError> {
         return Ok(target);
     }
     std::fs::create_dir_all(root).map_err(io_err(root))?;
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
+    // Private to this call: the process id separates processes, the counter separates the
+    // threads of one process (two of them may read the same clock value).
+    static NEXT_TMP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = NEXT_TMP.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp = root.join(format!(
-        ".demo-model-v{DEMO_VERSION}.tmp-{}-{nanos}",
+        ".demo-model-v{DEMO_VERSION}.tmp-{}-{seq}",
         std::process::id()
     ));
     let result = write_demo_model(&tmp).and_then(|()| {

@@ -130,7 +130,7 @@ fn demo_model_loads_runs_and_is_deterministic() {
 fn cached_dir_is_written_once_and_shared() {
     let root = tempfile::tempdir().unwrap();
     let dirs: Vec<PathBuf> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..3)
+        let handles: Vec<_> = (0..6)
             .map(|_| s.spawn(|| cached_demo_model_dir_in(root.path()).unwrap()))
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
