@@ -1310,6 +1310,124 @@ fn gemv_and_gemm_match_cpu() {
     }
 }
 
+/// The bf16 tile product (`gemm_bf16_tile_*`) against an f64 product, at every k split (a
+/// split of k = 528 into 8 leaves empty ranges), every activation block height (m 9 to 64, and
+/// 65 and 100 over two block rows), n and k that are not multiples of its tiles; and each row's
+/// bits do not depend on the rows beside it (the same split).
+#[test]
+#[ignore = "requires a CUDA device"]
+fn tile_gemm_matches_cpu() {
+    use worker::backend::cuda::tile;
+    let g = gpu();
+    if g.capability.0 < 9 {
+        eprintln!("SKIP: the tile product needs compute capability 9.0+");
+        return;
+    }
+    let mut r = Rng(44);
+    for (m, n, k) in [
+        (9, 300, 528),
+        (16, 1000, 4096),
+        (17, 129, 1040),
+        (32, 2048, 4096),
+        (33, 200, 14336),
+        (64, 4096, 1024),
+        (65, 130, 2048),
+        (100, 257, 512),
+    ] {
+        let x = q(&r.vec(m * k), DType::Bf16);
+        let w = q(&r.vec(n * k), DType::Bf16);
+        let xb = g.upload_f32(&x, DType::Bf16).unwrap();
+        let wb = g.upload_f32(&w, DType::Bf16).unwrap();
+        let y = g.alloc(DType::Bf16, m * n).unwrap();
+        let l = Linear {
+            x: &xb,
+            w: &wb,
+            y: &y,
+            m,
+            n,
+            k,
+        };
+        if m > tile::TILE_MAX_ROWS {
+            assert!(!tile::tile_ok(&g, &l));
+            assert!(tile::gemm_tile(&g, &l, None).is_err(), "m {m} refused");
+            continue;
+        }
+        let mut want = vec![0f32; m * n];
+        let mut mag = vec![0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let (mut s, mut a) = (0f64, 0f64);
+                for t in 0..k {
+                    let p = x[i * k + t] as f64 * w[j * k + t] as f64;
+                    s += p;
+                    a += p.abs();
+                }
+                want[i * n + j] = s as f32;
+                mag[i * n + j] = a as f32;
+            }
+        }
+        for splits in kernels::GEMM_TILE_SPLITS {
+            tile::gemm_tile(&g, &l, Some(splits)).unwrap();
+            let got = g.download_f32(&y).unwrap();
+            for i in 0..m * n {
+                let tol = 1e-5 * mag[i] + 8e-3 * want[i].abs() + 1e-6;
+                assert!(
+                    (got[i] - want[i]).abs() <= tol,
+                    "tile s{splits} m{m} n{n} k{k} [{i}]: got {} want {} tol {tol}",
+                    got[i],
+                    want[i]
+                );
+            }
+            // The first and last rows alone: the bits they have in the batch.
+            for i in [0, m - 1] {
+                let x1 = g.upload_f32(&x[i * k..(i + 1) * k], DType::Bf16).unwrap();
+                let y1 = g.alloc(DType::Bf16, n).unwrap();
+                let l1 = Linear {
+                    x: &x1,
+                    w: &wb,
+                    y: &y1,
+                    m: 1,
+                    n,
+                    k,
+                };
+                tile::gemm_tile(&g, &l1, Some(splits)).unwrap();
+                let alone = g.download_f32(&y1).unwrap();
+                assert!(
+                    bits(&alone) == bits(&got[i * n..(i + 1) * n]),
+                    "tile s{splits} m{m} n{n} k{k}: row {i} alone differs"
+                );
+            }
+        }
+        eprintln!("tile m{m} n{n} k{k}: every split within tolerance");
+    }
+    // Refused by name: f32 weights, k not a multiple of 16.
+    let x = g.alloc(DType::F32, 16 * 64).unwrap();
+    let w = g.alloc(DType::F32, 64 * 64).unwrap();
+    let y = g.alloc(DType::F32, 16 * 64).unwrap();
+    let l = Linear {
+        x: &x,
+        w: &w,
+        y: &y,
+        m: 16,
+        n: 64,
+        k: 64,
+    };
+    assert!(tile::gemm_tile(&g, &l, None).is_err());
+    let xb = g.alloc(DType::Bf16, 16 * 72).unwrap();
+    let wb = g.alloc(DType::Bf16, 64 * 72).unwrap();
+    let yb = g.alloc(DType::Bf16, 16 * 64).unwrap();
+    let l = Linear {
+        x: &xb,
+        w: &wb,
+        y: &yb,
+        m: 16,
+        n: 64,
+        k: 72,
+    };
+    let e = tile::gemm_tile(&g, &l, None).unwrap_err().to_string();
+    assert!(e.contains("gemm_tile"), "{e}");
+}
+
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }

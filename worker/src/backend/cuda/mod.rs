@@ -11,6 +11,7 @@ mod lt_cache;
 pub mod ops;
 pub mod staging;
 pub mod step;
+pub mod tile;
 mod tp;
 mod weights;
 mod workspace;
