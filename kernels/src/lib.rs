@@ -12,7 +12,8 @@
 //! or fused with RoPE and the KV write), `fp8.cu` (per-row E4M3 quantization and the FP8 small-batch
 //! product on sm_89+ tensor cores), `int4.cu` (the AWQ/GPTQ small-batch products and the
 //! tensor-core product of larger batches with weights dequantized in registers, whole-matrix
-//! dequantization, act-order column permutation), `sampling.cu` (greedy, temperature, top-k, top-p, min-p,
+//! dequantization, act-order column permutation), `gemm_tile.cu` (the bf16 tile product of 9–64
+//! rows, k split over a thread-block cluster), `sampling.cu` (greedy, temperature, top-k, top-p, min-p,
 //! seeded). The parameter structs the kernels take live in `params.cuh`, mirrored once in
 //! [`params`] and checked against it at compile time; the launch constants come from
 //! [`LAUNCH_CONSTANTS`] as `-D` options. All sources form one translation unit, compiled straight to a CUBIN for the device's
