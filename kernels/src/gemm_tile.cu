@@ -12,8 +12,8 @@
 // as a0 / a2 (row g) and a1 / a3 (row g + 8) and, as b0 / b1, x's elements 16 t + 4m .. +4 of
 // x row 8 nb + g: A and B map each logical k of the mma to the same physical k, so the product is
 // the matrix product with its k summed in another order. x goes through shared memory in a ring
-// of GT_STAGES steps (cp.async; 16-byte chunk c of x row r stored at chunk c ^ (r & 7), so that a
-// quarter-warp's 16-byte reads hit 32 banks).
+// of 3-4 steps (int4.cu's x_step_to_smem: 16-byte chunk c of x row r stored at chunk c ^ (r & 7),
+// so that a quarter-warp's 16-byte reads hit 32 banks).
 //
 // Rows past n read row n - 1 and x rows past b read row b - 1: their products land only in outputs
 // never stored. k is a multiple of 16 (the host checks): a lane's 16 elements of a step are all
@@ -88,7 +88,6 @@ template <int B, int S> __device__ __forceinline__ void gemm_bf16_tile_impl(cons
     constexpr int NB = B / 8;          // 8-column B tiles
     constexpr int STAGES = B == 64 ? 3 : 4;
     constexpr int THREADS = 32 * GEMM_TILE_WARPS;
-    static_assert(B * 8 % THREADS == 0, "gemm_tile: whole x chunks a thread");
     static_assert(S == 1 || GT_ROWS % S == 0, "gemm_tile: rows split evenly over the cluster");
     constexpr int XS_WORDS = STAGES * B * 8;             // uint4
     constexpr int RED_WORDS = S > 1 ? GT_ROWS * B / 4 : 0; // uint4 of floats
@@ -111,16 +110,7 @@ template <int B, int S> __device__ __forceinline__ void gemm_bf16_tile_impl(cons
     for (int q = 0; q < Q; q++) wr[q] = p.w + (size_t)min(row0 + g + 8 * q, n - 1) * k + 16 * t;
 
     auto load_x = [&](int j, int slot) {
-        const int s = s_begin + j;
-        const bool in = j < steps;
-#pragma unroll
-        for (int i = 0; i < B * 8 / THREADS; i++) {
-            const int idx = threadIdx.x + i * THREADS, r = idx >> 3, c = idx & 7;
-            const int col = 64 * s + 8 * c;
-            const bool valid = in && col < k;
-            const bf16* src = p.x + (size_t)min(b0 + r, b - 1) * k + (valid ? col : 0);
-            cp_async16(&xs[slot][r * 8 + (c ^ (r & 7))], (const uint4*)src, valid);
-        }
+        x_step_to_smem<B, THREADS>(xs[slot], p.x, b, k, b0, s_begin + j, j < steps);
     };
     auto load_w = [&](int j, uint4 (&wv)[Q][2]) {
         const int s = s_begin + j;

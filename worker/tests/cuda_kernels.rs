@@ -1192,6 +1192,30 @@ fn shared_decode_splits_equal_unshared_bit_for_bit() {
     }
 }
 
+/// `y[m, n] = x[m, k] · w[n, k]ᵀ` in f64 (as f32), and each output's `Σ|x·w|` (its accumulation
+/// error scale).
+fn reference_product(
+    x: &[f32],
+    w: &[f32],
+    (m, n, k): (usize, usize, usize),
+) -> (Vec<f32>, Vec<f32>) {
+    let mut want = vec![0f32; m * n];
+    let mut mag = vec![0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let (mut s, mut a) = (0f64, 0f64);
+            for t in 0..k {
+                let p = x[i * k + t] as f64 * w[j * k + t] as f64;
+                s += p;
+                a += p.abs();
+            }
+            want[i * n + j] = s as f32;
+            mag[i * n + j] = a as f32;
+        }
+    }
+    (want, mag)
+}
+
 #[test]
 #[ignore = "requires a CUDA device"]
 fn gemv_and_gemm_match_cpu() {
@@ -1214,20 +1238,7 @@ fn gemv_and_gemm_match_cpu() {
             let w = q(&r.vec(n * k), dt);
             let xb = g.upload_f32(&x, dt).unwrap();
             let wb = g.upload_f32(&w, dt).unwrap();
-            let mut want = vec![0f32; m * n];
-            let mut mag = vec![0f32; m * n];
-            for i in 0..m {
-                for j in 0..n {
-                    let (mut s, mut a) = (0f64, 0f64);
-                    for t in 0..k {
-                        let p = x[i * k + t] as f64 * w[j * k + t] as f64;
-                        s += p;
-                        a += p.abs();
-                    }
-                    want[i * n + j] = s as f32;
-                    mag[i * n + j] = a as f32;
-                }
-            }
+            let (want, mag) = reference_product(&x, &w, (m, n, k));
             for out_f32 in [false, true] {
                 let yt = if out_f32 { DType::F32 } else { dt };
                 let y = g.alloc(yt, m * n).unwrap();
@@ -1352,20 +1363,7 @@ fn tile_gemm_matches_cpu() {
             assert!(tile::gemm_tile(&g, &l, None).is_err(), "m {m} refused");
             continue;
         }
-        let mut want = vec![0f32; m * n];
-        let mut mag = vec![0f32; m * n];
-        for i in 0..m {
-            for j in 0..n {
-                let (mut s, mut a) = (0f64, 0f64);
-                for t in 0..k {
-                    let p = x[i * k + t] as f64 * w[j * k + t] as f64;
-                    s += p;
-                    a += p.abs();
-                }
-                want[i * n + j] = s as f32;
-                mag[i * n + j] = a as f32;
-            }
-        }
+        let (want, mag) = reference_product(&x, &w, (m, n, k));
         for splits in kernels::GEMM_TILE_SPLITS {
             tile::gemm_tile(&g, &l, Some(splits)).unwrap();
             let got = g.download_f32(&y).unwrap();
@@ -1401,31 +1399,23 @@ fn tile_gemm_matches_cpu() {
         eprintln!("tile m{m} n{n} k{k}: every split within tolerance");
     }
     // Refused by name: f32 weights, k not a multiple of 16.
-    let x = g.alloc(DType::F32, 16 * 64).unwrap();
-    let w = g.alloc(DType::F32, 64 * 64).unwrap();
-    let y = g.alloc(DType::F32, 16 * 64).unwrap();
-    let l = Linear {
-        x: &x,
-        w: &w,
-        y: &y,
-        m: 16,
-        n: 64,
-        k: 64,
-    };
-    assert!(tile::gemm_tile(&g, &l, None).is_err());
-    let xb = g.alloc(DType::Bf16, 16 * 72).unwrap();
-    let wb = g.alloc(DType::Bf16, 64 * 72).unwrap();
-    let yb = g.alloc(DType::Bf16, 16 * 64).unwrap();
-    let l = Linear {
-        x: &xb,
-        w: &wb,
-        y: &yb,
-        m: 16,
-        n: 64,
-        k: 72,
-    };
-    let e = tile::gemm_tile(&g, &l, None).unwrap_err().to_string();
-    assert!(e.contains("gemm_tile"), "{e}");
+    for (dt, k) in [(DType::F32, 64), (DType::Bf16, 72)] {
+        let (x, w, y) = (
+            g.alloc(dt, 16 * k).unwrap(),
+            g.alloc(dt, 64 * k).unwrap(),
+            g.alloc(dt, 16 * 64).unwrap(),
+        );
+        let l = Linear {
+            x: &x,
+            w: &w,
+            y: &y,
+            m: 16,
+            n: 64,
+            k,
+        };
+        let e = tile::gemm_tile(&g, &l, None).unwrap_err().to_string();
+        assert!(e.contains("gemm_tile"), "{dt:?} k {k}: {e}");
+    }
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
