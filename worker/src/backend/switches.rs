@@ -188,10 +188,10 @@ pub struct KernelSwitches {
     pub int4_mma: bool,
     /// Small-batch FP8 products.
     pub fp8_gemv: Fp8GemvChoice,
-    /// bf16 products of more rows than the GEMV takes, up to `ops::TILE_MAX_ROWS` (64), run the
-    /// tile product (`gemm_bf16_tile_*`: weights streamed straight into the mma's A operand, k
-    /// split over a thread-block cluster where the output tiles alone are too few blocks; sm_90+)
-    /// instead of cuBLAS. Off by default: not yet measured against cuBLAS on the device.
+    /// bf16 products of 9 to 64 rows (`tile::TILE_MAX_ROWS`) run the tile product
+    /// (`gemm_bf16_tile_*`: weights streamed straight into the mma's A operand, k split over a
+    /// thread-block cluster where the output tiles alone are too few blocks; sm_90+) instead of
+    /// cuBLAS. Off by default: not yet measured against cuBLAS on the device.
     pub tile_gemm: bool,
 }
 

@@ -591,9 +591,12 @@ impl CudaBackend {
     }
 
     /// Whether `l` runs on the bf16 tile product ([`KernelSwitches::tile_gemm`]): more rows than
-    /// the GEMV takes here, at most [`tile::TILE_MAX_ROWS`].
+    /// [`GEMV_CROSSOVER_ROWS`], at most [`tile::TILE_MAX_ROWS`].
     fn uses_tile(&self, l: &Linear<'_>) -> bool {
-        self.tile_gemm && !self.batch_invariant && !self.uses_gemv(l) && tile::tile_ok(&self.gpu, l)
+        self.tile_gemm
+            && !self.batch_invariant
+            && l.m > GEMV_CROSSOVER_ROWS
+            && tile::tile_ok(&self.gpu, l)
     }
 
     /// Whether the q/k/v product `l` runs fused with RoPE and the KV write `a`.
