@@ -563,7 +563,13 @@ pub fn compile(opts: &CompileOptions) -> Result<Compiled, KernelError> {
         if let Some(dir) = path.parent()
             && std::fs::create_dir_all(dir).is_ok()
         {
-            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+            // Private to this thread: two threads of one process (ranks sharing a process) may
+            // compile at once, and must not write through one temporary file.
+            let tmp = path.with_extension(format!(
+                "tmp{}-{:?}",
+                std::process::id(),
+                std::thread::current().id()
+            ));
             if std::fs::write(&tmp, &cubin).is_ok() {
                 let _ = std::fs::rename(&tmp, path);
             }
