@@ -37,23 +37,34 @@ pub fn tile_batch(m: usize) -> usize {
         .unwrap_or(batches[batches.len() - 1])
 }
 
+/// Fraction of the GPU's block slots over whole waves that [`tile_splits`] takes as filled
+/// enough: fewer splits mean longer k ranges, whose two-step register ring fills and drains less
+/// often, and no cross-block sum.
+pub const TILE_FILL: f64 = 0.7;
+
 /// How many k ranges (cluster blocks, one of [`kernels::GEMM_TILE_SPLITS`]) an `m x n x k`
-/// product is split into on `sms` SMs: the fewest that give at least two blocks an SM, keeping at
-/// least 8 k-steps of 64 a range (the register ring runs two steps ahead).
+/// product is split into on `sms` SMs: the fewest whose blocks fill at least [`TILE_FILL`] of the
+/// block slots (two an SM) over whole waves, else the one that fills most, keeping at least 8
+/// k-steps of 64 a range (the register ring runs two steps ahead).
 pub fn tile_splits((m, n, k): (usize, usize, usize), sms: usize) -> usize {
     let blocks = n.div_ceil(kernels::GEMM_TILE_ROWS) * m.div_ceil(tile_batch(m));
     let steps = k.div_ceil(64);
-    let mut splits = 1;
+    let slots = (2 * sms).max(1);
+    let mut best = (1, 0.0);
     for s in kernels::GEMM_TILE_SPLITS {
-        if steps / s < 8 {
+        if s > 1 && steps / s < 8 {
             break;
         }
-        splits = s;
-        if blocks * s >= 2 * sms {
-            break;
+        let b = blocks * s;
+        let fill = b as f64 / (b.div_ceil(slots) * slots) as f64;
+        if fill >= TILE_FILL {
+            return s;
+        }
+        if fill > best.1 {
+            best = (s, fill);
         }
     }
-    splits
+    best.0
 }
 
 /// `y = x · wᵀ` on the tile product, k split [`tile_splits`] ways, or `splits` ways when given
@@ -130,12 +141,14 @@ mod tests {
         assert_eq!(tile_batch(17), 32);
         assert_eq!(tile_batch(64), 64);
         assert_eq!(tile_batch(65), 64);
-        // 8B shapes on 132 SMs, 32 rows: o (32 tiles) and down (32 tiles, k 14,336) split 8
-        // ways, q/k/v (48 tiles) 8, gate/up (224 tiles) 2.
+        // 8B shapes on 132 SMs (264 block slots), 32 rows: o and down (32 tiles) split 8 ways
+        // (256 blocks, 97 % of a wave); q/k/v (48 tiles) 4 (192 blocks, 73 %); gate/up (224
+        // tiles, 85 %) not at all.
         assert_eq!(tile_splits((32, 4096, 4096), 132), 8);
         assert_eq!(tile_splits((32, 4096, 14336), 132), 8);
-        assert_eq!(tile_splits((32, 6144, 4096), 132), 8);
-        assert_eq!(tile_splits((32, 28672, 4096), 132), 2);
+        assert_eq!(tile_splits((32, 6144, 4096), 132), 4);
+        assert_eq!(tile_splits((32, 28672, 4096), 132), 1);
+        assert_eq!(tile_splits((64, 28672, 4096), 132), 1);
         // Few k-steps: no split leaves a range under 8 steps.
         assert_eq!(tile_splits((32, 4096, 512), 132), 1);
         assert_eq!(tile_splits((32, 4096, 1024), 132), 2);
