@@ -874,8 +874,8 @@ const DESCENDING_MAX: usize = 2 * LINE;
 #[inline(always)]
 unsafe fn copy_descending(src: &[u8], dst: *mut u8) {
     let s = src.as_ptr();
-    // SAFETY: word i covers bytes 8i..8i + 8 < src.len() of both, in bounds by the caller's
-    // guarantee; unaligned accesses are allowed.
+    // SAFETY: word i covers bytes 8i .. 8i + 8 <= src.len() of `src` and of `dst`, which is valid
+    // for src.len() bytes by the caller's guarantee; unaligned accesses are allowed.
     unsafe {
         for i in (0..src.len() / 8).rev() {
             let w = s.add(8 * i).cast::<u64>().read_unaligned();
