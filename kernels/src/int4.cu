@@ -454,23 +454,6 @@ __device__ __forceinline__ Int4Group<false> i4m_group(I4mRaw r) {
     return g;
 }
 
-// The tensor-core products' activation ring (here and gemm_tile.cu): x rows [b0, b0 + R) (clamped
-// below b) of 64-wide k-step s into a ring slot of R rows of 8 16-byte chunks, chunk c of row r
-// stored at c ^ (r & 7), by cp.async from THREADS threads; chunks past k, or all of them when !in,
-// are zero-filled (reading nothing).
-template <int R, int THREADS>
-__device__ __forceinline__ void x_step_to_smem(uint4* slot, const bf16* x, int b, int k, int b0, int s, bool in) {
-    static_assert(R * 8 % THREADS == 0, "x ring: whole chunks a thread");
-#pragma unroll
-    for (int i = 0; i < R * 8 / THREADS; i++) {
-        const int idx = threadIdx.x + i * THREADS, r = idx >> 3, c = idx & 7;
-        const int col = 64 * s + 8 * c;
-        const bool valid = in && col < k;
-        const bf16* src = x + (size_t)min(b0 + r, b - 1) * k + (valid ? col : 0);
-        cp_async16(&slot[r * 8 + (c ^ (r & 7))], (const uint4*)src, valid);
-    }
-}
-
 template <int TA, int W> __device__ __forceinline__ void gemm_int4_mma_impl(const GemmInt4Params& prm) {
     constexpr int Q = 2 * TA;         // weight rows a lane holds
     constexpr int BATCH = INT4_MMA_BATCH, STAGES = INT4_MMA_STAGES;
@@ -498,7 +481,16 @@ template <int TA, int W> __device__ __forceinline__ void gemm_int4_mma_impl(cons
     }
     // x: the thread's chunks of a step, rows clamped below b.
     auto load_x = [&](int j, int slot) {
-        x_step_to_smem<BATCH, 32 * W>(xs[slot], p.x, b, k, b0, s_begin + j, j < steps);
+        const int s = s_begin + j;
+        const bool in = j < steps;
+#pragma unroll
+        for (int i = 0; i < BATCH * 8 / (32 * W); i++) {
+            const int idx = threadIdx.x + i * 32 * W, r = idx >> 3, c = idx & 7;
+            const int col = 64 * s + 8 * c;
+            const bool valid = in && col < k;
+            const bf16* src = p.x + (size_t)min(b0 + r, b - 1) * k + (valid ? col : 0);
+            cp_async16(&xs[slot][r * 8 + (c ^ (r & 7))], (const uint4*)src, valid);
+        }
     };
     // Weights of step j: words 2t, 2t + 1 of the lane's rows, and their group constants.
     auto load_w = [&](int j, uint2 (&wv)[Q], I4mRaw (&raw)[Q]) {

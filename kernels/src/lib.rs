@@ -12,8 +12,7 @@
 //! or fused with RoPE and the KV write), `fp8.cu` (per-row E4M3 quantization and the FP8 small-batch
 //! product on sm_89+ tensor cores), `int4.cu` (the AWQ/GPTQ small-batch products and the
 //! tensor-core product of larger batches with weights dequantized in registers, whole-matrix
-//! dequantization, act-order column permutation), `gemm_tile.cu` (the bf16 tile product of 9–64
-//! rows, k split over a thread-block cluster), `sampling.cu` (greedy, temperature, top-k, top-p, min-p,
+//! dequantization, act-order column permutation), `sampling.cu` (greedy, temperature, top-k, top-p, min-p,
 //! seeded). The parameter structs the kernels take live in `params.cuh`, mirrored once in
 //! [`params`] and checked against it at compile time; the launch constants come from
 //! [`LAUNCH_CONSTANTS`] as `-D` options. All sources form one translation unit, compiled straight to a CUBIN for the device's
@@ -53,8 +52,6 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("fp8.cu", include_str!("fp8.cu")),
     // After gemv.cu: uses its streamed loads, bf16 mma and partial-sum reduction.
     ("int4.cu", include_str!("int4.cu")),
-    // After decode.cu and int4.cu: uses their cp.async and bf16 mma helpers.
-    ("gemm_tile.cu", include_str!("gemm_tile.cu")),
     ("sampling.cu", include_str!("sampling.cu")),
     ("prefetch.cu", include_str!("prefetch.cu")),
 ];
@@ -167,18 +164,6 @@ pub const KERNELS: &[&str] = &[
     "gemm_int4_mma_t2w8",
     "gemm_int4_reduce",
     "permute_cols_bf16",
-    "gemm_bf16_tile_b16_s1",
-    "gemm_bf16_tile_b16_s2",
-    "gemm_bf16_tile_b16_s4",
-    "gemm_bf16_tile_b16_s8",
-    "gemm_bf16_tile_b32_s1",
-    "gemm_bf16_tile_b32_s2",
-    "gemm_bf16_tile_b32_s4",
-    "gemm_bf16_tile_b32_s8",
-    "gemm_bf16_tile_b64_s1",
-    "gemm_bf16_tile_b64_s2",
-    "gemm_bf16_tile_b64_s4",
-    "gemm_bf16_tile_b64_s8",
     "sample_f32",
     "mask_logits",
     "l2_prefetch_u8",
@@ -316,16 +301,6 @@ pub const INT4_MMA_STAGES: usize = 4;
 /// the whole matrix to bf16 for cuBLAS. At the 8B shapes on the H200 (run 36c) the tensor-core
 /// product is 1.2–1.7× faster than dequantization + cuBLAS at 64 rows and level or slower at 128.
 pub const INT4_MMA_MAX_ROWS: usize = 64;
-/// Warps per block of the bf16 tile product `gemm_bf16_tile_b<B>_s<S>` (`GEMM_TILE_WARPS`).
-pub const GEMM_TILE_WARPS: usize = 4;
-/// Weight rows a block of the tile product takes (`GEMM_TILE_ROWS`: two 16-row mma tiles a warp).
-pub const GEMM_TILE_ROWS: usize = 32 * GEMM_TILE_WARPS;
-/// Activation rows a block of the tile product takes, one kernel each (`_b<B>`): a product of
-/// `m` rows takes the smallest at least `m` (more rows than the largest: more blocks along y).
-pub const GEMM_TILE_BATCHES: [usize; 3] = [16, 32, 64];
-/// The k ranges a tile of the product may be split into (`_s<S>`: a cluster of S blocks along z,
-/// whose sums are added up in distributed shared memory).
-pub const GEMM_TILE_SPLITS: [usize; 4] = [1, 2, 4, 8];
 /// Bytes one thread of `l2_prefetch_u8` asks for at a time (`PREFETCH_PIECE`).
 pub const PREFETCH_PIECE: usize = 16384;
 
@@ -376,8 +351,6 @@ pub const LAUNCH_CONSTANTS: &[(&str, usize)] = &[
     ("INT4_DEQUANT_THREADS", INT4_DEQUANT_THREADS as usize),
     ("INT4_MMA_BATCH", INT4_MMA_BATCH),
     ("INT4_MMA_STAGES", INT4_MMA_STAGES),
-    ("GEMM_TILE_WARPS", GEMM_TILE_WARPS),
-    ("GEMM_TILE_ROWS", GEMM_TILE_ROWS),
     ("PREFETCH_PIECE", PREFETCH_PIECE),
     ("SAMPLE_THREADS", SAMPLE_THREADS as usize),
     ("SAMPLE_PART_WORDS", SAMPLE_PART_WORDS),

@@ -183,22 +183,6 @@ RS_CHECK_FIELD(GemmInt4Params, part);
 RS_CHECK_FIELD(GemmInt4Params, splits);
 RS_CHECK_FIELD(GemmInt4Params, steps);
 
-struct GemmTileParams {
-    const bf16* x; // [b, k]
-    const bf16* w; // [n, k], row-major (HF Linear layout)
-    bf16* y;       // [b, n]
-    int b, n, k;   // k a multiple of 16; x and w 16-byte aligned
-    int steps;     // k-steps of 64 a split (blockIdx.z, a cluster rank) takes; the last may take fewer
-};
-RS_CHECK_SIZE(GemmTileParams);
-RS_CHECK_FIELD(GemmTileParams, x);
-RS_CHECK_FIELD(GemmTileParams, w);
-RS_CHECK_FIELD(GemmTileParams, y);
-RS_CHECK_FIELD(GemmTileParams, b);
-RS_CHECK_FIELD(GemmTileParams, n);
-RS_CHECK_FIELD(GemmTileParams, k);
-RS_CHECK_FIELD(GemmTileParams, steps);
-
 struct PermuteColsParams {
     const bf16* x;  // [m, k]
     const u32* perm; // [k], each < k

@@ -186,23 +186,6 @@ pub struct GemmInt4Params {
     pub steps: i32,
 }
 
-/// `GemmTileParams`: the bf16 tile product of 9 to 64 rows (`gemm_bf16_tile_b<B>_s<S>`).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
-pub struct GemmTileParams {
-    /// `bf16[b, k]`.
-    pub x: u64,
-    /// `bf16[n, k]`.
-    pub w: u64,
-    /// `bf16[b, n]`.
-    pub y: u64,
-    pub b: i32,
-    pub n: i32,
-    pub k: i32,
-    /// k-steps of 64 each split (`blockIdx.z`, a cluster rank) takes; the last may take fewer.
-    pub steps: i32,
-}
-
 /// `PermuteColsParams`: `y[r, j] = x[r, perm[j]]` (`permute_cols_bf16`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
@@ -273,8 +256,6 @@ unsafe impl DeviceRepr for GemvInt4Params {}
 unsafe impl DeviceRepr for PermuteColsParams {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for GemmInt4Params {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for GemmTileParams {}
 
 /// Pushes `RS_SIZEOF_<S>` and `RS_OFFSETOF_<S>_<field>` for every field of `S`; the pattern
 /// names every field without `..`, so a field added to the struct and not listed here does not
@@ -400,18 +381,6 @@ pub fn layout_defines() -> Vec<(&'static str, usize)> {
     layout!(out, PermuteColsParams { x, perm, y, m, k });
     layout!(
         out,
-        GemmTileParams {
-            x,
-            w,
-            y,
-            b,
-            n,
-            k,
-            steps
-        }
-    );
-    layout!(
-        out,
         GemmInt4Params {
             g,
             part,
@@ -442,14 +411,12 @@ mod tests {
         let defines = layout_defines();
         assert_eq!(
             defines.len(),
-            5 + 19 + 12 + 7 + 5 + 6 + 10 + 10 + 14 + 6 + 4 + 5 + 8
+            5 + 19 + 12 + 7 + 5 + 6 + 10 + 10 + 14 + 6 + 4 + 5
         );
         let get = |n: &str| defines.iter().find(|(k, _)| *k == n).unwrap().1;
         assert_eq!(get("RS_SIZEOF_AttnParams"), 112);
         assert_eq!(get("RS_OFFSETOF_AttnParams_scale_log2"), 104);
         assert_eq!(get("RS_SIZEOF_RopeParams"), 96);
-        assert_eq!(get("RS_SIZEOF_GemmTileParams"), 40);
-        assert_eq!(get("RS_OFFSETOF_GemmTileParams_steps"), 36);
         assert_eq!(get("RS_OFFSETOF_RopeParams_kv_fp8"), 88);
         assert_eq!(get("RS_OFFSETOF_AttnParams_v_scale"), 108);
         assert_eq!(get("RS_SIZEOF_GemvParams"), 40);

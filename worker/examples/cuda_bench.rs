@@ -14,8 +14,6 @@
 //!        cuda_bench kernels OUT_JSON (every attention case alone at the 8B shape, no model)
 //!        cuda_bench int4 OUT_JSON    (the INT4 GEMVs, the tensor-core product and dequantization +
 //!                                    cuBLAS at the 8B shapes, batch 1-256, groups of 128, no model)
-//!        cuda_bench tile OUT_JSON    (the bf16 tile product, each k split, vs cuBLAS and tuned
-//!                                    cuBLASLt at the 8B shapes, 16-64 rows, no model)
 //!        cuda_bench int4one SHAPE M KERNEL (one INT4 tile or tensor-core kernel launched thrice,
 //!                                    for ncu)
 
@@ -573,73 +571,6 @@ fn linear_alone(g: &Gpu) -> Res<Value> {
     Ok(Value::Object(out))
 }
 
-/// Rows `cuda_bench tile` times.
-const TILE_BATCHES: [usize; 4] = [16, 32, 48, 64];
-
-/// The bf16 products of 16 to 64 rows alone at the 8B shapes: the tile product (its own split
-/// and every split), cuBLAS (`gemm_ex`) and cuBLASLt tuned as a decode graph tunes it, each call
-/// on another copy of the weights (more than the L2 holds in all), timed inside a CUDA graph.
-/// GB/s counts weight bytes only.
-fn tile_alone(g: &Gpu) -> Res<Value> {
-    use worker::backend::cuda::lt::LtGemm;
-    use worker::backend::cuda::tile::{gemm_tile, tile_splits};
-    let lt = LtGemm::new(g)?;
-    let mut out = serde_json::Map::new();
-    for (name, n, k) in [
-        ("qkv", 6144usize, 4096usize),
-        ("o", 4096, 4096),
-        ("gate_up", 28672, 4096),
-        ("down", 4096, 14336),
-    ] {
-        let bytes = n * k * 2;
-        let copies = GEMV_ROTATE_BYTES.div_ceil(bytes).max(2);
-        let ws = (0..copies)
-            .map(|_| g.alloc(DType::Bf16, n * k))
-            .collect::<Result<Vec<_>, _>>()?;
-        for m in TILE_BATCHES {
-            let x = g.upload_f32(&vec![0.01; m * k], DType::Bf16)?;
-            let y = g.alloc(DType::Bf16, m * n)?;
-            let lin = |i: usize| Linear {
-                x: &x,
-                w: &ws[i % copies],
-                y: &y,
-                m,
-                n,
-                k,
-            };
-            lt.tune(g, &lin(0))?;
-            let gb = bytes as f64 / 1e6;
-            let cublas = time_graph_ms(g, copies, |i| Ok(ops::gemm(g, &lin(i))?))?;
-            let lt_ms = time_graph_ms(g, copies, |i| {
-                if !lt.run(g, &lin(i))? {
-                    ops::gemm(g, &lin(i))?;
-                }
-                Ok(())
-            })?;
-            let auto = tile_splits((m, n, k), g.sms);
-            let mut entry = serde_json::Map::new();
-            entry.insert("cublas_ms".into(), json!(cublas));
-            entry.insert("cublaslt_tuned_ms".into(), json!(lt_ms));
-            entry.insert("tile_auto_splits".into(), json!(auto));
-            let mut line = format!(
-                "tile {name} m{m}: cublas {cublas:.4} ms ({:.0} GB/s), cublaslt tuned {lt_ms:.4} ms \
-                 ({:.0} GB/s)",
-                gb / cublas,
-                gb / lt_ms
-            );
-            for splits in kernels::GEMM_TILE_SPLITS {
-                let ms = time_graph_ms(g, copies, |i| Ok(gemm_tile(g, &lin(i), Some(splits))?))?;
-                let mark = if splits == auto { "*" } else { "" };
-                line += &format!(", s{splits}{mark} {ms:.4} ms ({:.0} GB/s)", gb / ms);
-                entry.insert(format!("tile_s{splits}_ms"), json!(ms));
-            }
-            println!("{line}");
-            out.insert(format!("{name}_m{m}"), Value::Object(entry));
-        }
-    }
-    Ok(Value::Object(out))
-}
-
 /// Per-call time in ms of `calls` calls of `f(i)` captured into one CUDA graph and replayed
 /// (after one warm-up replay), so that launches cost what they cost in a decode step's graph.
 fn time_graph_ms(g: &Gpu, calls: usize, mut f: impl FnMut(usize) -> Res<()>) -> Res<f64> {
@@ -1063,13 +994,6 @@ fn main() -> Res<()> {
         // `cuda_bench gemv OUT_JSON`: GEMV kernel vs cuBLAS alone (no model).
         let gpu = Gpu::new(0, &switches()?)?;
         let res = linear_alone(&gpu)?;
-        std::fs::write(&args[2], serde_json::to_string_pretty(&res)?)?;
-        return Ok(());
-    }
-    if args.len() == 3 && args[1] == "tile" {
-        // `cuda_bench tile OUT_JSON`: the bf16 tile product vs cuBLAS(Lt) alone (no model).
-        let gpu = Gpu::new(0, &switches()?)?;
-        let res = tile_alone(&gpu)?;
         std::fs::write(&args[2], serde_json::to_string_pretty(&res)?)?;
         return Ok(());
     }

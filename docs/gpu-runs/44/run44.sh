@@ -34,7 +34,7 @@ a)
   cat $OUT/a_tile.log | grep -E "^tile|rror|panicked"
   wait
   cat $M/*.safetensors > /dev/null
-  for round in 1 2; do
+  for round in ${ROUNDS:-1 2}; do
     for t in 0 1; do
       echo "== RINGSERVE_CUDA_TILE_GEMM=$t, round $round"
       RINGSERVE_CUDA_TILE_GEMM=$t timeout 100 $B/cuda_bench decode $M 16,32,64 512 40 2>&1 | grep -E "decode batch|panicked|rror"
@@ -45,7 +45,7 @@ b)
   ( [ -f $M/config.json ] || python3 scripts/make_random_llama8b.py $M > $OUT/make_model.log 2>&1 )
   cat $M/*.safetensors > /dev/null
   for b in 32 64; do
-    for t in 0 1; do
+    for t in ${TILES:-0 1}; do
       RINGSERVE_CUDA_TILE_GEMM=$t RUST_LOG=worker=debug timeout 250 $B/ringserve bench engine --model $M --device cuda \
         --max-model-len 4096 --output-len 65 --peer-decode --batch-sizes $b --prompt-lens 3900 \
         > $OUT/b_bench_${b}_t$t.txt 2> $OUT/b_steps_${b}_t$t.log

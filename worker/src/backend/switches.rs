@@ -9,7 +9,7 @@
 use std::fmt;
 
 /// The environment variables [`KernelSwitches::from_env`] reads, with what each accepts.
-pub const KERNEL_SWITCH_VARS: [(&str, &str); 13] = [
+pub const KERNEL_SWITCH_VARS: [(&str, &str); 12] = [
     ("RINGSERVE_CUDA_PREFILL", "mma or wgmma"),
     ("RINGSERVE_CUDA_DECODE_MMA", "0 or 1"),
     ("RINGSERVE_CUDA_DECODE_SHARE", "0 or 1"),
@@ -21,7 +21,6 @@ pub const KERNEL_SWITCH_VARS: [(&str, &str); 13] = [
     ("RINGSERVE_CUDA_INT4_TILES", "0 or 1"),
     ("RINGSERVE_CUDA_GGUF_INT4", "0 or 1"),
     ("RINGSERVE_CUDA_INT4_MMA", "0 or 1"),
-    ("RINGSERVE_CUDA_TILE_GEMM", "0 or 1"),
     (
         "RINGSERVE_CUDA_FP8_GEMV",
         "auto, r16 or a tile kernel's name (t16_d2x_b4, ...)",
@@ -188,11 +187,6 @@ pub struct KernelSwitches {
     pub int4_mma: bool,
     /// Small-batch FP8 products.
     pub fp8_gemv: Fp8GemvChoice,
-    /// bf16 products of 9 to 64 rows (`tile::TILE_MAX_ROWS`) run the tile product
-    /// (`gemm_bf16_tile_*`: weights streamed straight into the mma's A operand, k split over a
-    /// thread-block cluster where the output tiles alone are too few blocks; sm_90+) instead of
-    /// cuBLAS. Off by default: not yet measured against cuBLAS on the device.
-    pub tile_gemm: bool,
 }
 
 impl Default for KernelSwitches {
@@ -210,7 +204,6 @@ impl Default for KernelSwitches {
             gguf_int4: true,
             int4_mma: true,
             fp8_gemv: Fp8GemvChoice::default(),
-            tile_gemm: false,
         }
     }
 }
@@ -276,7 +269,6 @@ impl KernelSwitches {
                 "RINGSERVE_CUDA_INT4_TILES" => s.int4_tiles = flag()?,
                 "RINGSERVE_CUDA_GGUF_INT4" => s.gguf_int4 = flag()?,
                 "RINGSERVE_CUDA_INT4_MMA" => s.int4_mma = flag()?,
-                "RINGSERVE_CUDA_TILE_GEMM" => s.tile_gemm = flag()?,
                 "RINGSERVE_CUDA_FP8_GEMV" => {
                     s.fp8_gemv = Fp8GemvChoice::parse(value.trim()).ok_or_else(bad)?
                 }
@@ -297,8 +289,7 @@ impl fmt::Display for KernelSwitches {
         write!(
             f,
             "prefill={:?} decode_mma={} decode_share={} pdl={:?} gemv={gemv} fuse_rope={} \
-             l2_prefetch={} gemm_tune={} int4_tiles={} gguf_int4={} int4_mma={} fp8_gemv={} \
-             tile_gemm={}",
+             l2_prefetch={} gemm_tune={} int4_tiles={} gguf_int4={} int4_mma={} fp8_gemv={}",
             self.prefill,
             self.decode_mma,
             self.decode_share,
@@ -309,8 +300,7 @@ impl fmt::Display for KernelSwitches {
             self.int4_tiles,
             self.gguf_int4,
             self.int4_mma,
-            self.fp8_gemv.name(),
-            self.tile_gemm
+            self.fp8_gemv.name()
         )
     }
 }
@@ -333,7 +323,7 @@ mod tests {
         assert_eq!(s, KernelSwitches::default());
         assert_eq!(s.prefill, PrefillChoice::Auto);
         assert!(s.decode_mma && s.fuse_rope && s.l2_prefetch && s.gemm_tune && s.int4_tiles);
-        assert!(s.gguf_int4 && s.int4_mma && s.decode_share && !s.tile_gemm);
+        assert!(s.gguf_int4 && s.int4_mma && s.decode_share);
         assert_eq!(s.pdl, PdlChoice::Fp8);
         assert_eq!(s.gemv, GemvChoice::UpTo(GEMV_MAX_WEIGHT));
         assert_eq!(s.fp8_gemv, Fp8GemvChoice::Auto);
@@ -356,10 +346,8 @@ mod tests {
             ("RINGSERVE_CUDA_GGUF_INT4", "0"),
             ("RINGSERVE_CUDA_INT4_MMA", "0"),
             ("RINGSERVE_CUDA_FP8_GEMV", "r16"),
-            ("RINGSERVE_CUDA_TILE_GEMM", "1"),
         ])
         .unwrap();
-        assert!(s.tile_gemm);
         assert_eq!(s.fp8_gemv, Fp8GemvChoice::Rows16);
         assert!(!s.int4_tiles && !s.gguf_int4 && !s.int4_mma && !s.decode_share);
         assert_eq!(s.pdl, PdlChoice::Off);

@@ -30,7 +30,6 @@ use super::int4::{Int4Linear, Int4Scales, check_int4_options, gguf_runs_int4};
 use super::lt::{LtGemm, TuneRecord};
 use super::ops::{self, AddRmsNorm, Attention, Linear, NormFp8, RopeKv, SampleRow};
 use super::step::{self, DECODE_SPLIT, HostStep, Limits};
-use super::tile;
 use super::tp::{CudaTp, DeviceGroup};
 use super::weights::{self, Fp8Layer, Fp8Scales, Int4Layer, LayerWeights, Weights};
 use super::workspace::{Caps, QuantBufs, Workspace};
@@ -157,8 +156,6 @@ pub struct CudaBackend {
     fp8_gemv: Fp8GemvChoice,
     /// [`KernelSwitches::int4_mma`].
     int4_mma: bool,
-    /// [`KernelSwitches::tile_gemm`].
-    tile_gemm: bool,
     /// Whether small-batch steps prefetch each layer's o_proj weights into L2 while RoPE and
     /// attention run ([`KernelSwitches::l2_prefetch`], where the device has it).
     l2_prefetch: bool,
@@ -462,7 +459,6 @@ impl CudaBackend {
             int4_tiles: opts.kernels.int4_tiles,
             fp8_gemv: opts.kernels.fp8_gemv,
             int4_mma: opts.kernels.int4_mma,
-            tile_gemm: opts.kernels.tile_gemm,
             l2_prefetch: opts.dtype == DType::Bf16
                 && ops::has_l2_prefetch(capability)
                 && opts.kernels.l2_prefetch,
@@ -590,15 +586,6 @@ impl CudaBackend {
         !self.batch_invariant && l.m <= GEMV_CROSSOVER_ROWS && l.gemv_ok() && self.gemv_takes(l)
     }
 
-    /// Whether `l` runs on the bf16 tile product ([`KernelSwitches::tile_gemm`]): more rows than
-    /// [`GEMV_CROSSOVER_ROWS`], at most [`tile::TILE_MAX_ROWS`].
-    fn uses_tile(&self, l: &Linear<'_>) -> bool {
-        self.tile_gemm
-            && !self.batch_invariant
-            && l.m > GEMV_CROSSOVER_ROWS
-            && tile::tile_ok(&self.gpu, l)
-    }
-
     /// Whether the q/k/v product `l` runs fused with RoPE and the KV write `a`.
     fn fuses_rope(&self, l: &Linear<'_>, a: &RopeKv<'_>) -> bool {
         self.fuse_rope && self.uses_gemv(l) && ops::gemv_rope_fits(l, a)
@@ -713,8 +700,6 @@ impl CudaBackend {
             ops::linear_chunked(&self.gpu, l, INVARIANT_CHUNK)
         } else if self.uses_gemv(l) {
             ops::gemv(&self.gpu, l)
-        } else if self.uses_tile(l) {
-            tile::gemm_tile(&self.gpu, l, None)
         } else if let Some(lt) = &self.lt
             && lt.run(&self.gpu, l)?
         {
@@ -736,11 +721,10 @@ impl CudaBackend {
             products.extend(self.lm_product(m));
         }
         // FP8 products (E4M3 weights) run on their own kernels, never through the bf16 plans.
-        for l in products.iter().filter(|l| {
-            !self.uses_gemv(l)
-                && !self.uses_tile(l)
-                && matches!(l.w.dtype(), DType::Bf16 | DType::F32)
-        }) {
+        for l in products
+            .iter()
+            .filter(|l| !self.uses_gemv(l) && matches!(l.w.dtype(), DType::Bf16 | DType::F32))
+        {
             lt.tune(&self.gpu, l)?;
         }
         Ok(())

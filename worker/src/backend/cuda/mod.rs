@@ -11,7 +11,6 @@ mod lt_cache;
 pub mod ops;
 pub mod staging;
 pub mod step;
-pub mod tile;
 mod tp;
 mod weights;
 mod workspace;
