@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run 44: the bf16 tile product for 9-64 rows (gemm_bf16_tile_b<B>_s<S>, RINGSERVE_CUDA_TILE_GEMM).
-# Build here first (commit f198e3a or later), then carry .gpu44:
+# Build here first from commit c1c74d4 (the last with the tile product; reverted after call a), then carry .gpu44:
 #   cargo build --release --features cuda --bin ringserve --example cuda_bench
 #   cargo test --release -p worker --features cuda --no-run   # cuda_kernels-*, cuda_backend-*
 #   mkdir -p .gpu44/b && cp target/release/ringserve target/release/examples/cuda_bench .gpu44/b/
