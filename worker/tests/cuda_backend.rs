@@ -64,12 +64,8 @@ fn backend(
     blocks: usize,
     eager: bool,
 ) -> (CudaBackend, ModelConfig) {
-    backend_with(&options(dtype, block_size, blocks, eager))
-}
-
-/// The tests' backend options: bf16 batch-invariant, default kernel switches.
-fn options(dtype: DType, block_size: usize, blocks: usize, eager: bool) -> CudaOptions {
-    CudaOptions {
+    let (model, ckpt) = Checkpoint::load(&fixture_dir()).expect("fixture loads");
+    let opts = CudaOptions {
         ordinal: 0,
         dtype,
         block_size,
@@ -81,49 +77,9 @@ fn options(dtype: DType, block_size: usize, blocks: usize, eager: bool) -> CudaO
         kernels: KernelSwitches::default(),
         quantization: None,
         kv_cache_dtype: worker::quant::kv::KvCacheDtype::Auto,
-    }
-}
-
-fn backend_with(opts: &CudaOptions) -> (CudaBackend, ModelConfig) {
-    let (model, ckpt) = Checkpoint::load(&fixture_dir()).expect("fixture loads");
-    let b = CudaBackend::new(&model, &ckpt, opts).unwrap_or_else(|e| panic!("CUDA backend: {e}"));
+    };
+    let b = CudaBackend::new(&model, &ckpt, &opts).unwrap_or_else(|e| panic!("CUDA backend: {e}"));
     (b, model)
-}
-
-/// The prompts of `cases` as one prefill batch, each in its own blocks of `bs` tokens (from block
-/// 1): token ids, positions and block tables ([`seq_inputs`] makes the sequences).
-fn prefill_batch(cases: &[Case], bs: usize) -> (Vec<u32>, Vec<u32>, Vec<Vec<u32>>) {
-    let mut tables: Vec<Vec<u32>> = Vec::new();
-    let mut next_block = 1u32;
-    let (mut ids, mut pos) = (Vec::new(), Vec::new());
-    for c in cases {
-        let n = c.prompt.len().div_ceil(bs) as u32;
-        tables.push((next_block..next_block + n).collect());
-        next_block += n;
-        ids.extend_from_slice(&c.prompt);
-        pos.extend(0..c.prompt.len() as u32);
-    }
-    (ids, pos, tables)
-}
-
-/// One sampled sequence a case, its whole prompt in the step, over `tables`.
-fn seq_inputs<'a>(cases: &[Case], tables: &'a [Vec<u32>]) -> Vec<SeqInput<'a>> {
-    let mut start = 0;
-    cases
-        .iter()
-        .zip(tables)
-        .map(|(c, t)| {
-            let s = SeqInput {
-                query_start: start,
-                query_len: c.prompt.len(),
-                context_len: c.prompt.len(),
-                block_table: t,
-                sample: true,
-            };
-            start += c.prompt.len();
-            s
-        })
-        .collect()
 }
 
 fn greedy_req(id: u64, prompt: &[u32]) -> Request {
@@ -183,9 +139,29 @@ fn all_reqs(base: u64) -> Vec<Request> {
 fn f32_last_logits_match_hf_alone_and_batched() {
     let cases = cases();
     let (mut b, _) = backend(DType::F32, 16, 64, true);
+    let bs = 16;
     // All prompts in one step, each in its own blocks.
-    let (ids, pos, tables) = prefill_batch(&cases, 16);
-    let seqs = seq_inputs(&cases, &tables);
+    let mut tables: Vec<Vec<u32>> = Vec::new();
+    let mut next_block = 1u32;
+    for c in &cases {
+        let n = c.prompt.len().div_ceil(bs) as u32;
+        tables.push((next_block..next_block + n).collect());
+        next_block += n;
+    }
+    let mut ids = Vec::new();
+    let mut pos = Vec::new();
+    let mut seqs = Vec::new();
+    for (c, t) in cases.iter().zip(&tables) {
+        seqs.push(SeqInput {
+            query_start: ids.len(),
+            query_len: c.prompt.len(),
+            context_len: c.prompt.len(),
+            block_table: t,
+            sample: true,
+        });
+        ids.extend_from_slice(&c.prompt);
+        pos.extend(0..c.prompt.len() as u32);
+    }
     let logits = b
         .forward(&ForwardBatch {
             token_ids: &ids,

@@ -1192,30 +1192,6 @@ fn shared_decode_splits_equal_unshared_bit_for_bit() {
     }
 }
 
-/// `y[m, n] = x[m, k] · w[n, k]ᵀ` in f64 (as f32), and each output's `Σ|x·w|` (its accumulation
-/// error scale).
-fn reference_product(
-    x: &[f32],
-    w: &[f32],
-    (m, n, k): (usize, usize, usize),
-) -> (Vec<f32>, Vec<f32>) {
-    let mut want = vec![0f32; m * n];
-    let mut mag = vec![0f32; m * n];
-    for i in 0..m {
-        for j in 0..n {
-            let (mut s, mut a) = (0f64, 0f64);
-            for t in 0..k {
-                let p = x[i * k + t] as f64 * w[j * k + t] as f64;
-                s += p;
-                a += p.abs();
-            }
-            want[i * n + j] = s as f32;
-            mag[i * n + j] = a as f32;
-        }
-    }
-    (want, mag)
-}
-
 #[test]
 #[ignore = "requires a CUDA device"]
 fn gemv_and_gemm_match_cpu() {
@@ -1238,7 +1214,20 @@ fn gemv_and_gemm_match_cpu() {
             let w = q(&r.vec(n * k), dt);
             let xb = g.upload_f32(&x, dt).unwrap();
             let wb = g.upload_f32(&w, dt).unwrap();
-            let (want, mag) = reference_product(&x, &w, (m, n, k));
+            let mut want = vec![0f32; m * n];
+            let mut mag = vec![0f32; m * n];
+            for i in 0..m {
+                for j in 0..n {
+                    let (mut s, mut a) = (0f64, 0f64);
+                    for t in 0..k {
+                        let p = x[i * k + t] as f64 * w[j * k + t] as f64;
+                        s += p;
+                        a += p.abs();
+                    }
+                    want[i * n + j] = s as f32;
+                    mag[i * n + j] = a as f32;
+                }
+            }
             for out_f32 in [false, true] {
                 let yt = if out_f32 { DType::F32 } else { dt };
                 let y = g.alloc(yt, m * n).unwrap();
