@@ -108,6 +108,42 @@ extern "C" __global__ void __launch_bounds__(FP8_QUANT_THREADS) quant_fp8_rows_b
     for (int i = threadIdx.x; i < p.k; i += FP8_QUANT_THREADS) q[i] = fp8_code(__bfloat162float(x[i]) / scale);
 }
 
+// attn_combine_bf16 and quant_fp8_rows_bf16 of its output in one launch, for the FP8 o_proj of a
+// step whose tokens are all decode items (one each): a block per item merges the splits of every
+// head of the item's token — combine_impl's arithmetic in its order, rounded to bf16 as
+// attn_combine stores it — and quantizes that row (fp8_quant_row_vec), so the o product reads
+// codes the attention wrote and the row is never stored in bf16. d a multiple of 8 (a vector of
+// 8 values lies in one head), q 8-byte aligned (the host checks).
+extern "C" __global__ void __launch_bounds__(FP8_QUANT_WIDE_THREADS) attn_combine_quant_fp8_bf16(CombineFp8Params p) {
+    PDL_ENTRY();
+    __shared__ float red[FP8_QUANT_WIDE_THREADS / 32];
+    const AttnParams& a = p.attn;
+    const int item = blockIdx.x, k = a.hq * a.d;
+    const int tok = a.seqs[4 * a.items[2 * item]];
+    fp8_quant_row_vec<FP8_QUANT_WIDE_THREADS, 1>(
+        [&](int i, float* t) {
+            const int h = 8 * i / a.d, c0 = 8 * i % a.d;
+            const size_t base = ((size_t)item * a.hq + h) * a.num_splits;
+            float gm = -INFINITY;
+            for (int s = 0; s < a.num_splits; s++) gm = fmaxf(gm, a.part_ml[2 * (base + s)]);
+            float num[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, den = 0.f;
+            for (int s = 0; s < a.num_splits; s++) {
+                const float ms = a.part_ml[2 * (base + s)];
+                if (ms == -INFINITY) continue;
+                const float w = exp2f(ms - gm);
+                den += w * a.part_ml[2 * (base + s) + 1];
+                const float4* po = (const float4*)(a.part_o + (base + s) * a.d + c0);
+                const float4 o0 = po[0], o1 = po[1];
+                const float o[8] = {o0.x, o0.y, o0.z, o0.w, o1.x, o1.y, o1.z, o1.w};
+#pragma unroll
+                for (int e = 0; e < 8; e++) num[e] += w * o[e];
+            }
+#pragma unroll
+            for (int e = 0; e < 8; e++) t[e] = to_f(from_f<bf16>(den > 0.f ? num[e] / den : 0.f));
+        },
+        k / 8, p.q + (size_t)tok * k, p.scales + tok, p.static_scale, red);
+}
+
 // silu_mul_bf16 and quant_fp8_rows_bf16 in one launch, for the FP8 down_proj: p.x is the gate/up
 // product [m, 2k] ([gate | up] a row), and row r's codes are those quant_fp8_rows_bf16 gives for
 // silu_mul_bf16's row r — silu(g) * u in f32, rounded to bf16 (as silu_mul stores it), then
@@ -293,9 +329,17 @@ __device__ __forceinline__ void mma_fp8_16832(float* c, u32 a0, u32 a1, u32 a2, 
 // Sums: a warp adds its steps in increasing order on two f32 chains (each step's first and second
 // mma), then chain 0 + chain 1; the warps' sums are added in warp order, then
 // y = bf16(sum * xs[b] * ws[n]). y[b, n] does not depend on the batch size or on D.
-template <int D, bool XR>
-__device__ __forceinline__ void gemv_fp8_t16_impl(const GemvFp8Params& p) {
+// With ROPE (P = GemvFp8RopeParams: the fused q/k/v product, n = (hq + 2 hkv) d, d a multiple of
+// 16) tile i takes head h = i / (d / 16) and its rotation pairs j0 .. j0 + 7, j0 = 8 (i % (d / 16)):
+// row g of the tile is the head's dim j0 + g, row g + 8 the dim j0 + g + d/2 it rotates with, as in
+// gemv.cu's gemv_rope_kv_bf16. Each output is rounded to bf16 as y would hold it and finished by
+// rope_pair_store: the bits of the plain kernel followed by rope_kv_write_bf16, in one launch.
+__device__ __forceinline__ const GemvFp8Params& fp8_gemv_of(const GemvFp8Params& p) { return p; }
+__device__ __forceinline__ const GemvFp8Params& fp8_gemv_of(const GemvFp8RopeParams& p) { return p.g; }
+template <int D, bool XR, bool ROPE = false, typename P = GemvFp8Params>
+__device__ __forceinline__ void gemv_fp8_t16_impl(const P& pp) {
 #if __CUDA_ARCH__ >= 890
+    const GemvFp8Params& p = fp8_gemv_of(pp);
     // [tile parity][warp][row 16][batch 8]: the warps' sums of the last two tiles.
     __shared__ __align__(16) float red[2][GEMV_WARPS * 128];
     const int n = p.n, k = p.k;
@@ -311,10 +355,21 @@ __device__ __forceinline__ void gemv_fp8_t16_impl(const GemvFp8Params& p) {
     // Byte offsets (n k < 2^32: the host checks) of the lane's x row and of its two rows of a
     // tile, at its first step.
     const u32 xo = (u32)min(g, p.b - 1) * (u32)k + 64u * (u32)s_begin + 16u * (u32)t;
+    // ROPE: a head's d / 16 tiles, each 8 rotation pairs (above).
+    int half = 0, per_head = 1;
+    if constexpr (ROPE) {
+        half = pp.rope.d / 2;
+        per_head = half / 8;
+    }
+    // Weight row of the tile's row r (0..15).
+    auto tile_row = [&](int tile, int r) -> int {
+        if constexpr (ROPE) return tile / per_head * pp.rope.d + tile % per_head * 8 + (r & 7) + (r >> 3) * half;
+        return min(16 * tile + r, n - 1);
+    };
     auto rows_of = [&](int tile, u32(&wo)[2]) {
 #pragma unroll
         for (int h = 0; h < 2; h++)
-            wo[h] = (u32)min(16 * tile + g + 8 * h, n - 1) * (u32)k + 64u * (u32)s_begin + 16u * (u32)t;
+            wo[h] = (u32)tile_row(tile, g + 8 * h) * (u32)k + 64u * (u32)s_begin + 16u * (u32)t;
     };
     uint4 wv[D][2], xv[XR ? D : 1];
 #pragma unroll
@@ -375,15 +430,30 @@ __device__ __forceinline__ void gemv_fp8_t16_impl(const GemvFp8Params& p) {
         // One barrier a tile: red[parity] is written again two tiles on, after the next barrier,
         // which every thread reaches only once done reading it below.
         __syncthreads();
-        for (int o = threadIdx.x; o < 128; o += blockDim.x) {
-            // o = (batch bb, row rr) with the row fastest, so that y's stores are contiguous.
-            const int bb = o >> 4, rr = o & 15;
-            const int row = 16 * tile + rr;
-            if (bb < p.b && row < n) {
-                float v = rp[rr * 8 + bb];
+        // The warps' sums of the tile's row rr for batch row bb, scaled and rounded to bf16.
+        auto out = [&](int bb, int rr, int row) {
+            float v = rp[rr * 8 + bb];
 #pragma unroll
-                for (int w = 1; w < GEMV_WARPS; w++) v += rp[w * 128 + rr * 8 + bb];
-                p.y[(size_t)bb * n + row] = __float2bfloat16(v * p.x_scales[bb] * p.w_scales[row]);
+            for (int w = 1; w < GEMV_WARPS; w++) v += rp[w * 128 + rr * 8 + bb];
+            return __float2bfloat16(v * p.x_scales[bb] * p.w_scales[row]);
+        };
+        if constexpr (ROPE) {
+            // o = (batch bb, pair r): rows r and r + 8 of the tile, dims j0 + r and j0 + r + d/2.
+            for (int o = threadIdx.x; o < 64; o += blockDim.x) {
+                const int bb = o >> 3, r = o & 7;
+                if (bb < p.b) {
+                    const int row = tile_row(tile, r);
+                    const float x1 = __bfloat162float(out(bb, r, row));
+                    const float x2 = __bfloat162float(out(bb, r + 8, row + half));
+                    rope_pair_store<bf16>(pp.rope, bb, tile / per_head, tile % per_head * 8 + r, x1, x2);
+                }
+            }
+        } else {
+            for (int o = threadIdx.x; o < 128; o += blockDim.x) {
+                // o = (batch bb, row rr) with the row fastest, so that y's stores are contiguous.
+                const int bb = o >> 4, rr = o & 15;
+                const int row = 16 * tile + rr;
+                if (bb < p.b && row < n) p.y[(size_t)bb * n + row] = out(bb, rr, row);
             }
         }
 #pragma unroll
@@ -411,6 +481,15 @@ FP8_T16(gemv_fp8_t16_d4x, 4, true, 3)
 FP8_T16(gemv_fp8_t16_d6x_b2, 6, true, 2)
 FP8_T16(gemv_fp8_t16_d8x, 8, true, 2)
 FP8_T16(gemv_fp8_t16_d4, 4, false, 3)
+
+// gemv_fp8_rope_kv_<variant>: the q/k/v product of the backend's two tile variants with RoPE and
+// the paged KV write in the epilogue (ROPE above).
+#define FP8_ROPE_T16(name, d, xr, blocks)                                                                \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, blocks) name(GemvFp8RopeParams p) {       \
+        gemv_fp8_t16_impl<d, xr, true>(p); /* pdl_wait() in the ring fill (PDL_KERNELS) */               \
+    }
+FP8_ROPE_T16(gemv_fp8_rope_kv_t16_d2x_b4, 2, true, 4)
+FP8_ROPE_T16(gemv_fp8_rope_kv_t16_d4x_b2, 4, true, 2)
 
 // y[b, n] = bf16(y[b, n] * xs[b] * ws[n]) in place: the scales of a product cuBLASLt ran on raw
 // E4M3 codes (Hopper's cuBLASLt scales FP8 operands by one value each, not per row). Takes

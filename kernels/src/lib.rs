@@ -84,6 +84,9 @@ pub const PDL_KERNELS: &[&str] = &[
     "gemv_fp8_t16_d6x_b2",
     "gemv_fp8_t16_d8x",
     "gemv_fp8_t16_d4",
+    "gemv_fp8_rope_kv_t16_d2x_b4",
+    "gemv_fp8_rope_kv_t16_d4x_b2",
+    "attn_combine_quant_fp8_bf16",
     "scale_fp8_out_bf16",
 ];
 
@@ -144,6 +147,9 @@ pub const KERNELS: &[&str] = &[
     "gemv_fp8_t16_d6x_b2",
     "gemv_fp8_t16_d8x",
     "gemv_fp8_t16_d4",
+    "gemv_fp8_rope_kv_t16_d2x_b4",
+    "gemv_fp8_rope_kv_t16_d4x_b2",
+    "attn_combine_quant_fp8_bf16",
     "scale_fp8_out_bf16",
     "gemv_int4_r16",
     "gemv_int4_r32",

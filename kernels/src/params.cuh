@@ -209,6 +209,31 @@ RS_CHECK_FIELD(GemvRopeParams, b);
 RS_CHECK_FIELD(GemvRopeParams, k);
 RS_CHECK_FIELD(GemvRopeParams, rope);
 
+// The FP8 tile GEMV of q/k/v with RoPE and the KV write in its epilogue (gemv_fp8_rope_kv_*).
+struct GemvFp8RopeParams {
+    GemvFp8Params g; // its y is unused
+    RopeParams rope; // its qkv field is unused
+};
+RS_CHECK_SIZE(GemvFp8RopeParams);
+RS_CHECK_FIELD(GemvFp8RopeParams, g);
+RS_CHECK_FIELD(GemvFp8RopeParams, rope);
+
+// The split combine of decode attention with the FP8 quantization of each item's output row
+// (attn_combine_quant_fp8_bf16): the codes and scale quant_fp8_rows_bf16 gives for attn_combine's row.
+struct CombineFp8Params {
+    AttnParams attn;    // its out is unused
+    unsigned char* q;   // [n, hq d] E4M3 codes, 8-byte aligned
+    float* scales;      // [n]
+    float static_scale; // as Fp8QuantParams'
+    u32 pad;
+};
+RS_CHECK_SIZE(CombineFp8Params);
+RS_CHECK_FIELD(CombineFp8Params, attn);
+RS_CHECK_FIELD(CombineFp8Params, q);
+RS_CHECK_FIELD(CombineFp8Params, scales);
+RS_CHECK_FIELD(CombineFp8Params, static_scale);
+RS_CHECK_FIELD(CombineFp8Params, pad);
+
 struct SampleRow {
     float temperature; // 0: greedy
     u32 top_k;         // 0: off

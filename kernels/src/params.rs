@@ -214,6 +214,32 @@ pub struct GemvRopeParams {
     pub rope: RopeParams,
 }
 
+/// `GemvFp8RopeParams`: the FP8 tile GEMV of q/k/v with RoPE and the KV write in its epilogue.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct GemvFp8RopeParams {
+    /// Its `y` is unused.
+    pub g: GemvFp8Params,
+    /// Its `qkv` field is unused.
+    pub rope: RopeParams,
+}
+
+/// `CombineFp8Params`: decode attention's split combine with each item's output row quantized
+/// to E4M3 (the codes and scale `quant_fp8_rows_bf16` gives for `attn_combine_bf16`'s row).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct CombineFp8Params {
+    /// Its `out` is unused.
+    pub attn: AttnParams,
+    /// `u8[n, hq d]` codes, 8-byte aligned.
+    pub q: u64,
+    /// `f32[n]`.
+    pub scales: u64,
+    /// As [`Fp8QuantParams::static_scale`].
+    pub static_scale: f32,
+    pub pad: u32,
+}
+
 /// `SampleRow`: one row's sampling settings, uploaded as an array (`sample_f32`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
@@ -250,6 +276,10 @@ unsafe impl DeviceRepr for SampleRow {}
 unsafe impl DeviceRepr for Fp8QuantParams {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for GemvFp8Params {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for GemvFp8RopeParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for CombineFp8Params {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for GemvInt4Params {}
 // SAFETY: as above.
@@ -332,6 +362,17 @@ pub fn layout_defines() -> Vec<(&'static str, usize)> {
         }
     );
     layout!(out, GemvRopeParams { x, w, b, k, rope });
+    layout!(out, GemvFp8RopeParams { g, rope });
+    layout!(
+        out,
+        CombineFp8Params {
+            attn,
+            q,
+            scales,
+            static_scale,
+            pad
+        }
+    );
     layout!(
         out,
         Fp8QuantParams {
@@ -411,7 +452,7 @@ mod tests {
         let defines = layout_defines();
         assert_eq!(
             defines.len(),
-            5 + 19 + 12 + 7 + 5 + 6 + 10 + 10 + 14 + 6 + 4 + 5
+            5 + 19 + 12 + 7 + 5 + 6 + 10 + 10 + 14 + 6 + 4 + 5 + 3 + 6
         );
         let get = |n: &str| defines.iter().find(|(k, _)| *k == n).unwrap().1;
         assert_eq!(get("RS_SIZEOF_AttnParams"), 112);
@@ -428,6 +469,10 @@ mod tests {
         assert_eq!(get("RS_OFFSETOF_Fp8QuantParams_static_scale"), 32);
         assert_eq!(get("RS_SIZEOF_GemvFp8Params"), 56);
         assert_eq!(get("RS_OFFSETOF_GemvFp8Params_b"), 40);
+        assert_eq!(get("RS_SIZEOF_GemvFp8RopeParams"), 152);
+        assert_eq!(get("RS_OFFSETOF_GemvFp8RopeParams_rope"), 56);
+        assert_eq!(get("RS_SIZEOF_CombineFp8Params"), 136);
+        assert_eq!(get("RS_OFFSETOF_CombineFp8Params_static_scale"), 128);
         assert_eq!(get("RS_SIZEOF_GemvInt4Params"), 80);
         assert_eq!(get("RS_OFFSETOF_GemvInt4Params_m"), 32);
         assert_eq!(get("RS_OFFSETOF_GemvInt4Params_group_size"), 72);

@@ -303,6 +303,7 @@ fn attention_alone(g: &Gpu, only: Option<usize>) -> Res<Value> {
                 scale: 1.0 / (d as f32).sqrt(),
                 kv_scales: None,
                 decode: qlen == 1,
+                combine_fp8: None,
             };
             // Prefill: every kernel this device runs, each also under its own key; the plain key
             // is the one the backend picks (the first). Decodes: also the CUDA-core kernel when

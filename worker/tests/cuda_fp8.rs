@@ -270,3 +270,44 @@ fn decode_graphs_with_pdl_give_the_same_tokens() {
         }
     }
 }
+
+/// The FP8 q/k/v tile GEMV with RoPE and the KV write in its epilogue, and decode attention's
+/// split combine quantizing o's input (`KernelSwitches::fuse_rope`, `fuse_o_quant`), give the
+/// tokens of the unfused kernels — the same bits by construction — with CUDA graphs and without,
+/// each prompt alone (a batch-1 graph) and all together, plus a 300-token prompt whose decodes
+/// split their attention (the combine runs only then).
+#[test]
+#[ignore = "requires a CUDA device"]
+fn fused_fp8_rope_and_o_quantization_give_the_same_tokens() {
+    let mut all = prompts();
+    all.push((0..300u32).map(|i| (i * 37 + 11) % 250 + 3).collect());
+    for eager in [false, true] {
+        let tokens = |fused: bool, prompts: &[Vec<u32>]| {
+            let (config, ckpt) = Checkpoint::load(&fixture("tiny-llama")).expect("fixture");
+            let mut opts = cuda_options(eager, Some(Quantization::Fp8));
+            opts.kernels.fuse_rope = fused;
+            opts.kernels.fuse_o_quant = fused;
+            let b = CudaBackend::new(&config, &ckpt, &opts).expect("CUDA backend");
+            greedy_of(Box::new(b), &config, prompts)
+        };
+        let mut sets: Vec<Vec<Vec<u32>>> = all.iter().map(|p| vec![p.clone()]).collect();
+        sets.push(all.clone());
+        for set in &sets {
+            let (with, without) = (tokens(true, set), tokens(false, set));
+            assert!(with.iter().all(|t| t.len() == 24));
+            assert_eq!(
+                with,
+                without,
+                "graphs {}: {} prompt(s) of {:?} tokens: fusion changed tokens",
+                !eager,
+                set.len(),
+                set.iter().map(Vec::len).collect::<Vec<_>>()
+            );
+        }
+        eprintln!(
+            "graphs {}: fused FP8 RoPE and o quantization, the same tokens in {} runs",
+            !eager,
+            sets.len()
+        );
+    }
+}

@@ -959,6 +959,7 @@ fn attention_matches_cpu() {
                 scale,
                 kv_scales,
                 decode: c.num_splits > 1,
+                combine_fp8: None,
             };
             // Through every prefill kernel this device runs (mma.sync; wgmma on sm_90a): the
             // kernel only matters for bf16 head size 128, the other cases just run twice there.
@@ -1173,6 +1174,7 @@ fn shared_decode_splits_equal_unshared_bit_for_bit() {
                     scale: 1.0 / (d as f32).sqrt(),
                     kv_scales,
                     decode: true,
+                    combine_fp8: None,
                 };
                 // SAFETY: seqs, items (a permutation of the sequences, share codes only for the
                 // tensor-core kernel, which this launch takes) and tables built consistently;
@@ -2167,4 +2169,315 @@ fn gemm_fp8_matches_cpu() {
     };
     let err = gemm.run(&g, &odd).unwrap_err();
     assert!(err.to_string().contains("n of 8"), "{err}");
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn fp8_combine_quantizes_what_the_combine_stores() {
+    use worker::backend::cuda::ops::CombineFp8;
+    let g = gpu();
+    let mut r = Rng(21);
+    // (hq, hkv, d, block size, split, contexts): the 8B shape on the tensor-core decode kernel
+    // (one sequence, as a batch-1 step; and five), and head size 64 on the CUDA-core one, with a
+    // context shorter than a split (its later splits empty).
+    let cases = [
+        (32, 8, 128, 16, 128, vec![517usize]),
+        (32, 8, 128, 16, 256, vec![1030, 40, 700, 256, 999]),
+        (4, 2, 64, 16, 64, vec![200, 33, 129]),
+    ];
+    for kv_scales in [None, Some((1.0f32 / 64.0, 1.0f32 / 32.0))] {
+        for (hq, hkv, d, bs, split, ctxs) in &cases {
+            let (hq, hkv, d, bs, split) = (*hq, *hkv, *d, *bs, *split);
+            if kv_scales.is_some() && d != 128 {
+                continue; // the FP8 cache's decode kernel is head size 128's
+            }
+            let nseq = ctxs.len();
+            let stride = ctxs.iter().max().unwrap().div_ceil(bs);
+            let blocks = nseq * stride;
+            let tables: Vec<u32> = (0..blocks as u32).collect();
+            let cache_len = blocks * hkv * bs * d;
+            let (kb, vb) = match kv_scales {
+                None => (
+                    g.upload_f32(&q(&r.vec(cache_len), DType::Bf16), DType::Bf16)
+                        .unwrap(),
+                    g.upload_f32(&q(&r.vec(cache_len), DType::Bf16), DType::Bf16)
+                        .unwrap(),
+                ),
+                Some((ks, vs)) => {
+                    let mut up = |s: f32| {
+                        let codes: Vec<u8> = r
+                            .vec(cache_len)
+                            .iter()
+                            .map(|&v| fp8::quantize(v, s))
+                            .collect();
+                        g.upload_bytes(&codes, DType::U8).unwrap()
+                    };
+                    (up(ks), up(vs))
+                }
+            };
+            let mut seqs = Vec::new();
+            for (s, &ctx) in ctxs.iter().enumerate() {
+                seqs.extend([s as i32, 1, ctx as i32, 0]);
+            }
+            // Items in reverse order: item i's token is not token i.
+            let items: Vec<i32> = (0..nseq as i32).rev().flat_map(|s| [s, 0]).collect();
+            let num_splits = ctxs.iter().max().unwrap().div_ceil(split);
+            let row = hq * d;
+            // Queries of very different magnitudes per sequence.
+            let qv: Vec<f32> = (0..nseq * row)
+                .map(|i| r.f() * [0.5, 3.0, 0.05][(i / row) % 3])
+                .collect();
+            let qb = g.upload_f32(&q(&qv, DType::Bf16), DType::Bf16).unwrap();
+            let (sb, ib, tb) = (
+                g.upload_i32(&seqs).unwrap(),
+                g.upload_i32(&items).unwrap(),
+                g.upload_u32(&tables).unwrap(),
+            );
+            let out = g.alloc(DType::Bf16, nseq * row).unwrap();
+            let po = g.alloc(DType::F32, nseq * hq * num_splits * d).unwrap();
+            let pml = g.alloc(DType::F32, nseq * hq * num_splits * 2).unwrap();
+            let codes = g.alloc(DType::U8, nseq * row).unwrap();
+            let scales = g.alloc(DType::F32, nseq).unwrap();
+            let args = Attention {
+                q: &qb,
+                k_cache: &kb,
+                v_cache: &vb,
+                out: &out,
+                part_o: &po,
+                part_ml: &pml,
+                seqs: &sb,
+                items: &ib,
+                block_tables: &tb,
+                num_seqs: nseq,
+                num_items: nseq,
+                table_stride: stride,
+                n: nseq,
+                hq,
+                hkv,
+                d,
+                block_size: bs,
+                split_size: split,
+                num_splits,
+                scale: 1.0 / (d as f32).sqrt(),
+                kv_scales,
+                decode: true,
+                combine_fp8: None,
+            };
+            assert!(ops::combine_fp8_fits(DType::Bf16, d, num_splits));
+            // SAFETY: seqs, items (a permutation of the sequences) and tables built
+            // consistently, every table entry < blocks, every sequence one query token.
+            unsafe { ops::attention(&g, &args) }.unwrap();
+            let stored = g.download_f32(&out).unwrap();
+            for static_scale in [0.0f32, 0.004] {
+                g.overwrite(&codes, &vec![0x7f; nseq * row]).unwrap();
+                let fused = Attention {
+                    combine_fp8: Some(CombineFp8 {
+                        q: &codes,
+                        scales: &scales,
+                        static_scale,
+                    }),
+                    ..args
+                };
+                // SAFETY: as above.
+                unsafe { ops::attention(&g, &fused) }.unwrap();
+                let got_q = g.download_bytes(&codes, nseq * row).unwrap();
+                let got_s = g.download_f32(&scales).unwrap();
+                let (want_q, want_s) = fp8_expected(&stored, row, static_scale);
+                let what = format!(
+                    "hq{hq} d{d} split {split} ctxs {ctxs:?} fp8 cache {} static {static_scale}",
+                    kv_scales.is_some()
+                );
+                assert_eq!(got_s, want_s, "{what}: scales");
+                let diff = got_q.iter().zip(&want_q).filter(|(a, b)| a != b).count();
+                assert_eq!(diff, 0, "{what}: {diff} codes differ");
+                eprintln!(
+                    "fp8 combine {what}: codes and scales equal the CPU quantizer's of the combine's bf16 output"
+                );
+            }
+        }
+    }
+    // Refused by name where it does not apply: one split.
+    assert!(!ops::combine_fp8_fits(DType::Bf16, 128, 1));
+    assert!(!ops::combine_fp8_fits(DType::F32, 128, 4));
+}
+
+#[test]
+#[ignore = "requires a CUDA device"]
+fn gemv_fp8_rope_kv_matches_the_unfused_kernels() {
+    use worker::backend::cuda::fp8::{
+        Fp8Linear, gemv_fp8_rope_kernel, gemv_fp8_rope_kv, gemv_fp8_tiles,
+    };
+    use worker::backend::switches::{FP8_TILE_LARGE, FP8_TILE_SMALL, Fp8GemvChoice};
+    let g = gpu();
+    let mut r = Rng(23);
+    let dt = DType::Bf16;
+    // (batch, hq, hkv, d, k): head size 16 (one tile a head), 64, 128 (the 8B shape).
+    for (b, hq, hkv, d, k) in [
+        (1, 4, 2, 16, 64),
+        (3, 4, 2, 64, 192),
+        (1, 32, 8, 128, 4096),
+        (5, 32, 8, 128, 4096),
+        (8, 8, 8, 64, 256),
+    ] {
+        let (bs, blocks) = (16, 4);
+        let width = (hq + 2 * hkv) * d;
+        let (xq, xs) = fp8_reference(&r.vec(b * k), k);
+        let (wq, wsc) = fp8_reference(&r.vec(width * k), k);
+        let (xb, xsb) = (
+            g.upload_bytes(&xq, DType::U8).unwrap(),
+            g.upload_f32(&xs, DType::F32).unwrap(),
+        );
+        let (wb, wsb) = (
+            g.upload_bytes(&wq, DType::U8).unwrap(),
+            g.upload_f32(&wsc, DType::F32).unwrap(),
+        );
+        let bias = g.upload_f32(&q(&r.vec(width), dt), dt).unwrap();
+        let positions: Vec<u32> = (0..b).map(|_| r.below(8000) as u32).collect();
+        let inv_freq: Vec<f32> = (0..d / 2)
+            .map(|i| 500000f32.powf(-(2.0 * i as f32) / d as f32))
+            .collect();
+        let mut slots: Vec<i64> = (0..b as i64)
+            .map(|i| (i * 5 + 3) % (blocks * bs) as i64)
+            .collect();
+        if b > 1 {
+            slots[b / 2] = -1;
+        }
+        let cache_len = blocks * hkv * bs * d;
+        let (pb, fb, sb) = (
+            g.upload_u32(&positions).unwrap(),
+            g.upload_f32(&inv_freq, DType::F32).unwrap(),
+            g.upload_i64(&slots).unwrap(),
+        );
+        for kernel in [FP8_TILE_SMALL, FP8_TILE_LARGE] {
+            let choice = Fp8GemvChoice::Tile(kernel);
+            for (use_bias, kv_scales) in [
+                (false, None),
+                (true, None),
+                (false, Some((1.0f32 / 16.0, 1.0f32 / 8.0))),
+            ] {
+                let mut outs = Vec::new();
+                for fused in [false, true] {
+                    let qkv = g.alloc(dt, b * width).unwrap();
+                    let qo = g.alloc(dt, b * hq * d).unwrap();
+                    let (kc, vc) = match kv_scales {
+                        None => (
+                            g.upload_f32(&q(&vec![0.25; cache_len], dt), dt).unwrap(),
+                            g.upload_f32(&q(&vec![-0.5; cache_len], dt), dt).unwrap(),
+                        ),
+                        Some(_) => (
+                            g.upload_bytes(&vec![3; cache_len], DType::U8).unwrap(),
+                            g.upload_bytes(&vec![5; cache_len], DType::U8).unwrap(),
+                        ),
+                    };
+                    let l = Fp8Linear {
+                        x: &xb,
+                        x_scales: &xsb,
+                        w: &wb,
+                        w_scales: &wsb,
+                        y: &qkv,
+                        m: b,
+                        n: width,
+                        k,
+                    };
+                    let rope = RopeKv {
+                        qkv: &qkv,
+                        bias: use_bias.then_some(&bias),
+                        positions: &pb,
+                        inv_freq: &fb,
+                        slots: &sb,
+                        q_out: &qo,
+                        k_cache: &kc,
+                        v_cache: &vc,
+                        n: b,
+                        hq,
+                        hkv,
+                        d,
+                        block_size: bs,
+                        kv_scales,
+                    };
+                    assert_eq!(gemv_fp8_rope_kernel(&l, &rope, choice), Some(kernel));
+                    // SAFETY: every slot is < blocks * bs or negative.
+                    unsafe {
+                        if fused {
+                            gemv_fp8_rope_kv(&g, &l, &rope, choice).unwrap();
+                        } else {
+                            gemv_fp8_tiles(&g, &l, choice).unwrap();
+                            ops::rope_kv_write(&g, &rope).unwrap();
+                        }
+                    }
+                    let caches = match kv_scales {
+                        None => [&kc, &vc].map(|c| bits(&g.download_f32(c).unwrap())),
+                        Some(_) => [&kc, &vc].map(|c| {
+                            let v = g.download_bytes(c, cache_len).unwrap();
+                            v.into_iter().map(u32::from).collect()
+                        }),
+                    };
+                    let [kbits, vbits] = caches;
+                    outs.push([bits(&g.download_f32(&qo).unwrap()), kbits, vbits]);
+                }
+                for (i, what) in ["q", "k cache", "v cache"].iter().enumerate() {
+                    assert!(
+                        outs[0][i] == outs[1][i],
+                        "{kernel} b{b} hq{hq} hkv{hkv} d{d} k{k} bias {use_bias} fp8 cache {}: \
+                         fused {what} differs",
+                        kv_scales.is_some()
+                    );
+                }
+                eprintln!(
+                    "gemv_fp8_rope_kv {kernel} b{b} hq{hq} hkv{hkv} d{d} k{k} bias {use_bias} fp8 \
+                     cache {}: q and caches bit for bit",
+                    kv_scales.is_some()
+                );
+            }
+        }
+    }
+    // A head size that is not a multiple of 16: refused by name, nothing launched.
+    let (b, hq, hkv, d, k) = (1, 2, 1, 24, 64);
+    let width = (hq + 2 * hkv) * d;
+    let u8buf = |n: usize| g.alloc(DType::U8, n).unwrap();
+    let f32buf = |n: usize| g.alloc(DType::F32, n).unwrap();
+    let (xb, wb, xsb, wsb) = (u8buf(b * k), u8buf(width * k), f32buf(b), f32buf(width));
+    let (qkv, qo) = (
+        g.alloc(dt, b * width).unwrap(),
+        g.alloc(dt, b * hq * d).unwrap(),
+    );
+    let (kc, vc) = (
+        g.alloc(dt, 16 * hkv * d).unwrap(),
+        g.alloc(dt, 16 * hkv * d).unwrap(),
+    );
+    let (pb, fb, sb) = (
+        g.upload_u32(&[0]).unwrap(),
+        g.upload_f32(&vec![1.0; d / 2], DType::F32).unwrap(),
+        g.upload_i64(&[0]).unwrap(),
+    );
+    let l = Fp8Linear {
+        x: &xb,
+        x_scales: &xsb,
+        w: &wb,
+        w_scales: &wsb,
+        y: &qkv,
+        m: b,
+        n: width,
+        k,
+    };
+    let rope = RopeKv {
+        qkv: &qkv,
+        bias: None,
+        positions: &pb,
+        inv_freq: &fb,
+        slots: &sb,
+        q_out: &qo,
+        k_cache: &kc,
+        v_cache: &vc,
+        n: b,
+        hq,
+        hkv,
+        d,
+        block_size: 16,
+        kv_scales: None,
+    };
+    assert_eq!(gemv_fp8_rope_kernel(&l, &rope, Fp8GemvChoice::Auto), None);
+    // SAFETY: the one slot is 0 (and nothing is launched).
+    let err = unsafe { gemv_fp8_rope_kv(&g, &l, &rope, Fp8GemvChoice::Auto) }.unwrap_err();
+    assert!(err.to_string().contains("gemv_fp8_rope_kv"), "{err}");
 }

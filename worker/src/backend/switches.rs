@@ -9,13 +9,14 @@
 use std::fmt;
 
 /// The environment variables [`KernelSwitches::from_env`] reads, with what each accepts.
-pub const KERNEL_SWITCH_VARS: [(&str, &str); 12] = [
+pub const KERNEL_SWITCH_VARS: [(&str, &str); 13] = [
     ("RINGSERVE_CUDA_PREFILL", "mma or wgmma"),
     ("RINGSERVE_CUDA_DECODE_MMA", "0 or 1"),
     ("RINGSERVE_CUDA_DECODE_SHARE", "0 or 1"),
     ("RINGSERVE_CUDA_PDL", "0, fp8 or 1"),
     ("RINGSERVE_CUDA_GEMV", "0, 1, or a weight size in elements"),
     ("RINGSERVE_CUDA_FUSE_ROPE", "0 or 1"),
+    ("RINGSERVE_CUDA_FUSE_O_QUANT", "0 or 1"),
     ("RINGSERVE_CUDA_L2_PREFETCH", "0 or 1"),
     ("RINGSERVE_CUDA_GEMM_TUNE", "0 or 1"),
     ("RINGSERVE_CUDA_INT4_TILES", "0 or 1"),
@@ -164,8 +165,12 @@ pub struct KernelSwitches {
     pub pdl: PdlChoice,
     /// Small-batch products on the GEMV kernel.
     pub gemv: GemvChoice,
-    /// Where q/k/v takes the GEMV kernel, RoPE and the paged KV write run in its epilogue.
+    /// Where q/k/v takes the GEMV kernel (bf16, or the FP8 tile GEMV of [`FP8_TILE_SMALL`] or
+    /// [`FP8_TILE_LARGE`]), RoPE and the paged KV write run in its epilogue.
     pub fuse_rope: bool,
+    /// In a step of decodes only whose attention is split, an FP8 o product's input is quantized
+    /// by the split combine (`attn_combine_quant_fp8_bf16`) instead of a launch of its own.
+    pub fuse_o_quant: bool,
     /// bf16 on sm_90+, batch 1: each layer's o_proj weights are prefetched into L2 on a side
     /// branch of the graph while RoPE and attention run.
     pub l2_prefetch: bool,
@@ -198,6 +203,7 @@ impl Default for KernelSwitches {
             pdl: PdlChoice::Fp8,
             gemv: GemvChoice::default(),
             fuse_rope: true,
+            fuse_o_quant: true,
             l2_prefetch: true,
             gemm_tune: true,
             int4_tiles: true,
@@ -265,6 +271,7 @@ impl KernelSwitches {
                     }
                 }
                 "RINGSERVE_CUDA_FUSE_ROPE" => s.fuse_rope = flag()?,
+                "RINGSERVE_CUDA_FUSE_O_QUANT" => s.fuse_o_quant = flag()?,
                 "RINGSERVE_CUDA_L2_PREFETCH" => s.l2_prefetch = flag()?,
                 "RINGSERVE_CUDA_INT4_TILES" => s.int4_tiles = flag()?,
                 "RINGSERVE_CUDA_GGUF_INT4" => s.gguf_int4 = flag()?,
@@ -289,12 +296,14 @@ impl fmt::Display for KernelSwitches {
         write!(
             f,
             "prefill={:?} decode_mma={} decode_share={} pdl={:?} gemv={gemv} fuse_rope={} \
-             l2_prefetch={} gemm_tune={} int4_tiles={} gguf_int4={} int4_mma={} fp8_gemv={}",
+             fuse_o_quant={} l2_prefetch={} gemm_tune={} int4_tiles={} gguf_int4={} int4_mma={} \
+             fp8_gemv={}",
             self.prefill,
             self.decode_mma,
             self.decode_share,
             self.pdl,
             self.fuse_rope,
+            self.fuse_o_quant,
             self.l2_prefetch,
             self.gemm_tune,
             self.int4_tiles,
@@ -323,7 +332,7 @@ mod tests {
         assert_eq!(s, KernelSwitches::default());
         assert_eq!(s.prefill, PrefillChoice::Auto);
         assert!(s.decode_mma && s.fuse_rope && s.l2_prefetch && s.gemm_tune && s.int4_tiles);
-        assert!(s.gguf_int4 && s.int4_mma && s.decode_share);
+        assert!(s.gguf_int4 && s.int4_mma && s.decode_share && s.fuse_o_quant);
         assert_eq!(s.pdl, PdlChoice::Fp8);
         assert_eq!(s.gemv, GemvChoice::UpTo(GEMV_MAX_WEIGHT));
         assert_eq!(s.fp8_gemv, Fp8GemvChoice::Auto);
@@ -340,6 +349,7 @@ mod tests {
             ("RINGSERVE_CUDA_PDL", "0"),
             ("RINGSERVE_CUDA_GEMV", "1000"),
             ("RINGSERVE_CUDA_FUSE_ROPE", "0"),
+            ("RINGSERVE_CUDA_FUSE_O_QUANT", "0"),
             ("RINGSERVE_CUDA_L2_PREFETCH", "0"),
             ("RINGSERVE_CUDA_GEMM_TUNE", "0"),
             ("RINGSERVE_CUDA_INT4_TILES", "0"),
@@ -350,6 +360,7 @@ mod tests {
         .unwrap();
         assert_eq!(s.fp8_gemv, Fp8GemvChoice::Rows16);
         assert!(!s.int4_tiles && !s.gguf_int4 && !s.int4_mma && !s.decode_share);
+        assert!(!s.fuse_o_quant);
         assert_eq!(s.pdl, PdlChoice::Off);
         assert_eq!(
             parse(&[("RINGSERVE_CUDA_PDL", "1")]).unwrap().pdl,

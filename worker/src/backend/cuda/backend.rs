@@ -23,12 +23,13 @@ use grammar::TokenMask;
 
 use super::device::{Buf, DType, Gpu};
 use super::fp8::{
-    Fp8Gemm, Fp8Linear, QuantRows, check_fp8_options, gemv_fp8_choice, has_fp8, quant_rows,
+    Fp8Gemm, Fp8Linear, QuantRows, check_fp8_options, gemv_fp8_choice, gemv_fp8_rope_kernel,
+    gemv_fp8_rope_kv, has_fp8, quant_rows,
 };
 use super::graph::{DecodeGraph, PdlKernels};
 use super::int4::{Int4Linear, Int4Scales, check_int4_options, gguf_runs_int4};
 use super::lt::{LtGemm, TuneRecord};
-use super::ops::{self, AddRmsNorm, Attention, Linear, NormFp8, RopeKv, SampleRow};
+use super::ops::{self, AddRmsNorm, Attention, CombineFp8, Linear, NormFp8, RopeKv, SampleRow};
 use super::step::{self, DECODE_SPLIT, HostStep, Limits};
 use super::tp::{CudaTp, DeviceGroup};
 use super::weights::{self, Fp8Layer, Fp8Scales, Int4Layer, LayerWeights, Weights};
@@ -162,6 +163,9 @@ pub struct CudaBackend {
     /// Whether the q/k/v product runs fused with RoPE and the KV write where it takes the GEMV
     /// kernel ([`KernelSwitches::fuse_rope`]).
     fuse_rope: bool,
+    /// Whether an FP8 o product's input is quantized by decode attention's split combine
+    /// ([`KernelSwitches::fuse_o_quant`]).
+    fuse_o_quant: bool,
     /// Decodes one tensor-core decode block may compute a shared split for
     /// ([`step::share_decode_splits`]); below 2 when the switch is off or the decode kernel is
     /// not a tensor-core one ([`KernelSwitches::decode_share`]).
@@ -463,6 +467,7 @@ impl CudaBackend {
                 && ops::has_l2_prefetch(capability)
                 && opts.kernels.l2_prefetch,
             fuse_rope: opts.kernels.fuse_rope,
+            fuse_o_quant: opts.kernels.fuse_o_quant,
             decode_share,
             pdl,
             _blas_workspace: blas_ws,
@@ -621,7 +626,32 @@ impl CudaBackend {
             ProductQuant::Int4(s) => return self.product_int4(l, s).map(|_| None),
             ProductQuant::Fp8(s) => s,
         };
-        let (g, ws) = (&self.gpu, &self.ws);
+        let g = &self.gpu;
+        let f = self.fp8_linear(l, s, quantized)?;
+        match &self.fp8_gemm {
+            _ if l.m <= kernels::GEMV_MAX_BATCH && f.gemv_ok() => {
+                gemv_fp8_choice(g, &f, self.fp8_gemv).map(|_| None)
+            }
+            Some(gemm) if unscaled_ok => gemm
+                .run_unscaled(g, &f)
+                .map(|_| Some((&self.ws.xs, &s.rows))),
+            Some(gemm) => gemm.run(g, &f).map(|_| None),
+            None => Err(BackendError::InvalidOptions(
+                "FP8 weights in a backend built without FP8".into(),
+            )),
+        }
+    }
+
+    /// The FP8 form of the product `l` with weight scales `s`: its input's codes and row scales in
+    /// the workspace, quantized there first unless `quantized` (a kernel before already wrote
+    /// them).
+    fn fp8_linear<'s>(
+        &'s self,
+        l: &Linear<'s>,
+        s: &'s Fp8Scales,
+        quantized: bool,
+    ) -> Result<Fp8Linear<'s>, BackendError> {
+        let ws = &self.ws;
         if !quantized {
             let quant = QuantRows {
                 x: l.x,
@@ -631,9 +661,9 @@ impl CudaBackend {
                 k: l.k,
                 static_scale: s.static_input.unwrap_or(0.0),
             };
-            quant_rows(g, &quant)?;
+            quant_rows(&self.gpu, &quant)?;
         }
-        let f = Fp8Linear {
+        Ok(Fp8Linear {
             x: &ws.xq,
             x_scales: &ws.xs,
             w: l.w,
@@ -642,17 +672,40 @@ impl CudaBackend {
             m: l.m,
             n: l.n,
             k: l.k,
-        };
-        match &self.fp8_gemm {
-            _ if l.m <= kernels::GEMV_MAX_BATCH && f.gemv_ok() => {
-                gemv_fp8_choice(g, &f, self.fp8_gemv).map(|_| None)
-            }
-            Some(gemm) if unscaled_ok => gemm.run_unscaled(g, &f).map(|_| Some((&ws.xs, &s.rows))),
-            Some(gemm) => gemm.run(g, &f).map(|_| None),
-            None => Err(BackendError::InvalidOptions(
-                "FP8 weights in a backend built without FP8".into(),
-            )),
+        })
+    }
+
+    /// Runs the q/k/v product `l` as [`Self::product`] does, with RoPE and the paged KV write `a`
+    /// in its epilogue where a fused kernel takes it ([`KernelSwitches::fuse_rope`]: the bf16
+    /// GEMV, or the FP8 tile GEMV's two default variants); returns whether they ran.
+    ///
+    /// # Safety
+    /// As `ops::rope_kv_write`: every one of the first `n` slots of `a` is inside the cache.
+    unsafe fn qkv_product(
+        &self,
+        l: &Linear<'_>,
+        scales: ProductQuant<'_>,
+        quantized: bool,
+        a: &RopeKv<'_>,
+    ) -> Result<bool, BackendError> {
+        if self.fuses_rope(l, a) {
+            // SAFETY: the caller's promise.
+            unsafe { ops::gemv_rope_kv(&self.gpu, l, a) }?;
+            return Ok(true);
         }
+        if let ProductQuant::Fp8(s) = scales
+            && self.fuse_rope
+            && l.m <= kernels::GEMV_MAX_BATCH
+        {
+            let f = self.fp8_linear(l, s, quantized)?;
+            if gemv_fp8_rope_kernel(&f, a, self.fp8_gemv).is_some() {
+                // SAFETY: the caller's promise.
+                unsafe { gemv_fp8_rope_kv(&self.gpu, &f, a, self.fp8_gemv) }?;
+                return Ok(true);
+            }
+            return self.product(l, scales, true).map(|_| false);
+        }
+        self.product(l, scales, quantized).map(|_| false)
     }
 
     /// An INT4 product: its input permuted first for act order; the GEMV kernel up to
@@ -855,13 +908,10 @@ impl CudaBackend {
                 block_size: self.block_size,
                 kv_scales: self.kv_scales.as_ref().map(|s| (s.k[l], s.v[l])),
             };
-            let fused_rope = self.fuses_rope(&p.qkv, &rope);
-            if fused_rope {
-                // SAFETY: as rope_kv_write's below.
-                unsafe { ops::gemv_rope_kv(g, &p.qkv, &rope) }?;
-            } else {
-                self.product(&p.qkv, p.quant(|f| &f.qkv, |i| &i.qkv), fused_quant)?;
-            }
+            // SAFETY: as rope_kv_write's below.
+            let fused_rope = unsafe {
+                self.qkv_product(&p.qkv, p.quant(|f| &f.qkv, |i| &i.qkv), fused_quant, &rope)
+            }?;
             // o_proj's weights into L2 on a branch beside RoPE and attention (joined before o).
             let prefetch_o = self.l2_prefetch && n <= L2_PREFETCH_MAX_ROWS;
             if prefetch_o {
@@ -896,9 +946,30 @@ impl CudaBackend {
                 scale: 1.0 / (hd as f32).sqrt(),
                 kv_scales: self.kv_scales.as_ref().map(|s| (s.k[l], s.v[l])),
                 decode: false,
+                combine_fp8: None,
             };
+            // An FP8 o product's input quantized by the split combine, in a step of decodes only
+            // (each token one decode item: step::build lays decodes out so).
+            let o_quant = p.quant(|f| &f.o, |i| &i.o);
+            let combine_fp8 = match o_quant {
+                ProductQuant::Fp8(s)
+                    if self.fuse_o_quant
+                        && d.items_prefill == 0
+                        && d.items_decode == n
+                        && ops::combine_fp8_fits(self.dtype, hd, d.splits) =>
+                {
+                    Some(CombineFp8 {
+                        q: &ws.xq,
+                        scales: &ws.xs,
+                        static_scale: s.static_input.unwrap_or(0.0),
+                    })
+                }
+                _ => None,
+            };
+            let o_quantized = combine_fp8.is_some();
             // SAFETY: step::build made seqs/items/tables consistent and checked every block id;
-            // decode items are single-token sequences, as the split launch requires.
+            // decode items are single-token sequences, as the split launch requires, and in a
+            // step of decodes only item i's token is token i (< n).
             unsafe {
                 ops::attention(g, &attn)?;
                 attn.items = &ws.items_decode;
@@ -906,13 +977,13 @@ impl CudaBackend {
                 attn.split_size = d.split;
                 attn.num_splits = d.splits;
                 attn.decode = true;
+                attn.combine_fp8 = combine_fp8;
                 ops::attention(g, &attn)?;
             }
             if prefetch_o {
                 g.stream.join(&g.side)?;
             }
-            let raw_o =
-                self.product_maybe_unscaled(&p.o, p.quant(|f| &f.o, |i| &i.o), false, unscaled_ok)?;
+            let raw_o = self.product_maybe_unscaled(&p.o, o_quant, o_quantized, unscaled_ok)?;
             self.all_reduce(&ws.proj, n * h)?;
             ops::add_rmsnorm(
                 g,

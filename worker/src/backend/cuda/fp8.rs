@@ -9,13 +9,13 @@ use std::ffi::c_void;
 use cudarc::cublaslt::sys::cublasLtMatmulDescAttributes_t as Attr;
 use cudarc::cublaslt::{result as lt, sys as lt_sys};
 use cudarc::driver::PushKernelArg;
-use kernels::params::{Fp8QuantParams, GemvFp8Params};
+use kernels::params::{Fp8QuantParams, GemvFp8Params, GemvFp8RopeParams};
 
 use super::device::{Buf, DType, Gpu};
 use super::lt::LT_WORKSPACE_BYTES;
-use super::ops::{cfg, dim, int};
+use super::ops::{RopeKv, cfg, dim, int};
 use crate::backend::BackendError;
-use crate::backend::switches::Fp8GemvChoice;
+use crate::backend::switches::{FP8_TILE_LARGE, FP8_TILE_SMALL, Fp8GemvChoice};
 use crate::config::ModelConfig;
 use crate::quant::LinearQuant;
 use crate::tp::LocalDims;
@@ -278,6 +278,75 @@ pub fn gemv_fp8_tiles(
     // mma runs on all 32 lanes (the item test is warp-uniform) and every thread reaches each
     // tile's barrier (the tile loop is the same for the whole block); shared memory is static and
     // sized for GEMV_THREADS (256) threads.
+    unsafe { b.launch(cfg(grid, kernels::GEMV_THREADS, 0)) }
+        .map(|_| ())
+        .map_err(BackendError::from)
+}
+
+/// The tile kernel `choice` runs the q/k/v product `l` on when that kernel has a variant with RoPE
+/// and the paged KV write `a` in its epilogue (`gemv_fp8_rope_kv_<kernel>`): one of the two
+/// [`Fp8GemvChoice::Auto`] picks, [`Fp8Linear::tiles_ok`], bf16 RoPE buffers, `l` producing exactly
+/// `a`'s `[n, (hq + 2 hkv) d]`, and a head size that is a multiple of 16 (a tile holds 8 rotation
+/// pairs of one head). `None`: run the product and `rope_kv_write` apart.
+pub fn gemv_fp8_rope_kernel(
+    l: &Fp8Linear<'_>,
+    a: &RopeKv<'_>,
+    choice: Fp8GemvChoice,
+) -> Option<&'static str> {
+    let fits = l.tiles_ok()
+        && a.qkv.dtype() == DType::Bf16
+        && a.d.is_multiple_of(16)
+        && l.m == a.n
+        && l.n == (a.hq + 2 * a.hkv) * a.d;
+    choice
+        .tile_for(l.n * l.k)
+        .filter(|k| fits && [FP8_TILE_SMALL, FP8_TILE_LARGE].contains(k))
+}
+
+/// The FP8 q/k/v product `l` and `rope_kv_write` of its output in one launch on the tile kernel
+/// [`gemv_fp8_rope_kernel`] names (`l.y` and `a.qkv` are not written): the same bits as
+/// [`gemv_fp8_tiles`] followed by `rope_kv_write`.
+///
+/// # Safety
+/// As `rope_kv_write`: every one of the first `n` slots is `< k_cache.len() / (hkv * d)` (or
+/// negative: skipped).
+pub unsafe fn gemv_fp8_rope_kv(
+    gpu: &Gpu,
+    l: &Fp8Linear<'_>,
+    a: &RopeKv<'_>,
+    choice: Fp8GemvChoice,
+) -> Result<(), BackendError> {
+    l.check()?;
+    let (_, rope) = a.params()?;
+    let Some(kernel) = gemv_fp8_rope_kernel(l, a, choice) else {
+        return Err(BackendError::InvalidBatch(format!(
+            "gemv_fp8_rope_kv {}: shape, type or alignment unsupported ({} x {} by {}, d {})",
+            choice.name(),
+            l.m,
+            l.n,
+            l.k,
+            a.d
+        )));
+    };
+    require_fp8(gpu)?;
+    if l.m == 0 {
+        return Ok(());
+    }
+    let f = gpu.func(&format!("gemv_fp8_rope_kv_{kernel}"))?;
+    let grid = (tile_grid(gpu, f, l.n / 16)?, 1, 1);
+    let p = GemvFp8RopeParams {
+        g: l.params()?,
+        rope,
+    };
+    let mut b = gpu.stream.launch_builder(f);
+    b.arg(&p);
+    // SAFETY: as gemv_fp8_tiles' launch for the product (l checked; tiles_ok: 1 <= m <= 8, k a
+    // multiple of 64, n*k < 2^32, 16-byte aligned x and w), with n = (hq + 2 hkv) d and d a
+    // multiple of 16, so tile i's rows — head i / (d/16), dims 8 (i % (d/16)) + 0..8 and the same
+    // + d/2 — are < n and the n / 16 tiles cover every row once. The epilogue is rope_kv_write's
+    // for token bb < m = a.n, head h < hq + 2 hkv and pair j < d/2, whose buffers a.params()
+    // checked; it reads x_scales[bb] and w_scales[row] for row < n. Cache slots are the caller's
+    // promise.
     unsafe { b.launch(cfg(grid, kernels::GEMV_THREADS, 0)) }
         .map(|_| ())
         .map_err(BackendError::from)

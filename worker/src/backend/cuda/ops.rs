@@ -7,7 +7,7 @@
 use cudarc::cublas::sys as blas_sys;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 pub use kernels::params::SampleRow;
-use kernels::params::{AttnParams, GemvParams, GemvRopeParams, RopeParams};
+use kernels::params::{AttnParams, CombineFp8Params, GemvParams, GemvRopeParams, RopeParams};
 
 use super::device::{Buf, DType, Gpu, PrefillKernel};
 use crate::backend::BackendError;
@@ -324,7 +324,7 @@ fn cache_type(dt: DType, kv_scales: Option<(f32, f32)>) -> Result<DType, Backend
 
 impl RopeKv<'_> {
     /// Checks the buffers against the shape; returns their type and the kernel's parameters.
-    fn params(&self) -> Result<(DType, RopeParams), BackendError> {
+    pub(super) fn params(&self) -> Result<(DType, RopeParams), BackendError> {
         let dt = float_type(self.qkv, "qkv")?;
         let width = (self.hq + 2 * self.hkv) * self.d;
         if !self.d.is_multiple_of(2) || self.d / 2 > kernels::ROPE_MAX_PAIRS {
@@ -482,6 +482,30 @@ pub struct Attention<'a> {
     /// Every sequence the items reach has `query_len == 1`: use the decode kernel when the
     /// head size and group allow it.
     pub decode: bool,
+    /// With `num_splits > 1`: the split combine quantizes each item's output row to E4M3 for an
+    /// FP8 product instead of storing it (`out` is not written) — see [`CombineFp8`].
+    pub combine_fp8: Option<CombineFp8<'a>>,
+}
+
+/// Where the split combine of [`attention`] puts an FP8 product's input
+/// (`attn_combine_quant_fp8_bf16`): for each decode item, its token's row of `[n, hq d]` as the
+/// E4M3 codes and scale `quant_fp8_rows_bf16` gives for the bf16 row `attn_combine_bf16` would
+/// store. Every token of the step must be the token of exactly one item (a step of decodes only),
+/// or the rows of the others stay unwritten.
+#[derive(Clone, Copy)]
+pub struct CombineFp8<'a> {
+    /// U8 `[n, hq d]`, 8-byte aligned.
+    pub q: &'a Buf,
+    /// F32 `[n]`.
+    pub scales: &'a Buf,
+    /// `> 0`: every row's scale (a static input scale); 0: each row's own.
+    pub static_scale: f32,
+}
+
+/// Whether [`attention`] can quantize its combined output ([`Attention::combine_fp8`]): bf16
+/// queries, a head size that is a multiple of 8, and a split launch.
+pub fn combine_fp8_fits(dt: DType, d: usize, num_splits: usize) -> bool {
+    dt == DType::Bf16 && d.is_multiple_of(8) && num_splits > 1
 }
 
 /// Whether prefill attention runs on a tensor-core kernel (bf16, head size 128; `Gpu::prefill`
@@ -671,7 +695,11 @@ pub unsafe fn attention_with(
         // SAFETY: q/out/partials sized (checked); the index data is the caller's promise.
         unsafe { b.launch(cfg(grid, kernels::ATTN_THREADS, smem)) }?;
     }
-    if a.num_splits > 1 {
+    if let Some(c) = &a.combine_fp8 {
+        // SAFETY: the caller's promise (items, seqs and tokens consistent), passed on; the
+        // partials were written above.
+        unsafe { combine_quant_fp8(gpu, a, c, p) }?;
+    } else if a.num_splits > 1 {
         let f = gpu.func(&format!("attn_combine_{}", dt.suffix()))?;
         let mut b = gpu.stream.launch_builder(f);
         b.arg(&p);
@@ -681,6 +709,62 @@ pub unsafe fn attention_with(
         unsafe { b.launch(cfg(grid, threads, 0)) }?;
     }
     Ok(())
+}
+
+/// The split combine of `a` with its rows quantized into `c` (`attn_combine_quant_fp8_bf16`).
+///
+/// # Safety
+/// As [`attention`], with `p` built from `a`: every item's token `< n`.
+unsafe fn combine_quant_fp8(
+    gpu: &Gpu,
+    a: &Attention<'_>,
+    c: &CombineFp8<'_>,
+    p: AttnParams,
+) -> Result<(), BackendError> {
+    let dt = float_type(a.q, "q")?;
+    if !combine_fp8_fits(dt, a.d, a.num_splits) {
+        return Err(BackendError::InvalidBatch(format!(
+            "attention: the FP8 combine takes bf16 split launches of a head size that is a \
+             multiple of 8, not {dt:?}, d {}, {} splits",
+            a.d, a.num_splits
+        )));
+    }
+    let row = a.hq * a.d;
+    c.q.check("combine fp8 codes", DType::U8, a.n * row)?;
+    c.scales.check("combine fp8 scales", DType::F32, a.n)?;
+    if !(c.q.ptr().is_multiple_of(8) && c.static_scale >= 0.0 && c.static_scale.is_finite()) {
+        return Err(BackendError::InvalidBatch(format!(
+            "attention: FP8 combine codes must be 8-byte aligned and the static scale finite and \
+             non-negative, got {}",
+            c.static_scale
+        )));
+    }
+    let cp = CombineFp8Params {
+        attn: p,
+        q: c.q.ptr(),
+        scales: c.scales.ptr(),
+        static_scale: c.static_scale,
+        pad: 0,
+    };
+    let mut b = gpu
+        .stream
+        .launch_builder(gpu.func("attn_combine_quant_fp8_bf16")?);
+    b.arg(&cp);
+    // SAFETY: block i (one per item, grid num_items) reads the hq*num_splits partials of item i
+    // (part_o/part_ml sized for num_items*hq*num_splits, checked by attention_with) and writes
+    // codes [tok*hq*d, (tok+1)*hq*d) and scales[tok] for its token tok < n (the caller's
+    // promise), in 8-byte stores at 8-byte aligned offsets (hq*d is a multiple of 8, q 8-byte
+    // aligned); part_o's 16-byte loads start at multiples of 8 floats of a 256-byte aligned
+    // allocation. FP8_QUANT_WIDE_THREADS is the block size the kernel's reduction is sized for.
+    unsafe {
+        b.launch(cfg(
+            (dim(a.num_items, "items")?, 1, 1),
+            kernels::FP8_QUANT_WIDE_THREADS,
+            0,
+        ))
+    }
+    .map(|_| ())
+    .map_err(BackendError::from)
 }
 
 /// The FP8-cache launch of [`attention_with`]: at head size 128 the tensor-core decode kernel
