@@ -6,12 +6,12 @@
 # Calls on one warm H200 (a call carries at most 64 MiB):
 #   a (carry .gpu45/bins.tar.xz = ringserve, cuda_bench and the cuda_kernels, cuda_fp8,
 #      cuda_backend tests built with --features cuda, stripped; peer/ = ../shared/peers/vllm
-#      without its parts; .peer-vllm/carry/…part00): vLLM's
-#      first part stashed; the FP8 kernel tests (the two fused kernels against the unfused ones and
+#      without its parts): the FP8 kernel tests (the two fused kernels against the unfused ones and
 #      the CPU quantizer), the FP8 model tests with the new token test, the backend tests; the random
 #      8B model; cuda_bench decode fp8 at 1 and 8 x 512 with each fusion on and off, alternating;
 #      bench engine fp8 at 1 and 8 x 512, both on and both off
-#   b (carry part01): vLLM installed; ringserve fp8 (1, 128, 256 x 512), vLLM 0.26 fp8, ringserve
+#   b (carry .peer-vllm/carry/…part00): vLLM's first part stashed
+#   c (carry part01): vLLM installed; ringserve fp8 (1, 128, 256 x 512), vLLM 0.26 fp8, ringserve
 #      fp8 again, in one call
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
@@ -30,7 +30,6 @@ E="$B/ringserve bench engine --model $M --device cuda --output-len 65 --peer-dec
 case "$1" in
 a)
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv
-  install_vllm a
   ( [ -f $M/config.json ] || python3 scripts/make_random_llama8b.py $M > $OUT/make_model.log 2>&1 ) &
   timeout 200 $B/cuda_kernels fp8 rope --include-ignored --test-threads=1 --nocapture > $OUT/kernels.log 2>&1; echo "cuda_kernels fp8 rope rc=$?"
   grep -E "^test |test result|panicked|differ" $OUT/kernels.log | head -30
@@ -53,7 +52,9 @@ a)
   done
   tail -2 $OUT/bench.err ;;
 b)
-  install_vllm b
+  install_vllm b ;;
+c)
+  install_vllm c
   [ -f $M/config.json ] || python3 scripts/make_random_llama8b.py $M > $OUT/make_model.log 2>&1
   timeout 120 $E --batch-sizes 1,128,256 --prompt-lens 512 2>>$OUT/bench.err | grep -E "^\| [0-9]" | tee -a $OUT/bench.txt
   PYTHONPATH=/tmp/site timeout 240 python3 $P/bench_vllm.py $M $OUT/vllm_fp8.json --batches 128,256 --quantization fp8 > $OUT/vllm_fp8.log 2>&1; echo "vllm fp8 rc $?"
