@@ -12,7 +12,8 @@
 #      bench engine fp8 at 1 and 8 x 512, both on and both off
 #   b (carry .peer-vllm/carry/…part00): vLLM's first part stashed
 #   c (carry part01): vLLM installed; ringserve fp8 (1, 128, 256 x 512), vLLM 0.26 fp8, ringserve
-#      fp8 again, in one call
+#      fp8 again, in one call (ran with RINGSERVE_CUDA_FUSE_ROPE=0 exported: after call a the
+#      build runs that fusion from FP8_ROPE_MIN_ROWS = 2 rows, so the figures are the build's)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 B=/tmp/b45; P=/tmp/peer45; M=/tmp/llama8b

@@ -166,7 +166,8 @@ pub struct KernelSwitches {
     /// Small-batch products on the GEMV kernel.
     pub gemv: GemvChoice,
     /// Where q/k/v takes the GEMV kernel (bf16, or the FP8 tile GEMV of [`FP8_TILE_SMALL`] or
-    /// [`FP8_TILE_LARGE`]), RoPE and the paged KV write run in its epilogue.
+    /// [`FP8_TILE_LARGE`] from `FP8_ROPE_MIN_ROWS` rows), RoPE and the paged KV write run in its
+    /// epilogue.
     pub fuse_rope: bool,
     /// In a step of decodes only whose attention is split, an FP8 o product's input is quantized
     /// by the split combine (`attn_combine_quant_fp8_bf16`) instead of a launch of its own.

@@ -189,6 +189,13 @@ pub const L2_PREFETCH_MAX_ROWS: usize = 1;
 /// 1–1.5 %.
 pub const PDL_MAX_ROWS: usize = 1;
 
+/// Fewest rows whose FP8 q/k/v tile product runs RoPE and the KV write in its epilogue
+/// ([`KernelSwitches::fuse_rope`]). On the H200 (run 45, on and off alternating, two rounds,
+/// 512 keys) the fused kernel gained 0.07 ms a step at 8 sequences (3.37 → 3.30 ms) and lost
+/// 0.05–0.07 ms at one, where the unfused q/k/v product with its own RoPE launch overlaps better
+/// under programmatic dependent launch.
+pub const FP8_ROPE_MIN_ROWS: usize = 2;
+
 /// Products of at most this many rows take the GEMV kernel when it is on (the crossover with
 /// cuBLAS, from `cuda_bench gemv`); more rows go to cuBLAS.
 pub const GEMV_CROSSOVER_ROWS: usize = 8;
@@ -695,7 +702,7 @@ impl CudaBackend {
         }
         if let ProductQuant::Fp8(s) = scales
             && self.fuse_rope
-            && l.m <= kernels::GEMV_MAX_BATCH
+            && (FP8_ROPE_MIN_ROWS..=kernels::GEMV_MAX_BATCH).contains(&l.m)
         {
             let f = self.fp8_linear(l, s, quantized)?;
             if gemv_fp8_rope_kernel(&f, a, self.fp8_gemv).is_some() {
