@@ -12,7 +12,8 @@
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
 use ringbuf::bench::{
-    BATCHES, CAPACITY, Fill, Launcher, Peer, Pinning, WaitMode, pin_current_thread, quantile,
+    BATCHES, CAPACITY, Fill, Launcher, Peer, Pinning, WaitMode, WordLines, pin_current_thread,
+    quantile,
 };
 use std::hint::black_box;
 use std::sync::{Arc, Barrier};
@@ -249,17 +250,19 @@ fn ping_pong(c: &mut Criterion, launcher: &Launcher, pin: Option<Pinning>) {
         b.iter_custom(|iters| rtrb_ping_pong(iters, &mut all, pin))
     });
     print_quantiles("rtrb_inproc/spin", &mut all);
-    let mut all = Vec::new();
-    group.bench_function(BenchmarkId::new("shared_word_xproc", "spin"), |b| {
-        b.iter_custom(|iters| {
-            let samples = ringbuf::bench::word_ping_pong(launcher, iters as usize, pin)
-                .expect("shared-word ping-pong");
-            let total = Duration::from_nanos(samples.iter().sum());
-            all.extend(samples);
-            total
-        })
-    });
-    print_quantiles("shared_word_xproc/spin", &mut all);
+    for (lines, label) in [(WordLines::One, "spin"), (WordLines::Two, "spin_two_lines")] {
+        let mut all = Vec::new();
+        group.bench_function(BenchmarkId::new("shared_word_xproc", label), |b| {
+            b.iter_custom(|iters| {
+                let samples = ringbuf::bench::word_ping_pong(launcher, lines, iters as usize, pin)
+                    .expect("shared-word ping-pong");
+                let total = Duration::from_nanos(samples.iter().sum());
+                all.extend(samples);
+                total
+            })
+        });
+        print_quantiles(&format!("shared_word_xproc/{label}"), &mut all);
+    }
     group.finish();
 }
 

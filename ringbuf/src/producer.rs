@@ -8,7 +8,7 @@ use crate::layout::{
 };
 use crate::liveness::{self, PeerState};
 use crate::memory::Memory;
-use crate::ring::{self, Claim, Mapped, SideStats, WaitConfig};
+use crate::ring::{self, Claim, LINE, Mapped, SideStats, WaitConfig, prefetch_write};
 use crate::sync::Ordering;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
@@ -25,9 +25,6 @@ struct Run {
     /// Records in it so far (1: still a plain record).
     count: u64,
 }
-
-/// Cache-line size the record copies order their stores by (see `write_record`).
-const LINE: usize = 64;
 
 /// Largest single copy of `push_slice` (see `extend_run_many`).
 const COPY_PIECE: usize = 4096;
@@ -848,19 +845,6 @@ impl<M: Memory> std::fmt::Debug for Producer<M> {
 
 /// How far ahead of the tail (cache lines) the producer asks for lines to write.
 const PREFETCH_LINES: u64 = 32;
-
-/// A hint that this core will write the cache line at `p` soon (`prefetchw`; nothing elsewhere).
-#[inline(always)]
-fn prefetch_write(p: *const u8) {
-    #[cfg(all(target_arch = "x86_64", not(loom)))]
-    // SAFETY: a prefetch has no architectural effect and never faults, whatever the address
-    // (`prefetchw` executes as a NOP on x86-64 processors without it).
-    unsafe {
-        std::arch::asm!("prefetchw [{0}]", in(reg) p, options(nostack, preserves_flags));
-    }
-    #[cfg(not(all(target_arch = "x86_64", not(loom))))]
-    let _ = p;
-}
 
 /// Longest payload [`copy_descending`] copies (two cache lines).
 const DESCENDING_MAX: usize = 2 * LINE;

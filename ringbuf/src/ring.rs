@@ -95,6 +95,35 @@ impl SideStats {
     }
 }
 
+/// Cache-line size of the machines the ring is tuned for (bytes).
+pub(crate) const LINE: usize = 64;
+
+/// A hint that this core will write the cache line at `p` soon (`prefetchw`; nothing elsewhere).
+#[inline(always)]
+pub(crate) fn prefetch_write(p: *const u8) {
+    #[cfg(all(target_arch = "x86_64", not(loom)))]
+    // SAFETY: a prefetch has no architectural effect and never faults, whatever the address
+    // (`prefetchw` executes as a NOP on x86-64 processors without it).
+    unsafe {
+        std::arch::asm!("prefetchw [{0}]", in(reg) p, options(nostack, preserves_flags));
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+    let _ = p;
+}
+
+/// A hint that this core will read the cache line at `p` soon (`prefetcht0`; nothing elsewhere).
+#[inline(always)]
+pub(crate) fn prefetch_read(p: *const u8) {
+    #[cfg(all(target_arch = "x86_64", not(loom)))]
+    // SAFETY: a prefetch has no architectural effect and never faults, whatever the address
+    // (`prefetcht0` is part of SSE, which every x86-64 processor has).
+    unsafe {
+        std::arch::asm!("prefetcht0 [{0}]", in(reg) p, options(nostack, preserves_flags));
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+    let _ = p;
+}
+
 /// Polls `ready` until it holds or `limit` has passed (reading the clock every 32 polls).
 #[inline]
 pub(crate) fn spin(limit: Duration, mut ready: impl FnMut() -> Result<bool>) -> Result<bool> {

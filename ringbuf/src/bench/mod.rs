@@ -255,6 +255,11 @@ fn serve<M: Memory>(rx: &mut Consumer<M>, tx: &mut Producer<M>, mode: WaitMode) 
                 break g;
             }
         };
+        if g.kind() == KIND_PING {
+            // Echoed from the borrowed record: no copy on the round trip's path.
+            push(tx, mode, KIND_PING, &g)?;
+            continue;
+        }
         cmd.0 = g.kind();
         cmd.1.clear();
         cmd.1.extend_from_slice(&g);
@@ -305,7 +310,6 @@ fn serve<M: Memory>(rx: &mut Consumer<M>, tx: &mut Producer<M>, mode: WaitMode) 
                 rx.set_wait_config(idle);
                 push(tx, mode, KIND_ACK, &stats.to_bytes())?;
             }
-            KIND_PING => push(tx, mode, KIND_PING, &cmd.1)?,
             _ => return Ok(()),
         }
     }
@@ -317,7 +321,16 @@ pub fn child_main(args: &[String]) -> Result<()> {
     match args.first().map(String::as_str) {
         Some("stress") => return stress::child_main(&args[1..]),
         Some("word") => {
-            if let Some(cpu) = args.get(2) {
+            let lines = match args.get(2).map(String::as_str) {
+                Some("1") => WordLines::One,
+                Some("2") => WordLines::Two,
+                other => {
+                    return Err(Error::InvalidName(format!(
+                        "benchmark child word lines {other:?}"
+                    )));
+                }
+            };
+            if let Some(cpu) = args.get(3) {
                 let cpu = cpu
                     .parse()
                     .map_err(|_| Error::InvalidName(format!("benchmark child cpu {cpu:?}")))?;
@@ -326,7 +339,7 @@ pub fn child_main(args: &[String]) -> Result<()> {
             let name = args
                 .get(1)
                 .ok_or_else(|| Error::InvalidName(format!("benchmark child arguments {args:?}")))?;
-            return word_child(name);
+            return word_child(name, lines);
         }
         _ => {}
     }
@@ -580,43 +593,75 @@ impl<M: Memory> Drop for Peer<M> {
     }
 }
 
-/// A page of shared memory holding one word, for [`word_ping_pong`].
+/// A page of shared memory holding the words of [`word_ping_pong`].
 struct Word {
     shm: crate::PrivateShm,
 }
 
+/// Byte offset of the answer word when the answer has a line of its own: a 128-byte block apart,
+/// so that the adjacent-line prefetcher never pairs it with the question's line.
+const ANSWER_OFFSET: usize = 128;
+
 impl Word {
-    fn word(&self) -> &std::sync::atomic::AtomicU64 {
-        // SAFETY: the mapping is page-aligned and at least 8 bytes long (checked at create/open),
-        // lives as long as `self`, and both processes access these 8 bytes only atomically.
-        unsafe { std::sync::atomic::AtomicU64::from_ptr(self.shm.as_ptr().cast::<u64>()) }
+    /// The question word (offset 0), or with `answer` the word the answer goes to.
+    fn word(&self, lines: WordLines, answer: bool) -> &std::sync::atomic::AtomicU64 {
+        let offset = match (lines, answer) {
+            (WordLines::Two, true) => ANSWER_OFFSET,
+            _ => 0,
+        };
+        // SAFETY: the mapping is page-aligned and at least ANSWER_OFFSET + 8 bytes long (checked
+        // at create/open), so `offset` (0 or ANSWER_OFFSET) is in bounds and 8-byte aligned; it
+        // lives as long as `self`, and both processes access these words only atomically.
+        unsafe {
+            std::sync::atomic::AtomicU64::from_ptr(self.shm.as_ptr().add(offset).cast::<u64>())
+        }
+    }
+}
+
+/// What a [`word_ping_pong`] moves between the two cores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WordLines {
+    /// One word, question and answer: one cache line moves back and forth, and a core that read
+    /// it may write it without asking again. The floor under any ping-pong.
+    One,
+    /// The question in one line, the answer in another: the floor under two rings (each side
+    /// writes one line and polls the other's), rtrb's as ringbuf's.
+    Two,
+}
+
+impl WordLines {
+    fn as_str(self) -> &'static str {
+        match self {
+            WordLines::One => "1",
+            WordLines::Two => "2",
+        }
     }
 }
 
 const WORD_EXIT: u64 = u64::MAX;
 
-/// The child of [`word_ping_pong`]: answers each odd value with the next even one until told to
-/// stop.
-fn word_child(name: &str) -> Result<()> {
+/// The child of [`word_ping_pong`]: answers each new odd value with the next even one until told
+/// to stop.
+fn word_child(name: &str, lines: WordLines) -> Result<()> {
     let shm = crate::PrivateShm::open(name)?;
-    if shm.len() < 8 {
+    if shm.len() < ANSWER_OFFSET + 8 {
         return Err(Error::InvalidName(format!("word segment {name} too short")));
     }
     let w = Word { shm };
-    let word = w.word();
+    let (question, answer) = (w.word(lines, false), w.word(lines, true));
     let started = Instant::now();
-    let mut last = 0;
+    let mut answered = 0;
     let mut polls = 0u32;
     loop {
         // SYNC: Acquire/Release pair with the parent's stores and loads in `word_ping_pong`; a
         // round trip needs nothing else.
-        let v = word.load(std::sync::atomic::Ordering::Acquire);
+        let v = question.load(std::sync::atomic::Ordering::Acquire);
         if v == WORD_EXIT {
             return Ok(());
         }
-        if v != last && v % 2 == 1 {
-            word.store(v + 1, std::sync::atomic::Ordering::Release);
-            last = v + 1;
+        if v != answered && v % 2 == 1 {
+            answer.store(v + 1, std::sync::atomic::Ordering::Release);
+            answered = v;
         } else {
             polls = polls.wrapping_add(1);
             // The clock only now and then: reading it on every poll would delay the answer.
@@ -628,10 +673,15 @@ fn word_child(name: &str) -> Result<()> {
     }
 }
 
-/// `count` round trips of a bare shared word between this process and a child, both spinning:
-/// the floor under any cross-process ring's round trip on this machine. Returns nanoseconds per
-/// round trip.
-pub fn word_ping_pong(launcher: &Launcher, count: usize, pin: Option<Pinning>) -> Result<Vec<u64>> {
+/// `count` round trips of bare shared words between this process and a child, both spinning:
+/// the floor under any cross-process ping-pong (`One`) or under any pair of rings (`Two`) on this
+/// machine. Returns nanoseconds per round trip.
+pub fn word_ping_pong(
+    launcher: &Launcher,
+    lines: WordLines,
+    count: usize,
+    pin: Option<Pinning>,
+) -> Result<Vec<u64>> {
     if let Some(pin) = pin {
         pin_current_thread(pin.this)?;
     }
@@ -641,7 +691,7 @@ pub fn word_ping_pong(launcher: &Launcher, count: usize, pin: Option<Pinning>) -
     };
     let mut child = Command::new(&launcher.program)
         .args(&launcher.args)
-        .args(["word", name.as_str()])
+        .args(["word", name.as_str(), lines.as_str()])
         .args(pin.map(|p| p.peer.to_string()))
         .spawn()
         .map_err(|source| Error::Os {
@@ -649,17 +699,17 @@ pub fn word_ping_pong(launcher: &Launcher, count: usize, pin: Option<Pinning>) -
             name: name.clone(),
             source,
         })?;
-    let word = w.word();
+    let (question, answer) = (w.word(lines, false), w.word(lines, true));
     let mut samples = Vec::with_capacity(count);
     let result = (|| {
         // Warm-up: the first answer also says the child is running.
         let warm_up = count.min(1000) as u64;
         for i in 0..count as u64 + warm_up {
             let t = Instant::now();
-            word.store(2 * i + 1, std::sync::atomic::Ordering::Release);
+            question.store(2 * i + 1, std::sync::atomic::Ordering::Release);
             // SYNC: Acquire pairs with the child's Release store of the answer.
             let mut polls = 0u32;
-            while word.load(std::sync::atomic::Ordering::Acquire) != 2 * i + 2 {
+            while answer.load(std::sync::atomic::Ordering::Acquire) != 2 * i + 2 {
                 polls = polls.wrapping_add(1);
                 if polls.is_multiple_of(1 << 16)
                     && (t.elapsed() > PATIENCE || child_exited(&mut child))
@@ -674,7 +724,7 @@ pub fn word_ping_pong(launcher: &Launcher, count: usize, pin: Option<Pinning>) -
         }
         Ok(())
     })();
-    word.store(WORD_EXIT, std::sync::atomic::Ordering::Release);
+    question.store(WORD_EXIT, std::sync::atomic::Ordering::Release);
     let _ = child.wait();
     result.map(|()| samples)
 }
@@ -776,7 +826,12 @@ pub fn report(launcher: &Launcher, config: ReportConfig) -> Result<String> {
     // The machine's own cross-core latency, before and after: on a VM it changes when the host
     // moves the vCPUs (same core complex or not), and every figure below moves with it.
     let word_p50 = || -> Result<u64> {
-        let mut samples = word_ping_pong(launcher, config.round_trips.min(20_000), config.pin)?;
+        let mut samples = word_ping_pong(
+            launcher,
+            WordLines::One,
+            config.round_trips.min(20_000),
+            config.pin,
+        )?;
         Ok(quantile(&mut samples, 0.5))
     };
     let word_before = word_p50()?;
@@ -816,7 +871,8 @@ pub fn report(launcher: &Launcher, config: ReportConfig) -> Result<String> {
     );
     let _ = writeln!(
         out,
-        "\nping-pong round trip, 64-byte records ({} round trips, median of {repeats} by p50):",
+        "\nping-pong round trip, 64-byte records unless marked ({} round trips, median of \
+         {repeats} by p50):",
         config.round_trips
     );
     let _ = writeln!(
@@ -843,7 +899,10 @@ pub fn report(launcher: &Launcher, config: ReportConfig) -> Result<String> {
         Ok(())
     };
     row("bare shared word, spin", &mut || {
-        word_ping_pong(launcher, config.round_trips, config.pin)
+        word_ping_pong(launcher, WordLines::One, config.round_trips, config.pin)
+    })?;
+    row("two shared words, spin", &mut || {
+        word_ping_pong(launcher, WordLines::Two, config.round_trips, config.pin)
     })?;
     for mode in [WaitMode::Spin, WaitMode::Futex] {
         row(&format!("cross-process, {}", mode.as_str()), &mut || {
@@ -853,6 +912,13 @@ pub fn report(launcher: &Launcher, config: ReportConfig) -> Result<String> {
             Peer::thread(mode, config.pin)?.ping_pong(64, config.round_trips, mode)
         })?;
     }
+    row("cross-process, spin, 8 B", &mut || {
+        Peer::process(launcher, WaitMode::Spin, config.pin)?.ping_pong(
+            8,
+            config.round_trips,
+            WaitMode::Spin,
+        )
+    })?;
     Ok(out)
 }
 
