@@ -403,16 +403,16 @@ impl<M: Memory> Consumer<M> {
     }
 
     /// Counts a poll that found the ring empty (each reloads the line the producer writes next),
-    /// and asks for the line after that one: a record longer than what is left of the header's
-    /// line ends there, and fetched while we poll, it arrives with the header instead of one
-    /// cross-core transfer after it (`bench ring`, 64-byte records: round trip p50 ≈ 535 → ≈ 410
-    /// ns). A hint only: nothing is read from it before the header says it is written.
+    /// and with [`WaitConfig::prefetch_next_line`] asks for the line after that one. A hint only:
+    /// nothing is read from it before the header says it is written.
     #[cold]
     fn empty_poll(&mut self, pos: u64) {
         self.stats.refreshes += 1;
         self.stats.stalls += 1;
-        let next_line = ((pos | (LINE as u64 - 1)) + 1) & self.mask;
-        ring::prefetch_read(self.mem.data().wrapping_add(next_line as usize));
+        if self.config.prefetch_next_line {
+            let next_line = ((pos | (LINE as u64 - 1)) + 1) & self.mask;
+            ring::prefetch_read(self.mem.data().wrapping_add(next_line as usize));
+        }
     }
 
     /// Validates the record at `pos` (skipping a padding record), without releasing anything.

@@ -384,3 +384,25 @@ fn stats_count_stalls_sleeps_and_wakes() {
     assert!(stats.sleeps >= 1, "{stats:?}");
     assert_eq!(p.stats().wakes, 1);
 }
+
+#[test]
+fn prefetching_the_next_line_changes_no_record() {
+    // Every head position of a small ring, across wraps and padding, with an empty poll (and its
+    // prefetch of the following line, wrapped into the data area) before each record.
+    let ring = Ring::heap(256).unwrap();
+    let mut p = ring.producer().unwrap();
+    let mut c = ring.consumer().unwrap();
+    c.set_wait_config(WaitConfig {
+        prefetch_next_line: true,
+        ..WaitConfig::default()
+    });
+    for i in 0..2_000u32 {
+        assert!(c.try_pop().unwrap().is_none());
+        let len = (i as usize * 7) % 60 + 1;
+        let payload: Vec<u8> = (0..len).map(|b| (b as u32 + i) as u8).collect();
+        assert!(p.try_push_kind(3, &payload).unwrap());
+        let g = c.try_pop().unwrap().expect("a record");
+        assert_eq!((g.kind(), &g[..]), (3, &payload[..]), "record {i}");
+    }
+    assert!(c.stats().stalls >= 2_000);
+}

@@ -237,12 +237,14 @@ fn touch_run(recs: &crate::Records<'_>) -> u64 {
 fn serve<M: Memory>(rx: &mut Consumer<M>, tx: &mut Producer<M>, mode: WaitMode) -> Result<()> {
     // Between commands the peer waits on the futex after a spin: long enough (1 ms) that a
     // spinning ping-pong never sleeps, short enough that an idle peer (the other contestant of a
-    // group, pinned to the same CPU) does not steal the CPU from the one being measured.
+    // group, pinned to the same CPU) does not steal the CPU from the one being measured. Pings
+    // are request/response traffic: the consumer prefetches the line after its head's.
     let idle = WaitConfig {
         spin: match mode {
             WaitMode::Spin => Duration::from_millis(1),
             WaitMode::Futex => Duration::ZERO,
         },
+        prefetch_next_line: true,
         ..WaitConfig::default()
     };
     rx.set_wait_config(idle);
@@ -277,9 +279,13 @@ fn serve<M: Memory>(rx: &mut Consumer<M>, tx: &mut Producer<M>, mode: WaitMode) 
                 } else {
                     WaitMode::Spin
                 };
-                if sink_mode == WaitMode::Futex {
-                    rx.set_wait_config(WaitConfig::default());
-                }
+                rx.set_wait_config(match sink_mode {
+                    WaitMode::Futex => WaitConfig::default(),
+                    WaitMode::Spin => WaitConfig {
+                        prefetch_next_line: false,
+                        ..idle
+                    },
+                });
                 let before = rx.stats();
                 let mut left = count;
                 let mut sum = 0u64;
@@ -492,14 +498,13 @@ impl<M: Memory> Peer<M> {
 
     /// `count` round trips of one `size`-byte record; returns each round trip in nanoseconds.
     pub fn ping_pong(&mut self, size: usize, count: usize, mode: WaitMode) -> Result<Vec<u64>> {
-        let no_spin = WaitConfig {
-            spin: Duration::ZERO,
+        let config = WaitConfig {
+            spin: match mode {
+                WaitMode::Futex => Duration::ZERO,
+                WaitMode::Spin => WaitConfig::default().spin,
+            },
+            prefetch_next_line: true,
             ..WaitConfig::default()
-        };
-        let config = if mode == WaitMode::Futex {
-            no_spin
-        } else {
-            WaitConfig::default()
         };
         self.to.set_wait_config(config);
         self.from.set_wait_config(config);
