@@ -14,6 +14,7 @@
 #   c (carry part01): vLLM installed; ringserve fp8 (1, 128, 256 x 512), vLLM 0.26 fp8, ringserve
 #      fp8 again, in one call (ran with RINGSERVE_CUDA_FUSE_ROPE=0 exported: after call a the
 #      build runs that fusion from FP8_ROPE_MIN_ROWS = 2 rows, so the figures are the build's)
+#   d (carry .gpu45/bins2.tar.xz): that build's FP8 model tests and cuda_bench decode, defaults
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 B=/tmp/b45; P=/tmp/peer45; M=/tmp/llama8b
@@ -62,4 +63,15 @@ c)
   grep -hE "prefill|decode|batch1" $OUT/vllm_fp8.log | grep -v Warn | tail -8
   timeout 120 $E --batch-sizes 1,128,256 --prompt-lens 512 2>>$OUT/bench.err | grep -E "^\| [0-9]" | tee -a $OUT/bench.txt
   tail -2 $OUT/bench.err ;;
+d)
+  # The build after call a (RoPE in the FP8 tile GEMV from FP8_ROPE_MIN_ROWS = 2 rows): carry
+  # .gpu45/bins2.tar.xz (cuda_bench and the cuda_fp8 tests); defaults only.
+  mkdir -p /tmp/b45d && tar xJf .gpu45/bins2.tar.xz -C /tmp/b45d
+  ( [ -f $M/config.json ] || python3 scripts/make_random_llama8b.py $M > $OUT/make_model.log 2>&1 ) &
+  timeout 300 /tmp/b45d/cuda_fp8 --include-ignored --test-threads=1 --nocapture > $OUT/cuda_fp8_d.log 2>&1; echo "cuda_fp8 rc=$?"
+  grep -E "^test |test result|panicked|same tokens" $OUT/cuda_fp8_d.log | head -20
+  wait; cat $M/*.safetensors > /dev/null
+  for round in 1 2 3; do
+    echo "defaults: $(timeout 100 /tmp/b45d/cuda_bench decode $M 1,8 512 40 --quantization=fp8 2>&1 | grep 'decode batch' | tr '\n' ' ')" | tee -a $OUT/timeline_d.txt
+  done ;;
 esac
