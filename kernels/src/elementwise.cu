@@ -43,6 +43,22 @@ __device__ __forceinline__ unsigned char fp8_code(float v);
 #define FP8_MAX 448.0f
 #define FP8_MIN_SCALE (1.0f / (448.0f * 512.0f))
 
+// x / scale, IEEE-rounded, for a bf16 number x wherever the quotient can change an E4M3 code,
+// from the row's rcp = 1 / scale (IEEE): the product x * rcp corrected by one fused multiply-add
+// on the exact remainder (Markstein), four instructions where the division takes a dozen and a
+// branch. Checked off the device against x / scale for every finite bf16 x and 21,535 scales
+// (every dynamic scale amax / 448 of a bf16 amax, and 4,000 others from 2^-40 to 2^20): the same
+// float wherever 2^-12 <= |x / scale| < 10^6; below 2^-12 both are codes 0 (the smallest E4M3
+// magnitude is 2^-9), above 448 both saturate, and an overflowing product keeps its infinity
+// (the remainder would make it NaN). The sign of a zero quotient is the dividend's, as division's.
+// The kernels crate's test fp8_division_by_the_reciprocal_gives_the_quotient_where_codes_change
+// checks the same in Rust, operation for operation, over a sixteenth of the dynamic scales.
+__device__ __forceinline__ float fp8_div(float x, float scale, float rcp) {
+    const float q = x * rcp;
+    const float r = copysignf(__fmaf_rn(__fmaf_rn(-q, scale, x), rcp, q), q);
+    return isinf(q) ? q : r;
+}
+
 template <typename T>
 __device__ void add_rmsnorm_impl(T* __restrict__ residual, const T* __restrict__ delta,
                                  const T* __restrict__ weight, T* __restrict__ out, int hidden,
@@ -116,7 +132,10 @@ __device__ void add_rmsnorm_impl(T* __restrict__ residual, const T* __restrict__
             float s = static_scale;
             if (!(s > 0.f)) s = fmaxf(block_max(amax, red) / FP8_MAX, FP8_MIN_SCALE);
             if (threadIdx.x == 0) qscales[blockIdx.x] = s;
+            const float rcp = 1.f / s;
             unsigned char* qr = q + (size_t)blockIdx.x * hidden;
+            // A row's 8 codes in one store where the row starts 8-byte aligned.
+            const bool q8 = ((size_t)qr & 7) == 0;
 #pragma unroll
             for (int c = 0; c < NORM_CHUNKS; c++) {
                 const int i = (c * blockDim.x + threadIdx.x) * V;
@@ -125,9 +144,16 @@ __device__ void add_rmsnorm_impl(T* __restrict__ residual, const T* __restrict__
                 unpack16(row[c], v, T());
                 unsigned char b[V];
 #pragma unroll
-                for (int e = 0; e < V; e++) b[e] = fp8_code(v[e] / s);
+                for (int e = 0; e < V; e++) b[e] = fp8_code(fp8_div(v[e], s, rcp));
+                if (V == 8 && q8) {
+                    u32 w[2] = {0u, 0u};
 #pragma unroll
-                for (int e = 0; e < V; e++) qr[i + e] = b[e];
+                    for (int e = 0; e < V; e++) w[e / 4] |= (u32)b[e] << (8 * (e % 4));
+                    *(uint2*)(qr + i) = make_uint2(w[0], w[1]);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < V; e++) qr[i + e] = b[e];
+                }
             }
         }
         return;

@@ -41,22 +41,27 @@ __device__ __forceinline__ float fp8_row_scale(float m, float static_scale, floa
 // Quantizes one row of `nvec` 8-value vectors, vector i produced by load(i, out[8]) (values that
 // are bf16 numbers), to q[8i .. 8i + 8) (8-byte aligned) and *scale_out, with a block of THREADS
 // threads: the values of the first CACHED vectors a thread takes stay in its registers between
-// the two passes, the rest are produced again. The same codes and scale as the scalar path (and
-// for any THREADS): max is exact in any order, and each code is cvt.rn.satfinite.e4m3(x / scale)
-// of the same x and scale.
+// the two passes (packed two to a word: bf16 numbers fit exactly, so a vector costs 4 registers,
+// not 8), the rest are produced again. The same codes and scale as the scalar path (and for any
+// THREADS): max is exact in any order, and each code is cvt.rn.satfinite.e4m3 of x / scale
+// (fp8_div) for the same x and scale.
 #define FP8_QUANT_CACHED 8
 template <int THREADS = FP8_QUANT_THREADS, int CACHED = FP8_QUANT_CACHED, typename Load>
 __device__ __forceinline__ void fp8_quant_row_vec(Load load, int nvec, unsigned char* q, float* scale_out,
                                                   float static_scale, float* red) {
-    float v[CACHED][8];
+    u32 v[CACHED][4];
     float m = 0.f;
 #pragma unroll
     for (int c = 0; c < CACHED; c++) {
         const int i = threadIdx.x + c * THREADS;
         if (i < nvec) {
-            load(i, v[c]);
+            float t[8];
+            load(i, t);
 #pragma unroll
-            for (int e = 0; e < 8; e++) m = fmaxf(m, fabsf(v[c][e]));
+            for (int e = 0; e < 8; e++) m = fmaxf(m, fabsf(t[e]));
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                v[c][e] = __float_as_uint(t[2 * e]) >> 16 | (__float_as_uint(t[2 * e + 1]) & 0xffff0000u);
         }
     }
     for (int i = threadIdx.x + CACHED * THREADS; i < nvec; i += THREADS) {
@@ -66,19 +71,28 @@ __device__ __forceinline__ void fp8_quant_row_vec(Load load, int nvec, unsigned 
         for (int e = 0; e < 8; e++) m = fmaxf(m, fabsf(t[e]));
     }
     const float scale = fp8_row_scale<THREADS>(m, static_scale, red);
+    const float rcp = 1.f / scale;
     if (threadIdx.x == 0) *scale_out = scale;
     auto put = [&](int i, const float* t) {
         uint2 w;
-        w.x = (u32)fp8_code(t[0] / scale) | (u32)fp8_code(t[1] / scale) << 8 |
-              (u32)fp8_code(t[2] / scale) << 16 | (u32)fp8_code(t[3] / scale) << 24;
-        w.y = (u32)fp8_code(t[4] / scale) | (u32)fp8_code(t[5] / scale) << 8 |
-              (u32)fp8_code(t[6] / scale) << 16 | (u32)fp8_code(t[7] / scale) << 24;
+        w.x = (u32)fp8_code(fp8_div(t[0], scale, rcp)) | (u32)fp8_code(fp8_div(t[1], scale, rcp)) << 8 |
+              (u32)fp8_code(fp8_div(t[2], scale, rcp)) << 16 | (u32)fp8_code(fp8_div(t[3], scale, rcp)) << 24;
+        w.y = (u32)fp8_code(fp8_div(t[4], scale, rcp)) | (u32)fp8_code(fp8_div(t[5], scale, rcp)) << 8 |
+              (u32)fp8_code(fp8_div(t[6], scale, rcp)) << 16 | (u32)fp8_code(fp8_div(t[7], scale, rcp)) << 24;
         *(uint2*)(q + 8 * (size_t)i) = w;
     };
 #pragma unroll
     for (int c = 0; c < CACHED; c++) {
         const int i = threadIdx.x + c * THREADS;
-        if (i < nvec) put(i, v[c]);
+        if (i < nvec) {
+            float t[8];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                t[2 * e] = __uint_as_float(v[c][e] << 16);
+                t[2 * e + 1] = __uint_as_float(v[c][e] & 0xffff0000u);
+            }
+            put(i, t);
+        }
     }
     for (int i = threadIdx.x + CACHED * THREADS; i < nvec; i += THREADS) {
         float t[8];

@@ -208,8 +208,12 @@ pub const DECODE_MMA_KERNEL: &str = "attn_decode_mma_bf16_d128";
 /// [`DECODE_MMA_KERNEL`] over an FP8 (E4M3) cache: same grid, block and parameters; its shared
 /// memory is [`DECODE_KV8_SMEM_BYTES`] (a ring of E4M3 stages, converted to f16 in registers).
 pub const DECODE_MMA_KV8_KERNEL: &str = "attn_decode_mma_kv8_d128";
-/// Heads one `rope_kv_write_*` block rotates and writes (a warp each, `ROPE_HEADS`).
-pub const ROPE_HEADS: usize = 8;
+/// Heads one `rope_kv_write_*` block rotates and writes (`ROPE_HEADS`): the 8B shape's 48 q/k/v
+/// heads in two blocks a token.
+pub const ROPE_HEADS: usize = 32;
+/// Threads of a `rope_kv_write_*` block (`ROPE_THREADS`): one (head, 8 pairs) item each at head
+/// size 128.
+pub const ROPE_THREADS: u32 = 256;
 /// Rotated pairs (half the head dimension) `rope_kv_write_*` supports: its sin/cos table.
 pub const ROPE_MAX_PAIRS: usize = ATTN_MAX_HEAD_DIM / 2;
 
@@ -338,6 +342,7 @@ pub const LAUNCH_CONSTANTS: &[(&str, usize)] = &[
     ("DECODE_KV8_SMEM_BYTES", DECODE_KV8_SMEM_BYTES),
     ("DECODE_MMA_ROWS", DECODE_MMA_ROWS),
     ("ROPE_HEADS", ROPE_HEADS),
+    ("ROPE_THREADS", ROPE_THREADS as usize),
     ("ROPE_MAX_PAIRS", ROPE_MAX_PAIRS),
     ("DECODE_SHARE_MEMBERS_SHIFT", DECODE_SHARE_MEMBERS_SHIFT),
     ("DECODE_SHARE_SPLITS_SHIFT", DECODE_SHARE_SPLITS_SHIFT),
@@ -818,6 +823,46 @@ mod tests {
                 assert!(log.contains("undeclared_name"), "{log}")
             }
             other => panic!("expected a compile error, got {other:?}"),
+        }
+    }
+
+    /// `fp8_div` (elementwise.cu) in Rust, operation for operation: `x * rcp` corrected by a fused
+    /// multiply-add on the remainder, the zero's sign from the product, an overflowing product kept.
+    fn fp8_div(x: f32, scale: f32, rcp: f32) -> f32 {
+        let q = x * rcp;
+        let r = (-q).mul_add(scale, x).mul_add(rcp, q).copysign(q);
+        if q.is_infinite() { q } else { r }
+    }
+
+    /// The FP8 quantizers' division by the row's reciprocal gives IEEE `x / scale` for every finite
+    /// bf16 `x` wherever the quotient can change an E4M3 code (2^-12 <= |q| < 10^6; the smallest
+    /// E4M3 magnitude is 2^-9, and anything above 448 saturates), and the same sign: every 16th
+    /// dynamic scale (amax / 448 of a bf16 amax, floored as the quantizer floors it) and scales
+    /// from 2^-40 to 2^20.
+    #[test]
+    fn fp8_division_by_the_reciprocal_gives_the_quotient_where_codes_change() {
+        let mut scales: Vec<f32> = (0u32..0x7f80)
+            .step_by(16)
+            .map(|b| (f32::from_bits(b << 16) / 448.0).max(1.0 / (448.0 * 512.0)))
+            .collect();
+        scales.extend((-40..=20).flat_map(|e| [1.0f32, 1.37, 1.9999].map(|m| m * 2f32.powi(e))));
+        let xs: Vec<f32> = (0u32..0x10000)
+            .map(|b| f32::from_bits(b << 16))
+            .filter(|x| x.is_finite())
+            .collect();
+        for s in scales {
+            let rcp = 1.0 / s;
+            for &x in &xs {
+                let (want, got) = (x / s, fp8_div(x, s, rcp));
+                assert_eq!(
+                    want.is_sign_negative(),
+                    got.is_sign_negative(),
+                    "{x:e} / {s:e}"
+                );
+                if (2f32.powi(-12)..1e6).contains(&want.abs()) {
+                    assert_eq!(want.to_bits(), got.to_bits(), "{x:e} / {s:e}");
+                }
+            }
         }
     }
 }

@@ -64,6 +64,11 @@ struct RopeParams {
     float k_scale, v_scale; // kv_fp8: the caches hold E4M3 codes of x / k_scale, x / v_scale
     int kv_fp8;             // 1: u8 E4M3 caches; 0: T caches
     u32 pad;
+    // Non-null: qkv is an FP8 product cuBLASLt left unscaled (bf16 only); each value is first
+    // scaled as scale_fp8_out_bf16 scales it, bf16(x * x_scales[token] * w_scales[column]).
+    // rope_kv_write only: the fused GEMVs' epilogues never see a raw product.
+    const float* x_scales;  // [n]
+    const float* w_scales;  // [(hq + 2*hkv) * d]
 };
 RS_CHECK_SIZE(RopeParams);
 RS_CHECK_FIELD(RopeParams, qkv);
@@ -82,6 +87,8 @@ RS_CHECK_FIELD(RopeParams, k_scale);
 RS_CHECK_FIELD(RopeParams, v_scale);
 RS_CHECK_FIELD(RopeParams, kv_fp8);
 RS_CHECK_FIELD(RopeParams, pad);
+RS_CHECK_FIELD(RopeParams, x_scales);
+RS_CHECK_FIELD(RopeParams, w_scales);
 
 struct GemvParams {
     const void* x; // T[b, k]

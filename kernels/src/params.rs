@@ -71,8 +71,13 @@ pub struct RopeParams {
     pub v_scale: f32,
     /// 1: an FP8 cache (u8 codes); 0: the compute type.
     pub kv_fp8: i32,
-    /// Tail padding made explicit.
+    /// Padding made explicit.
     pub pad: u32,
+    /// `f32[n]` or 0: with `w_scales`, `qkv` is a raw FP8 product (bf16), each value scaled
+    /// first as `scale_fp8_out_bf16` scales it (`rope_kv_write` only).
+    pub x_scales: u64,
+    /// `f32[(hq + 2 hkv) d]` or 0.
+    pub w_scales: u64,
 }
 
 /// `GemvParams`: the small-batch matrix-vector kernels.
@@ -346,7 +351,9 @@ pub fn layout_defines() -> Vec<(&'static str, usize)> {
             k_scale,
             v_scale,
             kv_fp8,
-            pad
+            pad,
+            x_scales,
+            w_scales
         }
     );
     layout!(
@@ -452,16 +459,18 @@ mod tests {
         let defines = layout_defines();
         assert_eq!(
             defines.len(),
-            5 + 19 + 12 + 7 + 5 + 6 + 10 + 10 + 14 + 6 + 4 + 5 + 3 + 6
+            // + 2: RopeParams' raw-product scales (run 46)
+            5 + 19 + 12 + 7 + 5 + 6 + 10 + 10 + 14 + 6 + 4 + 5 + 3 + 6 + 2
         );
         let get = |n: &str| defines.iter().find(|(k, _)| *k == n).unwrap().1;
         assert_eq!(get("RS_SIZEOF_AttnParams"), 112);
         assert_eq!(get("RS_OFFSETOF_AttnParams_scale_log2"), 104);
-        assert_eq!(get("RS_SIZEOF_RopeParams"), 96);
+        assert_eq!(get("RS_SIZEOF_RopeParams"), 112);
+        assert_eq!(get("RS_OFFSETOF_RopeParams_w_scales"), 104);
         assert_eq!(get("RS_OFFSETOF_RopeParams_kv_fp8"), 88);
         assert_eq!(get("RS_OFFSETOF_AttnParams_v_scale"), 108);
         assert_eq!(get("RS_SIZEOF_GemvParams"), 40);
-        assert_eq!(get("RS_SIZEOF_GemvRopeParams"), 120);
+        assert_eq!(get("RS_SIZEOF_GemvRopeParams"), 136);
         assert_eq!(get("RS_OFFSETOF_GemvRopeParams_rope"), 24);
         assert_eq!(get("RS_SIZEOF_SampleRow"), 32);
         assert_eq!(get("RS_SIZEOF_Fp8QuantParams"), 56);
@@ -469,7 +478,7 @@ mod tests {
         assert_eq!(get("RS_OFFSETOF_Fp8QuantParams_static_scale"), 32);
         assert_eq!(get("RS_SIZEOF_GemvFp8Params"), 56);
         assert_eq!(get("RS_OFFSETOF_GemvFp8Params_b"), 40);
-        assert_eq!(get("RS_SIZEOF_GemvFp8RopeParams"), 152);
+        assert_eq!(get("RS_SIZEOF_GemvFp8RopeParams"), 168);
         assert_eq!(get("RS_OFFSETOF_GemvFp8RopeParams_rope"), 56);
         assert_eq!(get("RS_SIZEOF_CombineFp8Params"), 136);
         assert_eq!(get("RS_OFFSETOF_CombineFp8Params_static_scale"), 128);

@@ -66,71 +66,105 @@ __device__ __forceinline__ void rope_pair_store(const RopeParams& p, int t, int 
     rope_store1<T>(p, kv, is_k, row, j + p.d / 2, y.y);
 }
 
-// Two adjacent elements of T (4- or 8-byte aligned) as floats, and back.
-__device__ __forceinline__ float2 ld2(const float* p) { return *(const float2*)p; }
-__device__ __forceinline__ float2 ld2(const bf16* p) { return __bfloat1622float2(*(const __nv_bfloat162*)p); }
-template <typename T> __device__ __forceinline__ void st2(T* p, float a, float b);
-template <> __device__ __forceinline__ void st2<float>(float* p, float a, float b) { *(float2*)p = make_float2(a, b); }
-template <> __device__ __forceinline__ void st2<bf16>(bf16* p, float a, float b) {
-    *(__nv_bfloat162*)p = __floats2bfloat162_rn(a, b);
-}
-
-// Stores finished values a, b as elements j, j + 1 of their destination (j even): one store.
+// Stores finished values v[0..8) as elements j .. j + 7 of their destination (j a multiple of 8,
+// the destination 16-byte aligned: rope_kv_impl's vector path): 16-byte stores of T, or with
+// kv_fp8 in a cache row the 8 E4M3 codes in one 8-byte store. The same bits as rope_store1.
 template <typename T>
-__device__ __forceinline__ void rope_store2(const RopeParams& p, bool kv, bool is_k, size_t row, int j,
-                                            float a, float b) {
-    if (!kv) {
-        st2<T>((T*)p.q_out + row + j, a, b);
-    } else if (p.kv_fp8) {
+__device__ __forceinline__ void rope_store8(const RopeParams& p, bool kv, bool is_k, size_t row, int j,
+                                            const float* v) {
+    if (kv && p.kv_fp8) {
         const float sc = is_k ? p.k_scale : p.v_scale;
-        const unsigned short codes = (unsigned short)(fp8_code(to_f(from_f<T>(a)) / sc) |
-                                                      (unsigned)fp8_code(to_f(from_f<T>(b)) / sc) << 8);
-        *(unsigned short*)((unsigned char*)(is_k ? p.k_cache : p.v_cache) + row + j) = codes;
-    } else {
-        st2<T>((T*)(is_k ? p.k_cache : p.v_cache) + row + j, a, b);
+        u32 w[2] = {0u, 0u};
+#pragma unroll
+        for (int e = 0; e < 8; e++) w[e / 4] |= (u32)fp8_code(to_f(from_f<T>(v[e])) / sc) << (8 * (e % 4));
+        *(uint2*)((unsigned char*)(is_k ? p.k_cache : p.v_cache) + row + j) = make_uint2(w[0], w[1]);
+        return;
     }
+    T* dst = (kv ? (T*)(is_k ? p.k_cache : p.v_cache) : (T*)p.q_out) + row + j;
+#pragma unroll
+    for (int c = 0; c < 8; c += vec16<T>()) store16<T>(dst + c, v + c);
 }
 
-// Grid: (tokens, ceil((hq + 2 hkv) / ROPE_HEADS)); block: ROPE_HEADS warps. The block's token's
-// sin and cos of every pair are computed once into shared memory (the old kernel, a block per
-// head and one pair a thread, computed them for every head and moved 2 bytes an access: 0.8 TB/s
-// on a prefill chunk). Warp w takes head blockIdx.y * ROPE_HEADS + w, lane l the pairs j, j + 1
-// for j = 2l, 2l + 64, ... below d/2: each half of the pair is one 2-element load and store (when
-// d/2 is even; else one pair at a time). Heads [0, hq) are q (rotated into q_out), [hq, hq + hkv)
-// k (rotated into the cache), the rest v (copied into the cache); a token whose slot is negative
-// writes only q.
+// Grid: (tokens, ceil((hq + 2 hkv) / ROPE_HEADS)); block: ROPE_THREADS threads. The block's
+// token's sin and cos of every pair are computed once into shared memory, then its threads take
+// (head, 8 consecutive pairs) items in turn: head h of the block's ROPE_HEADS, pairs j .. j + 7
+// for j = 8i < d/2, each half one 16-byte load and store (two for f32; 8 codes for an FP8
+// cache). Consecutive threads take consecutive 16 bytes of a head's half, so a warp moves whole
+// 128-byte lines. (Run 46 measured the kernel before this one — a warp a head, 4-byte accesses,
+// 8 heads a block, so sin/cos six times a token on the 8B shape — at 1.06 TB/s on a prefill
+// chunk of 8,176 tokens, 175 us a layer on an H100.) Heads whose d/2 is not a multiple of 8, or
+// buffers not 16-byte aligned, take one pair an item. Heads [0, hq) are q (rotated into q_out),
+// [hq, hq + hkv) k (rotated into the cache), the rest v (copied into the cache); a token whose
+// slot is negative writes only q. Every value is rope_finish's, stored as rope_store1 stores it;
+// with p.w_scales the input is a raw FP8 product, scaled first as scale_fp8_out_bf16 scales it
+// (that pass's launch, write and read of the product saved).
 template <typename T>
 __device__ void rope_kv_impl(const RopeParams& p) {
     __shared__ float sin_s[ROPE_MAX_PAIRS], cos_s[ROPE_MAX_PAIRS];
     const int t = blockIdx.x, half = p.d / 2, heads = p.hq + 2 * p.hkv;
+    const int h0 = blockIdx.y * ROPE_HEADS, nh = min(ROPE_HEADS, heads - h0);
     const float pos = (float)p.positions[t];
-    for (int j = threadIdx.x; j < half; j += ROPE_HEADS * 32) sincosf(pos * p.inv_freq[j], &sin_s[j], &cos_s[j]);
+    for (int j = threadIdx.x; j < half; j += ROPE_THREADS) sincosf(pos * p.inv_freq[j], &sin_s[j], &cos_s[j]);
     __syncthreads();
-    const int h = blockIdx.y * ROPE_HEADS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     const long long slot = p.slots[t];
-    if (h >= heads || (h >= p.hq && slot < 0)) return;
-    const T* x = (const T*)p.qkv + ((size_t)t * heads + h) * p.d;
-    bool kv, is_k;
-    const size_t row = rope_dst<T>(p, t, h, slot, kv, is_k);
-    if (half % 2 == 0) {
-        for (int j = 2 * lane; j < half; j += 64) {
-            const float2 a = ld2(x + j), b = ld2(x + j + half);
-            const float2 y0 = rope_finish<T>(p, h, j, a.x, b.x, sin_s[j], cos_s[j]);
-            const float2 y1 = rope_finish<T>(p, h, j + 1, a.y, b.y, sin_s[j + 1], cos_s[j + 1]);
-            rope_store2<T>(p, kv, is_k, row, j, y0.x, y1.x);
-            rope_store2<T>(p, kv, is_k, row, j + half, y0.y, y1.y);
+    // The block's heads this token writes: all, or with no cache slot only its q heads (first).
+    const int live = slot < 0 ? max(min(nh, p.hq - h0), 0) : nh;
+    const T* xt = (const T*)p.qkv + (size_t)t * heads * p.d;
+    // A raw FP8 product: value x of column c becomes T(x * xs * w_scales[c]), scale_fp8_out's bits.
+    const float* ws = p.w_scales;
+    const float xs = ws ? p.x_scales[t] : 1.f;
+    const bool vec = half % 8 == 0 &&
+                     (((size_t)p.qkv | (size_t)p.q_out | (size_t)p.k_cache | (size_t)p.v_cache) & 15) == 0;
+    if (vec) {
+        const int vh = half / 8;
+        for (int it = threadIdx.x; it < live * vh; it += ROPE_THREADS) {
+            const int h = h0 + it / vh, j = 8 * (it % vh);
+            const T* x = xt + (size_t)h * p.d;
+            float a[8], b[8], y0[8], y1[8];
+#pragma unroll
+            for (int c = 0; c < 8; c += vec16<T>()) {
+                load16(x + j + c, a + c);
+                load16(x + j + half + c, b + c);
+            }
+            if (ws) {
+                const float* wa = ws + (size_t)h * p.d + j;
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    a[e] = to_f(from_f<T>(a[e] * xs * wa[e]));
+                    b[e] = to_f(from_f<T>(b[e] * xs * wa[e + half]));
+                }
+            }
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const float2 y = rope_finish<T>(p, h, j + e, a[e], b[e], sin_s[j + e], cos_s[j + e]);
+                y0[e] = y.x;
+                y1[e] = y.y;
+            }
+            bool kv, is_k;
+            const size_t row = rope_dst<T>(p, t, h, slot, kv, is_k);
+            rope_store8<T>(p, kv, is_k, row, j, y0);
+            rope_store8<T>(p, kv, is_k, row, j + half, y1);
         }
     } else {
-        for (int j = lane; j < half; j += 32) {
-            const float2 y = rope_finish<T>(p, h, j, to_f(x[j]), to_f(x[j + half]), sin_s[j], cos_s[j]);
+        for (int it = threadIdx.x; it < live * half; it += ROPE_THREADS) {
+            const int h = h0 + it / half, j = it % half;
+            const T* x = xt + (size_t)h * p.d;
+            float a = to_f(x[j]), b = to_f(x[j + half]);
+            if (ws) {
+                a = to_f(from_f<T>(a * xs * ws[(size_t)h * p.d + j]));
+                b = to_f(from_f<T>(b * xs * ws[(size_t)h * p.d + j + half]));
+            }
+            const float2 y = rope_finish<T>(p, h, j, a, b, sin_s[j], cos_s[j]);
+            bool kv, is_k;
+            const size_t row = rope_dst<T>(p, t, h, slot, kv, is_k);
             rope_store1<T>(p, kv, is_k, row, j, y.x);
             rope_store1<T>(p, kv, is_k, row, j + half, y.y);
         }
     }
 }
 
-extern "C" __global__ void __launch_bounds__(ROPE_HEADS * 32) rope_kv_write_f32(RopeParams p) { rope_kv_impl<float>(p); }
-extern "C" __global__ void __launch_bounds__(ROPE_HEADS * 32) rope_kv_write_bf16(RopeParams p) {
+extern "C" __global__ void __launch_bounds__(ROPE_THREADS) rope_kv_write_f32(RopeParams p) { rope_kv_impl<float>(p); }
+extern "C" __global__ void __launch_bounds__(ROPE_THREADS) rope_kv_write_bf16(RopeParams p) {
     PDL_ENTRY();
     rope_kv_impl<bf16>(p);
 }

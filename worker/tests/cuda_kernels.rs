@@ -390,7 +390,17 @@ fn rope_kv_write_matches_cpu() {
                 bs: 16,
                 blocks: 9,
             },
-            // 15 heads (not a whole number of 8-head blocks), head size 64
+            // 56 heads: the second block of 32 starts with q heads 32..39, which the token
+            // without a slot still writes, and ends 8 heads short
+            RopeCase {
+                n: 7,
+                hq: 40,
+                hkv: 8,
+                d: 64,
+                bs: 8,
+                blocks: 3,
+            },
+            // 15 heads (less than one block), head size 64
             RopeCase {
                 n: 6,
                 hq: 9,
@@ -448,6 +458,7 @@ fn rope_kv_write_matches_cpu() {
                     d: c.d,
                     block_size: c.bs,
                     kv_scales: None,
+                    raw_scales: None,
                 };
                 // SAFETY: every slot is < blocks * bs or negative.
                 unsafe { ops::rope_kv_write(&g, &args) }.unwrap();
@@ -528,6 +539,115 @@ fn rope_kv_write_matches_cpu() {
     }
 }
 
+/// rope_kv_write on a raw FP8 q/k/v product with its row and column scales (`raw_scales`) gives
+/// the bits of the product scaled as `scale_fp8_out_bf16` scales it (bf16((raw * row scale) *
+/// column scale)) and then rotated: q, both caches (bf16, and FP8 codes), with and without a bias,
+/// on the vector path (head sizes 128 and 16) and one pair at a time (18), a token without a slot.
+#[test]
+#[ignore = "requires a CUDA device"]
+fn rope_kv_write_scales_a_raw_fp8_product_as_the_scaling_pass() {
+    let g = gpu();
+    let mut r = Rng(21);
+    let dt = DType::Bf16;
+    for (n, hq, hkv, d, bs, blocks) in [
+        (37, 32, 8, 128, 16, 9),
+        (5, 4, 2, 16, 16, 4),
+        (4, 2, 1, 18, 4, 3),
+    ] {
+        let width = (hq + 2 * hkv) * d;
+        let raw = q(
+            &r.vec(n * width)
+                .iter()
+                .map(|v| v * 300.0)
+                .collect::<Vec<_>>(),
+            dt,
+        );
+        let rs: Vec<f32> = (0..n).map(|i| 0.001 + 0.0007 * i as f32).collect();
+        let cs: Vec<f32> = (0..width).map(|j| 0.3 + (j % 11) as f32 * 0.05).collect();
+        let scaled: Vec<f32> = raw
+            .iter()
+            .enumerate()
+            .map(|(i, x)| x * rs[i / width] * cs[i % width])
+            .collect();
+        let scaled = q(&scaled, dt);
+        let bias = q(&r.vec(width), dt);
+        let positions: Vec<u32> = (0..n).map(|_| r.below(8000) as u32).collect();
+        let inv_freq: Vec<f32> = (0..d / 2)
+            .map(|i| 500000f32.powf(-(2.0 * i as f32) / d as f32))
+            .collect();
+        let mut slots: Vec<i64> = (0..n as i64)
+            .map(|i| (i * 5) % (blocks * bs) as i64)
+            .collect();
+        slots[n / 2] = -1;
+        let cache_len = blocks * hkv * bs * d;
+        let (pb, fb, sb) = (
+            g.upload_u32(&positions).unwrap(),
+            g.upload_f32(&inv_freq, DType::F32).unwrap(),
+            g.upload_i64(&slots).unwrap(),
+        );
+        let (rsb, csb, bb) = (
+            g.upload_f32(&rs, DType::F32).unwrap(),
+            g.upload_f32(&cs, DType::F32).unwrap(),
+            g.upload_f32(&bias, dt).unwrap(),
+        );
+        for kv_scales in [None, Some((0.05f32, 0.02f32))] {
+            let ct = if kv_scales.is_some() { DType::U8 } else { dt };
+            for use_bias in [false, true] {
+                let mut outs = Vec::new();
+                for in_kernel in [false, true] {
+                    let qkv = g
+                        .upload_f32(if in_kernel { &raw } else { &scaled }, dt)
+                        .unwrap();
+                    let qo = g.alloc(dt, n * hq * d).unwrap();
+                    let (kc, vc) = (
+                        g.alloc(ct, cache_len).unwrap(),
+                        g.alloc(ct, cache_len).unwrap(),
+                    );
+                    let args = RopeKv {
+                        qkv: &qkv,
+                        bias: use_bias.then_some(&bb),
+                        positions: &pb,
+                        inv_freq: &fb,
+                        slots: &sb,
+                        q_out: &qo,
+                        k_cache: &kc,
+                        v_cache: &vc,
+                        n,
+                        hq,
+                        hkv,
+                        d,
+                        block_size: bs,
+                        kv_scales,
+                        raw_scales: in_kernel.then_some((&rsb, &csb)),
+                    };
+                    // SAFETY: every slot is < blocks * bs or negative.
+                    unsafe { ops::rope_kv_write(&g, &args) }.unwrap();
+                    let cache = |b: &worker::backend::cuda::Buf| -> Vec<u32> {
+                        if kv_scales.is_some() {
+                            g.download_bytes(b, cache_len)
+                                .unwrap()
+                                .into_iter()
+                                .map(u32::from)
+                                .collect()
+                        } else {
+                            bits(&g.download_f32(b).unwrap())
+                        }
+                    };
+                    outs.push([bits(&g.download_f32(&qo).unwrap()), cache(&kc), cache(&vc)]);
+                }
+                for (i, what) in ["q", "k cache", "v cache"].iter().enumerate() {
+                    assert!(
+                        outs[0][i] == outs[1][i],
+                        "d {d}, fp8 cache {}, bias {use_bias}: {what} differs with the raw product scaled in the kernel",
+                        kv_scales.is_some()
+                    );
+                }
+            }
+        }
+        eprintln!("rope_kv_write d {d}: a raw FP8 product scaled in the kernel, bit for bit");
+    }
+}
+
 /// rope_kv_write into an FP8 cache stores, for every written K and V element, the E4M3 code of
 /// the bf16 value a bf16 cache gets (checked against `rope_kv_write_matches_cpu`'s kernel) divided
 /// by the layer's scale, the CPU quantizer's code bit for bit; other slots keep their bytes. Also
@@ -580,6 +700,7 @@ fn rope_kv_write_into_an_fp8_cache_stores_the_codes_of_the_bf16_values() {
         d,
         block_size: bs,
         kv_scales: None,
+        raw_scales: None,
     };
     // SAFETY: every slot is < blocks * bs or negative.
     unsafe { ops::rope_kv_write(&g, &args) }.unwrap();
@@ -609,6 +730,7 @@ fn rope_kv_write_into_an_fp8_cache_stores_the_codes_of_the_bf16_values() {
         k_cache: &k8,
         v_cache: &v8,
         kv_scales: Some((ks, vs)),
+        raw_scales: None,
         ..args
     };
     // SAFETY: as above.
@@ -657,6 +779,7 @@ fn rope_kv_write_into_an_fp8_cache_stores_the_codes_of_the_bf16_values() {
         k_cache: &k82,
         v_cache: &v82,
         kv_scales: Some((ks, vs)),
+        raw_scales: None,
         ..bf
     };
     // SAFETY: as above.
@@ -1389,6 +1512,7 @@ fn gemv_rope_kv_matches_the_unfused_kernels() {
                     d,
                     block_size: bs,
                     kv_scales: None,
+                    raw_scales: None,
                 };
                 assert!(ops::gemv_rope_fits(&l, &rope), "b{b} d{d} k{k}: should fit");
                 // SAFETY: every slot is < blocks * bs or negative.
@@ -1436,6 +1560,7 @@ fn gemv_rope_kv_matches_the_unfused_kernels() {
                     d,
                     block_size: bs,
                     kv_scales: None,
+                    raw_scales: None,
                 };
                 assert!(
                     !ops::gemv_rope_fits(&l, &rope),
@@ -2394,6 +2519,7 @@ fn gemv_fp8_rope_kv_matches_the_unfused_kernels() {
                         d,
                         block_size: bs,
                         kv_scales,
+                        raw_scales: None,
                     };
                     assert_eq!(gemv_fp8_rope_kernel(&l, &rope, choice), Some(kernel));
                     // SAFETY: every slot is < blocks * bs or negative.
@@ -2475,6 +2601,7 @@ fn gemv_fp8_rope_kv_matches_the_unfused_kernels() {
         d,
         block_size: 16,
         kv_scales: None,
+        raw_scales: None,
     };
     assert_eq!(gemv_fp8_rope_kernel(&l, &rope, Fp8GemvChoice::Auto), None);
     // SAFETY: the one slot is 0 (and nothing is launched).

@@ -105,6 +105,14 @@ impl<'a> LayerProducts<'a> {
     }
 }
 
+/// What the q/k/v product left undone ([`CudaBackend::qkv_product`]).
+enum QkvLeft<'a> {
+    /// RoPE and the KV write ran in the product's epilogue.
+    Nothing,
+    /// `rope_kv_write` on the product's output: scaled, or raw with its row and column scales.
+    Rope(Option<(&'a Buf, &'a Buf)>),
+}
+
 /// How one product's weights are stored.
 #[derive(Clone, Copy)]
 enum ProductQuant<'a> {
@@ -684,21 +692,22 @@ impl CudaBackend {
 
     /// Runs the q/k/v product `l` as [`Self::product`] does, with RoPE and the paged KV write `a`
     /// in its epilogue where a fused kernel takes it ([`KernelSwitches::fuse_rope`]: the bf16
-    /// GEMV, or the FP8 tile GEMV's two default variants); returns whether they ran.
+    /// GEMV, or the FP8 tile GEMV's two default variants); returns what is left for
+    /// `ops::rope_kv_write` to do. An FP8 product on cuBLASLt leaves its output unscaled for it.
     ///
     /// # Safety
     /// As `ops::rope_kv_write`: every one of the first `n` slots of `a` is inside the cache.
-    unsafe fn qkv_product(
-        &self,
+    unsafe fn qkv_product<'s>(
+        &'s self,
         l: &Linear<'_>,
-        scales: ProductQuant<'_>,
+        scales: ProductQuant<'s>,
         quantized: bool,
         a: &RopeKv<'_>,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<QkvLeft<'s>, BackendError> {
         if self.fuses_rope(l, a) {
             // SAFETY: the caller's promise.
             unsafe { ops::gemv_rope_kv(&self.gpu, l, a) }?;
-            return Ok(true);
+            return Ok(QkvLeft::Nothing);
         }
         if let ProductQuant::Fp8(s) = scales
             && self.fuse_rope
@@ -708,11 +717,13 @@ impl CudaBackend {
             if gemv_fp8_rope_kernel(&f, a, self.fp8_gemv).is_some() {
                 // SAFETY: the caller's promise.
                 unsafe { gemv_fp8_rope_kv(&self.gpu, &f, a, self.fp8_gemv) }?;
-                return Ok(true);
+                return Ok(QkvLeft::Nothing);
             }
-            return self.product(l, scales, true).map(|_| false);
+            return self.product(l, scales, true).map(|_| QkvLeft::Rope(None));
         }
-        self.product(l, scales, quantized).map(|_| false)
+        // RoPE reads the q/k/v output alone, so it can scale a raw FP8 product itself.
+        self.product_maybe_unscaled(l, scales, quantized, true)
+            .map(QkvLeft::Rope)
     }
 
     /// An INT4 product: its input permuted first for act order; the GEMV kernel up to
@@ -914,9 +925,10 @@ impl CudaBackend {
                 d: hd,
                 block_size: self.block_size,
                 kv_scales: self.kv_scales.as_ref().map(|s| (s.k[l], s.v[l])),
+                raw_scales: None,
             };
             // SAFETY: as rope_kv_write's below.
-            let fused_rope = unsafe {
+            let qkv_left = unsafe {
                 self.qkv_product(&p.qkv, p.quant(|f| &f.qkv, |i| &i.qkv), fused_quant, &rope)
             }?;
             // o_proj's weights into L2 on a branch beside RoPE and attention (joined before o).
@@ -925,7 +937,8 @@ impl CudaBackend {
                 g.side.join(&g.stream)?;
                 ops::l2_prefetch(g, &w.o)?;
             }
-            if !fused_rope {
+            if let QkvLeft::Rope(raw_scales) = qkv_left {
+                let rope = RopeKv { raw_scales, ..rope };
                 // SAFETY: step::build derived every slot from a checked block id < num_blocks
                 // (padding uses block 0), so slots index inside the cache.
                 unsafe { ops::rope_kv_write(g, &rope) }?;

@@ -287,7 +287,8 @@ pub fn gemv_fp8_tiles(
 /// and the paged KV write `a` in its epilogue (`gemv_fp8_rope_kv_<kernel>`): one of the two
 /// [`Fp8GemvChoice::Auto`] picks, [`Fp8Linear::tiles_ok`], bf16 RoPE buffers, `l` producing exactly
 /// `a`'s `[n, (hq + 2 hkv) d]`, and a head size that is a multiple of 16 (a tile holds 8 rotation
-/// pairs of one head). `None`: run the product and `rope_kv_write` apart.
+/// pairs of one head), with no raw input scales (`RopeKv::raw_scales`). `None`: run the product
+/// and `rope_kv_write` apart.
 pub fn gemv_fp8_rope_kernel(
     l: &Fp8Linear<'_>,
     a: &RopeKv<'_>,
@@ -297,7 +298,8 @@ pub fn gemv_fp8_rope_kernel(
         && a.qkv.dtype() == DType::Bf16
         && a.d.is_multiple_of(16)
         && l.m == a.n
-        && l.n == (a.hq + 2 * a.hkv) * a.d;
+        && l.n == (a.hq + 2 * a.hkv) * a.d
+        && a.raw_scales.is_none();
     choice
         .tile_for(l.n * l.k)
         .filter(|k| fits && [FP8_TILE_SMALL, FP8_TILE_LARGE].contains(k))

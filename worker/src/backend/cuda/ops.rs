@@ -306,6 +306,10 @@ pub struct RopeKv<'a> {
     pub block_size: usize,
     /// An FP8 cache (U8 `k_cache`/`v_cache`): its K and V scales for this layer.
     pub kv_scales: Option<(f32, f32)>,
+    /// `qkv` as cuBLASLt's FP8 product left it, unscaled (bf16): its row scales (`[n]` f32) and
+    /// column scales (`[(hq + 2 hkv) d]` f32), which [`rope_kv_write`] applies first, with the
+    /// bits of the separate scaling pass. `None` for a scaled product (the fused GEMVs' case).
+    pub raw_scales: Option<(&'a Buf, &'a Buf)>,
 }
 
 /// The caches' element type: the compute type `dt`, or U8 E4M3 codes with `kv_scales`, whose
@@ -346,6 +350,15 @@ impl RopeKv<'_> {
         self.k_cache.check("k_cache", ct, 0)?;
         self.v_cache.check("v_cache", ct, self.k_cache.len())?;
         let (k_scale, v_scale) = self.kv_scales.unwrap_or((1.0, 1.0));
+        if let Some((xs, ws)) = self.raw_scales {
+            if dt != DType::Bf16 {
+                return Err(BackendError::InvalidBatch(format!(
+                    "a raw FP8 q/k/v product is bf16, got {dt:?}"
+                )));
+            }
+            xs.check("qkv row scales", DType::F32, self.n)?;
+            ws.check("qkv column scales", DType::F32, width)?;
+        }
         let p = RopeParams {
             qkv: self.qkv.ptr(),
             bias: self.bias.map_or(0, |b| b.ptr()),
@@ -363,6 +376,8 @@ impl RopeKv<'_> {
             v_scale,
             kv_fp8: i32::from(self.kv_scales.is_some()),
             pad: 0,
+            x_scales: self.raw_scales.map_or(0, |(xs, _)| xs.ptr()),
+            w_scales: self.raw_scales.map_or(0, |(_, ws)| ws.ptr()),
         };
         Ok((dt, p))
     }
@@ -387,11 +402,12 @@ pub unsafe fn rope_kv_write(gpu: &Gpu, a: &RopeKv<'_>) -> Result<(), BackendErro
         1,
     );
     // SAFETY: sizes of qkv, bias, positions, inv_freq, q_out checked, and d/2 <= ROPE_MAX_PAIRS
-    // (the kernel's sin/cos table); block (t, y) touches token t < n, its warp w head
-    // y * ROPE_HEADS + w only when < hq + 2*hkv, lane l elements j, j + 1 and j + d/2, j + d/2 + 1
-    // for even j = 2l + 64i < d/2 (2-element accesses at even offsets of rows of even length d,
-    // when d/2 is even; else single elements); cache slots are the caller's promise.
-    unsafe { b.launch(cfg(grid, (kernels::ROPE_HEADS * 32) as u32, 0)) }
+    // (the kernel's sin/cos table); block (t, y) touches token t < n and heads
+    // y * ROPE_HEADS .. min(+ROPE_HEADS, hq + 2*hkv), of each elements j .. j + 7 and
+    // j + d/2 .. j + d/2 + 7 for j = 8i < d/2 (16-byte accesses inside rows of d elements, taken
+    // only when d/2 is a multiple of 8 and every buffer is 16-byte aligned; else single
+    // elements j, j + d/2 < d); cache slots are the caller's promise.
+    unsafe { b.launch(cfg(grid, kernels::ROPE_THREADS, 0)) }
         .map(|_| ())
         .map_err(BackendError::from)
 }
@@ -399,7 +415,8 @@ pub unsafe fn rope_kv_write(gpu: &Gpu, a: &RopeKv<'_>) -> Result<(), BackendErro
 /// Whether [`gemv_rope_kv`] can run the q/k/v product `l` with `a`: bf16 weights, output and
 /// RoPE buffers (the kernel stores bf16 into q_out and the cache), a shape the GEMV kernel takes
 /// ([`Linear::gemv_ok`]), `l` producing exactly `a`'s `[n, (hq + 2 hkv) d]` and a head size that
-/// is a multiple of 16 (the kernel's blocks take 8 rotation pairs of one head).
+/// is a multiple of 16 (the kernel's blocks take 8 rotation pairs of one head), and no raw FP8
+/// input ([`RopeKv::raw_scales`]).
 pub fn gemv_rope_fits(l: &Linear<'_>, a: &RopeKv<'_>) -> bool {
     l.w.dtype() == DType::Bf16
         && l.y.dtype() == DType::Bf16
@@ -408,6 +425,7 @@ pub fn gemv_rope_fits(l: &Linear<'_>, a: &RopeKv<'_>) -> bool {
         && a.d.is_multiple_of(16)
         && l.m == a.n
         && l.n == (a.hq + 2 * a.hkv) * a.d
+        && a.raw_scales.is_none()
 }
 
 /// The q/k/v product `l` and [`rope_kv_write`] of its output in one launch (`l.y` and `a.qkv` are
