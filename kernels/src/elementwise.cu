@@ -74,7 +74,8 @@ __device__ void add_rmsnorm_impl(T* __restrict__ residual, const T* __restrict__
     constexpr int V = vec16<T>();
     T* res = residual + (size_t)blockIdx.x * hidden;
     const T* del = delta ? delta + (size_t)blockIdx.x * hidden : nullptr;
-    T* o = out + (size_t)blockIdx.x * hidden;
+    // out null (the FP8 kernel only): the codes are the output, the bf16 row is not stored.
+    T* o = out ? out + (size_t)blockIdx.x * hidden : nullptr;
     float ss = 0.f;
     if (hidden % V == 0 && hidden <= NORM_CHUNKS * V * (int)blockDim.x) {
         // The row (already rounded to T) and the weight stay packed: 8 registers a chunk.
@@ -90,8 +91,15 @@ __device__ void add_rmsnorm_impl(T* __restrict__ residual, const T* __restrict__
                 unpack16(row[c], v, T());
                 load16(del + i, dv);
                 if (dws) {
+                    // 16-byte loads: i is a multiple of V >= 4 and dws a whole allocation.
+                    float wv[V];
 #pragma unroll
-                    for (int e = 0; e < V; e++) dv[e] = to_f(from_f<T>(dv[e] * dx * dws[i + e]));
+                    for (int e = 0; e < V; e += 4) {
+                        const float4 w4 = *(const float4*)(dws + i + e);
+                        wv[e] = w4.x, wv[e + 1] = w4.y, wv[e + 2] = w4.z, wv[e + 3] = w4.w;
+                    }
+#pragma unroll
+                    for (int e = 0; e < V; e++) dv[e] = to_f(from_f<T>(dv[e] * dx * wv[e]));
                 }
 #pragma unroll
                 for (int e = 0; e < V; e++) v[e] += dv[e];
@@ -121,7 +129,7 @@ __device__ void add_rmsnorm_impl(T* __restrict__ residual, const T* __restrict__
 #pragma unroll
             for (int e = 0; e < V; e++) v[e] = v[e] * scale * w[e];
             row[c] = pack16<T>(v); // the row is not needed again: keep the stored values
-            *(uint4*)(o + i) = row[c];
+            if (o) *(uint4*)(o + i) = row[c];
             if (q) {
                 unpack16(row[c], v, T());
 #pragma unroll
@@ -170,8 +178,9 @@ __device__ void add_rmsnorm_impl(T* __restrict__ residual, const T* __restrict__
     }
     ss = block_sum(ss, red);
     const float scale = rsqrtf(ss / (float)hidden + eps);
-    for (int i = threadIdx.x; i < hidden; i += blockDim.x)
-        o[i] = from_f<T>(to_f(res[i]) * scale * to_f(weight[i]));
+    if (o)
+        for (int i = threadIdx.x; i < hidden; i += blockDim.x)
+            o[i] = from_f<T>(to_f(res[i]) * scale * to_f(weight[i]));
 }
 
 // gate_up[i] = [gate | up] (2*inter wide); out[i] = silu(gate) * up. Grid: (rows, ceil(inter /
@@ -223,6 +232,7 @@ __device__ void cast_impl(const Ti* in, To* out, u64 n) {
 ELEMENTWISE(float, f32)
 ELEMENTWISE(bf16, bf16)
 
+// out may be null: the codes are then the only output (the backend's FP8 layers).
 extern "C" __global__ void add_rmsnorm_fp8_bf16(bf16* residual, const bf16* delta, const bf16* weight,
                                                  bf16* out, unsigned char* q, float* scales, int hidden,
                                                  float eps, float static_scale, const float* dxs,

@@ -103,16 +103,19 @@ __device__ __forceinline__ void fp8_quant_row_vec(Load load, int nvec, unsigned 
 
 // One block per row: its largest magnitude (unless a static scale is given), its scale, its codes.
 // Rows of a multiple of 8 values at 16-byte aligned addresses (every product's input) take 16-byte
-// loads and 8-byte stores (fp8_quant_row_vec); others one value a thread at a time.
-extern "C" __global__ void __launch_bounds__(FP8_QUANT_THREADS) quant_fp8_rows_bf16(Fp8QuantParams p) {
-    PDL_ENTRY();
+// loads and 8-byte stores (fp8_quant_row_vec, CACHED vectors a thread kept in registers); others
+// one value a thread at a time. quant_fp8_rows_bf16_c2 keeps 2 vectors a thread, not 8: rows of
+// up to 2 * 8 * FP8_QUANT_THREADS values (o's input on the 8B shape, k = 4,096) stay whole in
+// fewer registers, so more blocks fit an SM; the same codes either way.
+template <int CACHED>
+__device__ __forceinline__ void quant_fp8_rows_impl(const Fp8QuantParams& p) {
     __shared__ float red[FP8_QUANT_THREADS / 32];
     const int row = blockIdx.x;
     const bf16* x = p.x + (size_t)row * p.k;
     unsigned char* q = p.q + (size_t)row * p.k;
     if (p.k % 8 == 0 && ((size_t)p.x & 15) == 0 && ((size_t)p.q & 7) == 0) {
-        fp8_quant_row_vec([&](int i, float* t) { load16(x + 8 * i, t); }, p.k / 8, q, p.scales + row,
-                          p.static_scale, red);
+        fp8_quant_row_vec<FP8_QUANT_THREADS, CACHED>([&](int i, float* t) { load16(x + 8 * i, t); }, p.k / 8, q,
+                                                     p.scales + row, p.static_scale, red);
         return;
     }
     float m = 0.f;
@@ -120,6 +123,14 @@ extern "C" __global__ void __launch_bounds__(FP8_QUANT_THREADS) quant_fp8_rows_b
     const float scale = fp8_row_scale(m, p.static_scale, red);
     if (threadIdx.x == 0) p.scales[row] = scale;
     for (int i = threadIdx.x; i < p.k; i += FP8_QUANT_THREADS) q[i] = fp8_code(__bfloat162float(x[i]) / scale);
+}
+extern "C" __global__ void __launch_bounds__(FP8_QUANT_THREADS) quant_fp8_rows_bf16(Fp8QuantParams p) {
+    PDL_ENTRY();
+    quant_fp8_rows_impl<FP8_QUANT_CACHED>(p);
+}
+extern "C" __global__ void __launch_bounds__(FP8_QUANT_THREADS) quant_fp8_rows_bf16_c2(Fp8QuantParams p) {
+    PDL_ENTRY();
+    quant_fp8_rows_impl<2>(p);
 }
 
 // attn_combine_bf16 and quant_fp8_rows_bf16 of its output in one launch, for the FP8 o_proj of a

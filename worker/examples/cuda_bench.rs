@@ -597,6 +597,32 @@ fn time_graph_ms(g: &Gpu, calls: usize, mut f: impl FnMut(usize) -> Res<()>) -> 
     Ok(t.elapsed().as_secs_f64() * 1e3 / (reps * calls) as f64)
 }
 
+/// Both [`SiluQuantKernel`]s on the 8B shape's raw gate/up product (k = 14,336) of a prefill step
+/// and of decode steps, µs a launch.
+fn silu_quant_alone(g: &Gpu) -> Res<()> {
+    use worker::backend::cuda::fp8::{SiluQuantKernel, silu_mul_quant_with};
+    let k = 14336;
+    for m in [8176usize, 2048, 256, 128] {
+        let gu = g.alloc(DType::Bf16, m * 2 * k)?;
+        let xs = g.upload_f32(&vec![1.0; m], DType::F32)?;
+        let ws = g.upload_f32(&vec![1.0; 2 * k], DType::F32)?;
+        let (q, scales) = (g.alloc(DType::U8, m * k)?, g.alloc(DType::F32, m)?);
+        let mut line = format!("silu-quant m {m} k {k}:");
+        for kernel in SiluQuantKernel::ALL {
+            let run = || -> Res<()> {
+                silu_mul_quant_with(g, kernel, &gu, (&q, &scales), (m, k), 0.0, Some((&xs, &ws)))?;
+                Ok(())
+            };
+            match time_ms(g, 50, run) {
+                Ok(ms) => line += &format!(" {kernel:?} {:.1} us", ms * 1e3),
+                Err(e) => line += &format!(" {kernel:?} ({e})"),
+            }
+        }
+        println!("{line}");
+    }
+    Ok(())
+}
+
 /// Batch sizes `cuda_bench int4` times.
 const INT4_BATCHES: [usize; 8] = [1, 4, 8, 16, 32, 64, 128, 256];
 
@@ -1004,6 +1030,11 @@ fn main() -> Res<()> {
         let res = int4_alone(&gpu)?;
         std::fs::write(&args[2], serde_json::to_string_pretty(&res)?)?;
         return Ok(());
+    }
+    if args.len() == 2 && args[1] == "silu-quant" {
+        // `cuda_bench silu-quant`: both FP8 SiLU·mul quantizers alone, raw product in.
+        let gpu = Gpu::new(0, &switches()?)?;
+        return silu_quant_alone(&gpu);
     }
     if args.len() == 5 && args[1] == "int4one" {
         let gpu = Gpu::new(0, &switches()?)?;

@@ -203,6 +203,7 @@ fn add_rmsnorm_matches_cpu() {
                             q: &codes,
                             scales: &scales,
                             static_scale,
+                            codes_only: false,
                         }),
                         delta_scales: None,
                     },
@@ -225,6 +226,45 @@ fn add_rmsnorm_matches_cpu() {
                     assert_eq!(got, want, "{hidden}: static codes");
                 }
             }
+            // Codes only (the backend's FP8 layers, whose products read the codes): the same
+            // residual, codes and scales, and the bf16 output left as it was.
+            let rb3 = g.upload_f32(&res, dt).unwrap();
+            let out3 = g.alloc(dt, rows * hidden).unwrap();
+            ops::add_rmsnorm(
+                &g,
+                &AddRmsNorm {
+                    residual: &rb3,
+                    delta: with_delta.then_some(&db),
+                    weight: &wb,
+                    out: &out3,
+                    rows,
+                    hidden,
+                    eps: 1e-5,
+                    fp8: Some(ops::NormFp8 {
+                        q: &codes,
+                        scales: &scales,
+                        static_scale: 0.0,
+                        codes_only: true,
+                    }),
+                    delta_scales: None,
+                },
+            )
+            .unwrap();
+            let (want_q, want_s) = fp8_reference(&normed, hidden);
+            assert_eq!(
+                g.download_f32(&scales).unwrap(),
+                want_s,
+                "{hidden}: codes only"
+            );
+            assert_eq!(g.download_bytes(&codes, rows * hidden).unwrap(), want_q);
+            let res3 = bits(&g.download_f32(&rb3).unwrap());
+            // rb: the residual after one addition of delta (the first launch of this test).
+            assert_eq!(
+                res3,
+                bits(&g.download_f32(&rb).unwrap()),
+                "codes only: residual"
+            );
+            assert!(g.download_f32(&out3).unwrap().iter().all(|&v| v == 0.0));
             eprintln!("add_rmsnorm + fp8 rows {rows} hidden {hidden}: codes equal the CPU's");
         }
     }
@@ -282,6 +322,7 @@ fn raw_delta_is_scaled_as_the_scaling_pass(
                     q: &codes,
                     scales: &row_scales,
                     static_scale: 0.0,
+                    codes_only: false,
                 }),
                 delta_scales,
             },
@@ -2018,10 +2059,13 @@ fn fp8_row_quantization_equals_the_cpu_quantizer() {
 #[test]
 #[ignore = "requires a CUDA device"]
 fn fused_silu_mul_quantization_equals_silu_mul_then_the_cpu_quantizer() {
-    use worker::backend::cuda::fp8::silu_mul_quant;
+    use worker::backend::cuda::fp8::{SiluQuantKernel, silu_mul_quant, silu_mul_quant_with};
     let g = gpu();
+    // The backend's choice: wide blocks up to a row an SM, narrow ones beyond.
+    assert_eq!(SiluQuantKernel::choose(&g, g.sms), SiluQuantKernel::Wide);
+    assert_eq!(SiluQuantKernel::choose(&g, g.sms + 1), SiluQuantKernel::Row);
     let mut r = Rng(13);
-    // m up to the SM count takes the wide kernel (1,024 threads a row), more rows the narrow one.
+    // Both kernels on every shape.
     for (m, k) in [
         (1, 14336),
         (3, 4096),
@@ -2029,6 +2073,7 @@ fn fused_silu_mul_quantization_equals_silu_mul_then_the_cpu_quantizer() {
         (2, 20000),
         (5, 40),
         (300, 520),
+        (7, 14336),
     ] {
         // Gate/up values of a few magnitudes per row, so that rows' scales differ.
         let gate_up: Vec<f32> = (0..m * 2 * k)
@@ -2041,20 +2086,6 @@ fn fused_silu_mul_quantization_equals_silu_mul_then_the_cpu_quantizer() {
         let act = g.download_f32(&act).unwrap();
         let codes = g.alloc(DType::U8, m * k).unwrap();
         let scales = g.alloc(DType::F32, m).unwrap();
-        for static_scale in [0.0f32, 0.02] {
-            assert!(
-                silu_mul_quant(&g, &gu, (&codes, &scales), (m, k), static_scale, None).unwrap()
-            );
-            let got_q = g.download_bytes(&codes, m * k).unwrap();
-            let got_s = g.download_f32(&scales).unwrap();
-            let (want_q, want_s) = fp8_expected(&act, k, static_scale);
-            assert_eq!(got_s, want_s, "m{m} k{k} static {static_scale}: scales");
-            let diff = got_q.iter().zip(&want_q).filter(|(a, b)| a != b).count();
-            assert_eq!(
-                diff, 0,
-                "m{m} k{k} static {static_scale}: {diff} codes differ"
-            );
-        }
         // The same product left raw (unscaled): the kernel scales each value as the scaling
         // pass would, bf16((x · row scale) · column scale), first. Its row scales are read from
         // the buffer it writes its own scales to, as the backend passes them.
@@ -2069,23 +2100,46 @@ fn fused_silu_mul_quantization_equals_silu_mul_then_the_cpu_quantizer() {
             .collect();
         let scaled = q(&scaled, DType::Bf16);
         let sb = g.upload_f32(&scaled, DType::Bf16).unwrap();
-        let act = g.alloc(DType::Bf16, m * k).unwrap();
-        ops::silu_mul(&g, &sb, &act, (m, k)).unwrap();
-        let (want_q, want_s) = fp8_expected(&g.download_f32(&act).unwrap(), k, 0.0);
+        let raw_act = g.alloc(DType::Bf16, m * k).unwrap();
+        ops::silu_mul(&g, &sb, &raw_act, (m, k)).unwrap();
+        let (raw_want_q, raw_want_s) = fp8_expected(&g.download_f32(&raw_act).unwrap(), k, 0.0);
         let rb = g.upload_f32(&raw, DType::Bf16).unwrap();
-        let inout = g.upload_f32(&row_s, DType::F32).unwrap();
         let cols = g.upload_f32(&col_s, DType::F32).unwrap();
-        let raw_scales = Some((&inout, &cols));
-        assert!(silu_mul_quant(&g, &rb, (&codes, &inout), (m, k), 0.0, raw_scales).unwrap());
-        assert_eq!(
-            g.download_f32(&inout).unwrap(),
-            want_s,
-            "m{m} k{k} raw: scales"
+        for kernel in SiluQuantKernel::ALL {
+            for static_scale in [0.0f32, 0.02] {
+                let out = (&codes, &scales);
+                assert!(
+                    silu_mul_quant_with(&g, kernel, &gu, out, (m, k), static_scale, None).unwrap()
+                );
+                let got_q = g.download_bytes(&codes, m * k).unwrap();
+                let got_s = g.download_f32(&scales).unwrap();
+                let (want_q, want_s) = fp8_expected(&act, k, static_scale);
+                let case = format!("{kernel:?} m{m} k{k} static {static_scale}");
+                assert_eq!(got_s, want_s, "{case}: scales");
+                let diff = got_q.iter().zip(&want_q).filter(|(a, b)| a != b).count();
+                assert_eq!(diff, 0, "{case}: {diff} codes differ");
+            }
+            let inout = g.upload_f32(&row_s, DType::F32).unwrap();
+            let raw_scales = Some((&inout, &cols));
+            let out = (&codes, &inout);
+            assert!(silu_mul_quant_with(&g, kernel, &rb, out, (m, k), 0.0, raw_scales).unwrap());
+            let case = format!("{kernel:?} m{m} k{k} raw");
+            assert_eq!(
+                g.download_f32(&inout).unwrap(),
+                raw_want_s,
+                "{case}: scales"
+            );
+            let got_q = g.download_bytes(&codes, m * k).unwrap();
+            let diff = got_q
+                .iter()
+                .zip(&raw_want_q)
+                .filter(|(a, b)| a != b)
+                .count();
+            assert_eq!(diff, 0, "{case}: {diff} codes differ");
+        }
+        eprintln!(
+            "silu·mul + fp8 quantization m{m} k{k}: every kernel gives the codes of silu_mul's output, raw too"
         );
-        let got_q = g.download_bytes(&codes, m * k).unwrap();
-        let diff = got_q.iter().zip(&want_q).filter(|(a, b)| a != b).count();
-        assert_eq!(diff, 0, "m{m} k{k} raw: {diff} codes differ");
-        eprintln!("silu·mul + fp8 quantization m{m} k{k}: the codes of silu_mul's output, raw too");
     }
     // k not a multiple of 8: the caller runs the two kernels instead.
     let gu = g.alloc(DType::Bf16, 2 * 12).unwrap();

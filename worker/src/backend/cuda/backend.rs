@@ -885,6 +885,8 @@ impl CudaBackend {
                 q: &ws.xq,
                 scales: &ws.xs,
                 static_scale: s.static_input.unwrap_or(0.0),
+                // The FP8 layer's q/k/v and gate/up products read the codes, not `normed`.
+                codes_only: true,
             })
         };
         // o and down on cuBLASLt's FP8 product leave their output unscaled for the norm that adds

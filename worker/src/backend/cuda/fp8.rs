@@ -81,7 +81,14 @@ pub fn quant_rows(gpu: &Gpu, a: &QuantRows<'_>) -> Result<(), BackendError> {
         in_x_scales: 0,
         in_w_scales: 0,
     };
-    let mut b = gpu.stream.launch_builder(gpu.func("quant_fp8_rows_bf16")?);
+    // Rows whole in 2 cached vectors a thread take the kernel with fewer registers (more blocks
+    // an SM); both give the same codes.
+    let name = if a.k <= 2 * 8 * kernels::FP8_QUANT_THREADS as usize {
+        "quant_fp8_rows_bf16_c2"
+    } else {
+        "quant_fp8_rows_bf16"
+    };
+    let mut b = gpu.stream.launch_builder(gpu.func(name)?);
     b.arg(&p);
     // SAFETY: the checks above gave x >= m*k bf16, q >= m*k bytes and scales >= m floats; block r
     // (one per row, grid m) reads x[r, 0..k) and writes q[r, 0..k) and scales[r] only, striding by
@@ -96,14 +103,63 @@ pub fn silu_mul_quant_fits(k: usize) -> bool {
     k.is_multiple_of(8)
 }
 
+/// The kernels [`silu_mul_quant_with`] can launch; both give the same codes and scales.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SiluQuantKernel {
+    /// `silu_mul_quant_fp8_bf16`: a block of [`kernels::FP8_QUANT_THREADS`] a row (several an SM).
+    Row,
+    /// `silu_mul_quant_fp8_bf16_wide`: a block of [`kernels::FP8_QUANT_WIDE_THREADS`] a row (at
+    /// most one an SM: for few rows, where the one block of a row is the launch's latency).
+    Wide,
+}
+
+impl SiluQuantKernel {
+    /// Both kernels.
+    pub const ALL: [SiluQuantKernel; 2] = [Self::Row, Self::Wide];
+
+    /// The kernel's name and block size.
+    fn launch(self) -> (&'static str, u32) {
+        match self {
+            Self::Row => ("silu_mul_quant_fp8_bf16", kernels::FP8_QUANT_THREADS),
+            Self::Wide => (
+                "silu_mul_quant_fp8_bf16_wide",
+                kernels::FP8_QUANT_WIDE_THREADS,
+            ),
+        }
+    }
+
+    /// What [`silu_mul_quant`] launches for `m` rows on `gpu`: up to a row an SM, wide blocks
+    /// (run 41g: one 256-thread block a row made a one-row step's SiLU 9.6 µs a layer); more, the
+    /// narrow ones, several an SM (run 47, H100, k = 14,336: 20.2 against 18.9 µs at 256 rows,
+    /// 464 against 530 at 8,176).
+    pub fn choose(gpu: &Gpu, m: usize) -> Self {
+        if m <= gpu.sms { Self::Wide } else { Self::Row }
+    }
+}
+
 /// `q[m, k]`, `scales[m]` from the gate/up product `gate_up[m, 2k]` ([gate | up] a row): the codes
-/// [`quant_rows`] gives for `silu_mul`'s bf16 output, in one launch (`silu_mul_quant_fp8_bf16`).
-/// With `raw = Some((x_scales[m], w_scales[2k]))`, `gate_up` is an FP8 product left unscaled
-/// ([`Fp8Gemm::run_unscaled`]) and is scaled first exactly as [`Fp8Gemm::run`] would have;
-/// `x_scales` may be `scales` itself. `Ok(false)` (nothing queued) where the fused kernel does
-/// not apply ([`silu_mul_quant_fits`]).
+/// [`quant_rows`] gives for `silu_mul`'s bf16 output, in one launch (the kernel
+/// [`SiluQuantKernel::choose`] picks). With `raw = Some((x_scales[m], w_scales[2k]))`, `gate_up`
+/// is an FP8 product left unscaled ([`Fp8Gemm::run_unscaled`]) and is scaled first exactly as
+/// [`Fp8Gemm::run`] would have; `x_scales` may be `scales` itself. `Ok(false)` (nothing queued)
+/// where the fused kernel does not apply ([`silu_mul_quant_fits`]).
 pub fn silu_mul_quant(
     gpu: &Gpu,
+    gate_up: &Buf,
+    out: (&Buf, &Buf),
+    (m, k): (usize, usize),
+    static_scale: f32,
+    raw: Option<(&Buf, &Buf)>,
+) -> Result<bool, BackendError> {
+    let kernel = SiluQuantKernel::choose(gpu, m);
+    silu_mul_quant_with(gpu, kernel, gate_up, out, (m, k), static_scale, raw)
+}
+
+/// [`silu_mul_quant`] on the kernel `kernel` (for tests and benchmarks: both give the same
+/// bits).
+pub fn silu_mul_quant_with(
+    gpu: &Gpu,
+    kernel: SiluQuantKernel,
     gate_up: &Buf,
     out: (&Buf, &Buf),
     (m, k): (usize, usize),
@@ -126,6 +182,7 @@ pub fn silu_mul_quant(
             "silu·mul fp8: static scale {static_scale}"
         )));
     }
+    let (name, threads) = kernel.launch();
     if m == 0 {
         return Ok(true);
     }
@@ -139,16 +196,6 @@ pub fn silu_mul_quant(
         pad: 0,
         in_x_scales: raw.map_or(0, |(xs, _)| xs.ptr()),
         in_w_scales: raw.map_or(0, |(_, ws)| ws.ptr()),
-    };
-    // Few rows: a block of FP8_QUANT_WIDE_THREADS a row (at most one an SM), since the one block of
-    // a row is the launch's whole latency; many rows: FP8_QUANT_THREADS, several blocks an SM.
-    let (name, threads) = if m <= gpu.sms {
-        (
-            "silu_mul_quant_fp8_bf16_wide",
-            kernels::FP8_QUANT_WIDE_THREADS,
-        )
-    } else {
-        ("silu_mul_quant_fp8_bf16", kernels::FP8_QUANT_THREADS)
     };
     let mut b = gpu.stream.launch_builder(gpu.func(name)?);
     b.arg(&p);

@@ -99,6 +99,9 @@ pub struct NormFp8<'a> {
     pub scales: &'a Buf,
     /// `> 0`: this scale for every row; `0.0`: each row's own.
     pub static_scale: f32,
+    /// Leave `out` unwritten (every reader of the output takes the codes): a bf16 row less
+    /// stored per row.
+    pub codes_only: bool,
 }
 
 /// Threads of an `add_rmsnorm` launch over rows of `hidden` elements of `dt`, and whether the
@@ -170,10 +173,14 @@ pub fn add_rmsnorm(gpu: &Gpu, a: &AddRmsNorm<'_>) -> Result<(), BackendError> {
         None => format!("add_rmsnorm_{}", dt.suffix()),
     };
     let mut b = gpu.stream.launch_builder(gpu.func(&name)?);
+    let out = match a.fp8 {
+        Some(f) if f.codes_only => 0u64,
+        _ => a.out.ptr(),
+    };
     b.arg(a.residual.dptr())
         .arg(&delta)
         .arg(a.weight.dptr())
-        .arg(a.out.dptr());
+        .arg(&out);
     if let Some(f) = &a.fp8 {
         b.arg(f.q.dptr()).arg(f.scales.dptr());
     }
@@ -185,13 +192,15 @@ pub fn add_rmsnorm(gpu: &Gpu, a: &AddRmsNorm<'_>) -> Result<(), BackendError> {
         .delta_scales
         .map_or((0u64, 0u64), |(x, w)| (x.ptr(), w.ptr()));
     b.arg(&dxs).arg(&dws);
-    // SAFETY: every buffer holds rows*hidden (weight: hidden) elements of dt (checked above);
+    // SAFETY: every buffer holds rows*hidden (weight: hidden) elements of dt (checked above;
+    // out is null with codes_only, and add_rmsnorm_fp8_bf16 then stores no output);
     // delta is null or rows*hidden long, and with delta scales (null otherwise) rows and hidden
     // floats, read at [row] and [col < hidden] only; the arguments match add_rmsnorm_<dt> (or, with fp8,
     // add_rmsnorm_fp8_bf16's: q rows*hidden bytes and scales rows floats, checked, written only on
     // the vector path, which fuses_fp8 guaranteed, one row per block). The kernel's
     // 16-byte accesses happen only where hidden is a multiple of 16 bytes' worth, so every row
-    // starts 16-byte aligned in these whole (256-byte aligned) allocations.
+    // starts 16-byte aligned in these whole (256-byte aligned) allocations, and so does every
+    // group of 4 delta column scales it reads at a multiple of 4 columns.
     unsafe { b.launch(cfg((dim(a.rows, "rows")?, 1, 1), threads, 0)) }
         .map(|_| ())
         .map_err(BackendError::from)
