@@ -21,6 +21,29 @@ template <> __device__ __forceinline__ float from_f<float>(float x) { return x; 
 // Round to nearest even, as torch does.
 template <> __device__ __forceinline__ bf16 from_f<bf16>(float x) { return __float2bfloat16(x); }
 
+// Two floats rounded to bf16 as one word, lo in the low half (element order in memory): one
+// cvt.rn.bf16x2.f32 (an ALU instruction) where two __float2bfloat16 take two conversions on the
+// quarter-rate pipe; the same rounding, nearest even.
+__device__ __forceinline__ u32 bf16x2_bits(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *(const u32*)&h;
+}
+// The bf16 numbers of such a word, as floats (exactly).
+__device__ __forceinline__ float bf16_lo(u32 w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }
+
+// silu(g) = g / (1 + e^-g) with the hardware's exp2 and reciprocal (ex2.approx, as __expf, and
+// __fdividef): within a few f32 ulp of the IEEE expression for |g| < 20 (far below a bf16 ulp), 0
+// where e^-g overflows. ex2.approx.ftz flushes an e^-g below 2^-126 to 0, where 1 + e^-g is 1
+// either way; six instructions where expf and an IEEE division take about twenty and a branch.
+// Every SiLU kernel (silu_mul, the FP8 SiLU·mul quantizers) computes it this way, so their bits
+// agree.
+__device__ __forceinline__ float silu_f(float g) {
+    float e;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(g * -1.44269504088896341f));
+    return __fdividef(g, 1.f + e);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -16,13 +16,15 @@ template <typename T> __device__ __forceinline__ constexpr int vec16() { return 
 template <typename T> __device__ __forceinline__ void load16(const T* p, float* out) {
     unpack16(*(const uint4*)p, out, T());
 }
-// 16 bytes of T from floats (each rounded to T).
-template <typename T> __device__ __forceinline__ uint4 pack16(const float* in) {
-    alignas(16) T t[vec16<T>()];
-#pragma unroll
-    for (int e = 0; e < vec16<T>(); e++) t[e] = from_f<T>(in[e]);
-    return *(const uint4*)t;
+// 16 bytes of T from floats, each rounded to T (bf16 two at a time, bf16x2_bits).
+__device__ __forceinline__ uint4 pack16(const float* in, float) {
+    return make_uint4(__float_as_uint(in[0]), __float_as_uint(in[1]), __float_as_uint(in[2]), __float_as_uint(in[3]));
 }
+__device__ __forceinline__ uint4 pack16(const float* in, bf16) {
+    return make_uint4(bf16x2_bits(in[0], in[1]), bf16x2_bits(in[2], in[3]), bf16x2_bits(in[4], in[5]),
+                      bf16x2_bits(in[6], in[7]));
+}
+template <typename T> __device__ __forceinline__ uint4 pack16(const float* in) { return pack16(in, T()); }
 template <typename T> __device__ __forceinline__ void store16(T* p, const float* in) {
     *(uint4*)p = pack16<T>(in);
 }
@@ -40,6 +42,7 @@ template <typename T> __device__ __forceinline__ void store16(T* p, const float*
 // before any store (one memory round trip before the reduction, none after it) and the row stays
 // in registers; else a scalar loop (whose stores to the residual serialise its loads).
 __device__ __forceinline__ unsigned char fp8_code(float v);
+__device__ __forceinline__ u32 fp8_code2(float lo, float hi);
 #define FP8_MAX 448.0f
 #define FP8_MIN_SCALE (1.0f / (448.0f * 512.0f))
 
@@ -99,7 +102,8 @@ __device__ void add_rmsnorm_impl(T* __restrict__ residual, const T* __restrict__
                         wv[e] = w4.x, wv[e + 1] = w4.y, wv[e + 2] = w4.z, wv[e + 3] = w4.w;
                     }
 #pragma unroll
-                    for (int e = 0; e < V; e++) dv[e] = to_f(from_f<T>(dv[e] * dx * wv[e]));
+                    for (int e = 0; e < V; e++) dv[e] = dv[e] * dx * wv[e];
+                    unpack16(pack16<T>(dv), dv, T()); // rounded to T, as the pass stores it
                 }
 #pragma unroll
                 for (int e = 0; e < V; e++) v[e] += dv[e];
@@ -150,15 +154,20 @@ __device__ void add_rmsnorm_impl(T* __restrict__ residual, const T* __restrict__
                 if (i >= hidden) break;
                 float v[V];
                 unpack16(row[c], v, T());
-                unsigned char b[V];
+                if constexpr (V == 8) {
+                    if (q8) {
+                        u32 w[4];
 #pragma unroll
-                for (int e = 0; e < V; e++) b[e] = fp8_code(fp8_div(v[e], s, rcp));
-                if (V == 8 && q8) {
-                    u32 w[2] = {0u, 0u};
+                        for (int e = 0; e < 4; e++)
+                            w[e] = fp8_code2(fp8_div(v[2 * e], s, rcp), fp8_div(v[2 * e + 1], s, rcp));
+                        *(uint2*)(qr + i) = make_uint2(__byte_perm(w[0], w[1], 0x5410), __byte_perm(w[2], w[3], 0x5410));
+                        continue;
+                    }
+                }
+                {
+                    unsigned char b[V];
 #pragma unroll
-                    for (int e = 0; e < V; e++) w[e / 4] |= (u32)b[e] << (8 * (e % 4));
-                    *(uint2*)(qr + i) = make_uint2(w[0], w[1]);
-                } else {
+                    for (int e = 0; e < V; e++) b[e] = fp8_code(fp8_div(v[e], s, rcp));
 #pragma unroll
                     for (int e = 0; e < V; e++) qr[i + e] = b[e];
                 }
@@ -197,7 +206,7 @@ __device__ void silu_mul_impl(const T* __restrict__ gate_up, T* __restrict__ out
         load16(row + j, g);
         load16(row + inter + j, u);
 #pragma unroll
-        for (int e = 0; e < V; e++) g[e] = g[e] / (1.f + expf(-g[e])) * u[e];
+        for (int e = 0; e < V; e++) g[e] = silu_f(g[e]) * u[e];
         store16(dst + j, g);
         return;
     }
@@ -205,7 +214,7 @@ __device__ void silu_mul_impl(const T* __restrict__ gate_up, T* __restrict__ out
     if (j >= inter) return;
     const float g = to_f(row[j]);
     const float u = to_f(row[inter + j]);
-    dst[j] = from_f<T>(g / (1.f + expf(-g)) * u);
+    dst[j] = from_f<T>(silu_f(g) * u);
 }
 
 // out[i] = (To) in[i], for dtype conversions on the device.

@@ -38,67 +38,62 @@ __device__ __forceinline__ float fp8_row_scale(float m, float static_scale, floa
     return fmaxf(m / FP8_MAX, FP8_MIN_SCALE);
 }
 
-// Quantizes one row of `nvec` 8-value vectors, vector i produced by load(i, out[8]) (values that
-// are bf16 numbers), to q[8i .. 8i + 8) (8-byte aligned) and *scale_out, with a block of THREADS
-// threads: the values of the first CACHED vectors a thread takes stay in its registers between
-// the two passes (packed two to a word: bf16 numbers fit exactly, so a vector costs 4 registers,
-// not 8), the rest are produced again. The same codes and scale as the scalar path (and for any
-// THREADS): max is exact in any order, and each code is cvt.rn.satfinite.e4m3 of x / scale
-// (fp8_div) for the same x and scale.
+// Two values' E4M3 codes as one 16-bit word, lo's in the low byte: the one cvt.rn.satfinite.e4m3x2
+// that fp8_code issues for each value alone, here for both.
+__device__ __forceinline__ u32 fp8_code2(float lo, float hi) {
+    return (u32)__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
+}
+
+// The largest magnitude of m and the 8 bf16 numbers of w (max.bf16x2 on their magnitudes: exact,
+// and like fmaxf it keeps the other operand where one is NaN).
+__device__ __forceinline__ __nv_bfloat162 bf16x8_amax(__nv_bfloat162 m, uint4 w) {
+    const u32 a[4] = {w.x & 0x7fff7fffu, w.y & 0x7fff7fffu, w.z & 0x7fff7fffu, w.w & 0x7fff7fffu};
+#pragma unroll
+    for (int e = 0; e < 4; e++) m = __hmax2(m, *(const __nv_bfloat162*)&a[e]);
+    return m;
+}
+
+// Quantizes one row of `nvec` 8-value vectors, vector i produced by load(i) as 8 bf16 numbers
+// packed two to a word in memory order (a uint4, as 16 bytes of a bf16 row hold them), to
+// q[8i .. 8i + 8) (8-byte aligned) and *scale_out, with a block of THREADS threads: the first
+// CACHED vectors a thread takes stay in its registers between the two passes, the rest are
+// produced again. The same codes and scale as the scalar path (and for any THREADS): max is exact
+// in any order, and each code is cvt.rn.satfinite.e4m3 of x / scale (fp8_div) for the same x and
+// scale. Kept packed, the values cost no instruction to cache, their magnitudes' max takes one
+// max.bf16x2 a pair, and the codes one cvt a pair.
 #define FP8_QUANT_CACHED 8
 template <int THREADS = FP8_QUANT_THREADS, int CACHED = FP8_QUANT_CACHED, typename Load>
 __device__ __forceinline__ void fp8_quant_row_vec(Load load, int nvec, unsigned char* q, float* scale_out,
                                                   float static_scale, float* red) {
-    u32 v[CACHED][4];
-    float m = 0.f;
+    uint4 v[CACHED];
+    __nv_bfloat162 m2 = __floats2bfloat162_rn(0.f, 0.f);
 #pragma unroll
     for (int c = 0; c < CACHED; c++) {
         const int i = threadIdx.x + c * THREADS;
         if (i < nvec) {
-            float t[8];
-            load(i, t);
-#pragma unroll
-            for (int e = 0; e < 8; e++) m = fmaxf(m, fabsf(t[e]));
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                v[c][e] = __float_as_uint(t[2 * e]) >> 16 | (__float_as_uint(t[2 * e + 1]) & 0xffff0000u);
+            v[c] = load(i);
+            m2 = bf16x8_amax(m2, v[c]);
         }
     }
-    for (int i = threadIdx.x + CACHED * THREADS; i < nvec; i += THREADS) {
-        float t[8];
-        load(i, t);
-#pragma unroll
-        for (int e = 0; e < 8; e++) m = fmaxf(m, fabsf(t[e]));
-    }
+    for (int i = threadIdx.x + CACHED * THREADS; i < nvec; i += THREADS) m2 = bf16x8_amax(m2, load(i));
+    const float m = fmaxf(__low2float(m2), __high2float(m2));
     const float scale = fp8_row_scale<THREADS>(m, static_scale, red);
     const float rcp = 1.f / scale;
     if (threadIdx.x == 0) *scale_out = scale;
-    auto put = [&](int i, const float* t) {
-        uint2 w;
-        w.x = (u32)fp8_code(fp8_div(t[0], scale, rcp)) | (u32)fp8_code(fp8_div(t[1], scale, rcp)) << 8 |
-              (u32)fp8_code(fp8_div(t[2], scale, rcp)) << 16 | (u32)fp8_code(fp8_div(t[3], scale, rcp)) << 24;
-        w.y = (u32)fp8_code(fp8_div(t[4], scale, rcp)) | (u32)fp8_code(fp8_div(t[5], scale, rcp)) << 8 |
-              (u32)fp8_code(fp8_div(t[6], scale, rcp)) << 16 | (u32)fp8_code(fp8_div(t[7], scale, rcp)) << 24;
-        *(uint2*)(q + 8 * (size_t)i) = w;
+    auto put = [&](int i, const uint4& w) {
+        const u32 x[4] = {w.x, w.y, w.z, w.w};
+        u32 c[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            c[e] = fp8_code2(fp8_div(bf16_lo(x[e]), scale, rcp), fp8_div(bf16_hi(x[e]), scale, rcp));
+        *(uint2*)(q + 8 * (size_t)i) = make_uint2(__byte_perm(c[0], c[1], 0x5410), __byte_perm(c[2], c[3], 0x5410));
     };
 #pragma unroll
     for (int c = 0; c < CACHED; c++) {
         const int i = threadIdx.x + c * THREADS;
-        if (i < nvec) {
-            float t[8];
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                t[2 * e] = __uint_as_float(v[c][e] << 16);
-                t[2 * e + 1] = __uint_as_float(v[c][e] & 0xffff0000u);
-            }
-            put(i, t);
-        }
+        if (i < nvec) put(i, v[c]);
     }
-    for (int i = threadIdx.x + CACHED * THREADS; i < nvec; i += THREADS) {
-        float t[8];
-        load(i, t);
-        put(i, t);
-    }
+    for (int i = threadIdx.x + CACHED * THREADS; i < nvec; i += THREADS) put(i, load(i));
 }
 
 // One block per row: its largest magnitude (unless a static scale is given), its scale, its codes.
@@ -114,7 +109,7 @@ __device__ __forceinline__ void quant_fp8_rows_impl(const Fp8QuantParams& p) {
     const bf16* x = p.x + (size_t)row * p.k;
     unsigned char* q = p.q + (size_t)row * p.k;
     if (p.k % 8 == 0 && ((size_t)p.x & 15) == 0 && ((size_t)p.q & 7) == 0) {
-        fp8_quant_row_vec<FP8_QUANT_THREADS, CACHED>([&](int i, float* t) { load16(x + 8 * i, t); }, p.k / 8, q,
+        fp8_quant_row_vec<FP8_QUANT_THREADS, CACHED>([&](int i) { return *(const uint4*)(x + 8 * i); }, p.k / 8, q,
                                                      p.scales + row, p.static_scale, red);
         return;
     }
@@ -146,7 +141,7 @@ extern "C" __global__ void __launch_bounds__(FP8_QUANT_WIDE_THREADS) attn_combin
     const int item = blockIdx.x, k = a.hq * a.d;
     const int tok = a.seqs[4 * a.items[2 * item]];
     fp8_quant_row_vec<FP8_QUANT_WIDE_THREADS, 1>(
-        [&](int i, float* t) {
+        [&](int i) {
             const int h = 8 * i / a.d, c0 = 8 * i % a.d;
             const size_t base = ((size_t)item * a.hq + h) * a.num_splits;
             float gm = -INFINITY;
@@ -163,8 +158,10 @@ extern "C" __global__ void __launch_bounds__(FP8_QUANT_WIDE_THREADS) attn_combin
 #pragma unroll
                 for (int e = 0; e < 8; e++) num[e] += w * o[e];
             }
+            float t[8];
 #pragma unroll
-            for (int e = 0; e < 8; e++) t[e] = to_f(from_f<bf16>(den > 0.f ? num[e] / den : 0.f));
+            for (int e = 0; e < 8; e++) t[e] = den > 0.f ? num[e] / den : 0.f;
+            return pack16<bf16>(t);
         },
         k / 8, p.q + (size_t)tok * k, p.scales + tok, p.static_scale, red);
 }
@@ -191,23 +188,28 @@ __device__ __forceinline__ void silu_mul_quant_impl(const Fp8QuantParams& p) {
     // Read before any thread of the block writes p.scales[row] (the two may be one buffer).
     const float xs = ws ? p.in_x_scales[row] : 1.f;
     fp8_quant_row_vec<THREADS, CACHED>(
-        [&](int i, float* t) {
-            float u[8];
-            load16(gate + 8 * i, t);
-            load16(up + 8 * i, u);
+        [&](int i) {
+            const uint4 gw = *(const uint4*)(gate + 8 * i), uw = *(const uint4*)(up + 8 * i);
+            u32 g[4] = {gw.x, gw.y, gw.z, gw.w}, u[4] = {uw.x, uw.y, uw.z, uw.w};
             if (ws) {
                 const float4 g0 = *(const float4*)(ws + 8 * i), g1 = *(const float4*)(ws + 8 * i + 4);
                 const float4 u0 = *(const float4*)(ws + p.k + 8 * i), u1 = *(const float4*)(ws + p.k + 8 * i + 4);
                 const float wg[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
                 const float wu[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
 #pragma unroll
-                for (int e = 0; e < 8; e++) {
-                    t[e] = __bfloat162float(__float2bfloat16(__fmul_rn(__fmul_rn(t[e], xs), wg[e])));
-                    u[e] = __bfloat162float(__float2bfloat16(__fmul_rn(__fmul_rn(u[e], xs), wu[e])));
+                for (int e = 0; e < 4; e++) {
+                    g[e] = bf16x2_bits(__fmul_rn(__fmul_rn(bf16_lo(g[e]), xs), wg[2 * e]),
+                                       __fmul_rn(__fmul_rn(bf16_hi(g[e]), xs), wg[2 * e + 1]));
+                    u[e] = bf16x2_bits(__fmul_rn(__fmul_rn(bf16_lo(u[e]), xs), wu[2 * e]),
+                                       __fmul_rn(__fmul_rn(bf16_hi(u[e]), xs), wu[2 * e + 1]));
                 }
             }
-#pragma unroll
-            for (int e = 0; e < 8; e++) t[e] = __bfloat162float(__float2bfloat16(t[e] / (1.f + expf(-t[e])) * u[e]));
+            uint4 h;
+            h.x = bf16x2_bits(silu_f(bf16_lo(g[0])) * bf16_lo(u[0]), silu_f(bf16_hi(g[0])) * bf16_hi(u[0]));
+            h.y = bf16x2_bits(silu_f(bf16_lo(g[1])) * bf16_lo(u[1]), silu_f(bf16_hi(g[1])) * bf16_hi(u[1]));
+            h.z = bf16x2_bits(silu_f(bf16_lo(g[2])) * bf16_lo(u[2]), silu_f(bf16_hi(g[2])) * bf16_hi(u[2]));
+            h.w = bf16x2_bits(silu_f(bf16_lo(g[3])) * bf16_lo(u[3]), silu_f(bf16_hi(g[3])) * bf16_hi(u[3]));
+            return h;
         },
         p.k / 8, p.q + (size_t)row * p.k, p.scales + row, p.static_scale, red);
 }
