@@ -25,6 +25,11 @@ __device__ __forceinline__ uint4 pack16(const float* in, bf16) {
                       bf16x2_bits(in[6], in[7]));
 }
 template <typename T> __device__ __forceinline__ uint4 pack16(const float* in) { return pack16(in, T()); }
+// v[0 .. n) (n a multiple of 16 bytes of T) rounded to T in place, as a store and a load would.
+template <typename T, int N> __device__ __forceinline__ void round_to(float* v) {
+#pragma unroll
+    for (int c = 0; c < N; c += vec16<T>()) unpack16(pack16<T>(v + c), v + c, T());
+}
 template <typename T> __device__ __forceinline__ void store16(T* p, const float* in) {
     *(uint4*)p = pack16<T>(in);
 }
@@ -103,7 +108,7 @@ __device__ void add_rmsnorm_impl(T* __restrict__ residual, const T* __restrict__
                     }
 #pragma unroll
                     for (int e = 0; e < V; e++) dv[e] = dv[e] * dx * wv[e];
-                    unpack16(pack16<T>(dv), dv, T()); // rounded to T, as the pass stores it
+                    round_to<T, V>(dv); // as the pass stores it
                 }
 #pragma unroll
                 for (int e = 0; e < V; e++) v[e] += dv[e];

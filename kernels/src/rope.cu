@@ -130,9 +130,11 @@ __device__ void rope_kv_impl(const RopeParams& p) {
                 const float* wa = ws + (size_t)h * p.d + j;
 #pragma unroll
                 for (int e = 0; e < 8; e++) {
-                    a[e] = to_f(from_f<T>(a[e] * xs * wa[e]));
-                    b[e] = to_f(from_f<T>(b[e] * xs * wa[e + half]));
+                    a[e] = a[e] * xs * wa[e];
+                    b[e] = b[e] * xs * wa[e + half];
                 }
+                round_to<T, 8>(a); // as the scaling pass stores them
+                round_to<T, 8>(b);
             }
 #pragma unroll
             for (int e = 0; e < 8; e++) {

@@ -15,6 +15,11 @@
 #   d, e again on s's machine (its $B/new the new build): d carried part 00 only and its install
 #   stopped for want of .gpu48/peer (the part stashed all the same); e carried part 01 and
 #   .gpu48/peer: ringserve FP8 / vLLM FP8 / ringserve FP8 with the new build
+# Then the FP8 cuBLASLt products of a decode graph tuned (the fastest of cuBLASLt's first 8
+# candidates, as bf16's are), RoPE's raw-product rounding two values a cvt (new) against the build
+# above (old):
+#   t: carry .gpu48/new.tar.xz and .gpu48/old.tar.xz: the tests; cuda_bench decode FP8 and bench
+#      engine FP8 at 128 and 256 rows, old and new alternating; the tuning's choices (debug log)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 B=/tmp/b48; M=/tmp/llama8b; P=/tmp/peer48
@@ -84,5 +89,24 @@ s)
   done
   for v in old new; do
     echo "$v fp8: $(timeout 90 $B/$v/cuda_bench decode $M 1,128,256 512 30 --quantization=fp8 2>&1 | grep 'decode batch' | tr '\n' ' ')" | tee -a $OUT/s_timeline.txt
+  done ;;
+t)
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+  ( [ -f $M/config.json ] || python3 scripts/make_random_llama8b.py $M > $OUT/make_model.log 2>&1 ) &
+  timeout 240 $B/new/cuda_kernels --include-ignored --test-threads=1 > $OUT/t_kernels.log 2>&1; echo "cuda_kernels rc=$?"
+  grep -E "test result|panicked|FAILED|fp8 gemm" $OUT/t_kernels.log | head -20
+  timeout 240 $B/new/cuda_fp8 --include-ignored --test-threads=1 > $OUT/t_fp8.log 2>&1; echo "cuda_fp8 rc=$?"
+  grep -E "test result|panicked|FAILED" $OUT/t_fp8.log | head
+  timeout 240 $B/new/cuda_backend --include-ignored --test-threads=1 > $OUT/t_backend.log 2>&1; echo "cuda_backend rc=$?"
+  grep -E "test result|panicked|FAILED" $OUT/t_backend.log | head
+  wait; cat $M/*.safetensors > /dev/null
+  for v in old new; do
+    echo "$v fp8: $(timeout 90 $B/$v/cuda_bench decode $M 128,256 512 30 --quantization=fp8 2>&1 | grep 'decode batch' | tr '\n' ' ')" | tee -a $OUT/t_timeline.txt
+  done
+  E="ringserve bench engine --model $M --device cuda --output-len 65 --peer-decode --batch-sizes 128,256 --prompt-lens 512 --quantization fp8"
+  RUST_LOG=info,worker::backend::cuda::backend=debug timeout 60 $B/new/$E 2> $OUT/t_tuning.log | grep -E '^\| [0-9]' | sed 's/^/new /' | tee -a $OUT/t_bench.txt
+  grep "fp8 cuBLASLt tuning" $OUT/t_tuning.log | sed 's/.*tuning//' | head -12
+  for v in old new old; do
+    timeout 60 $B/$v/$E 2>>$OUT/t_bench.err | grep -E '^\| [0-9]' | sed "s/^/$v /" | tee -a $OUT/t_bench.txt
   done ;;
 esac

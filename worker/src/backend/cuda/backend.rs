@@ -783,10 +783,40 @@ impl CudaBackend {
     /// Tunes cuBLASLt for the products of a decode graph of `m` rows (those not on the GEMV
     /// kernel), before the graph is captured. Writes activations: call before the step's launch.
     fn tune_products(&self, m: usize) -> Result<(), BackendError> {
-        let (Some(lt), Some(w)) = (&self.lt, self.weights.layers.first()) else {
+        let Some(w) = self.weights.layers.first() else {
             return Ok(());
         };
         let p = self.layer_products(w, m);
+        if let (Some(gemm), Some(f)) = (&self.fp8_gemm, p.fp8) {
+            let named = [
+                ("qkv", &p.qkv, &f.qkv),
+                ("o", &p.o, &f.o),
+                ("gate_up", &p.gate_up, &f.gate_up),
+                ("down", &p.down, &f.down),
+            ];
+            for (name, l, s) in named {
+                // The codes in the workspace are whatever is there: an FP8 product's time does
+                // not depend on them.
+                let f = self.fp8_linear(l, s, true)?;
+                if (l.m <= kernels::GEMV_MAX_BATCH && f.gemv_ok()) || !Fp8Gemm::fits(&f) {
+                    continue;
+                }
+                let t = gemm.tune(&self.gpu, &f)?;
+                tracing::debug!(
+                    product = name,
+                    m = l.m,
+                    n = l.n,
+                    k = l.k,
+                    heuristic_us = t.heuristic_us,
+                    kept_us = t.kept_us,
+                    retuned = t.retuned,
+                    "fp8 cuBLASLt tuning"
+                );
+            }
+        }
+        let Some(lt) = &self.lt else {
+            return Ok(());
+        };
         let mut products = vec![p.qkv, p.o, p.gate_up, p.down];
         if self.samples {
             products.extend(self.lm_product(m));

@@ -12,7 +12,7 @@ use cudarc::driver::PushKernelArg;
 use kernels::params::{Fp8QuantParams, GemvFp8Params, GemvFp8RopeParams};
 
 use super::device::{Buf, DType, Gpu};
-use super::lt::LT_WORKSPACE_BYTES;
+use super::lt::{CANDIDATES, LT_WORKSPACE_BYTES, MIN_GAIN, time_us};
 use super::ops::{RopeKv, cfg, dim, int};
 use crate::backend::BackendError;
 use crate::backend::switches::{FP8_TILE_LARGE, FP8_TILE_SMALL, Fp8GemvChoice};
@@ -457,11 +457,24 @@ pub fn gemv_fp8(gpu: &Gpu, l: &Fp8Linear<'_>, rows_per_block: usize) -> Result<(
 /// then `scale_fp8_out_bf16` multiplies each output by its activation row's and weight row's
 /// scales. (Run 18: on the H200, cuBLASLt 13.0 finds no algorithm for per-row scale vectors,
 /// `CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F`: `CUBLAS_STATUS_INVALID_VALUE`.) One description per
-/// shape, its algorithm cuBLASLt's first heuristic choice.
+/// shape, its algorithm cuBLASLt's first heuristic choice, or for the shapes of a decode graph
+/// ([`Self::tune`]) the fastest of its first [`CANDIDATES`] timed on the real weights.
 pub struct Fp8Gemm {
     handle: lt_sys::cublasLtHandle_t,
     workspace: Buf,
     plans: RefCell<HashMap<(usize, usize, usize), Fp8Plan>>,
+    tuned: RefCell<HashMap<(usize, usize, usize), Fp8Tuning>>,
+}
+
+/// What [`Fp8Gemm::tune`] measured for a shape, µs a product.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fp8Tuning {
+    /// cuBLASLt's first heuristic choice (`None`: it did not run).
+    pub heuristic_us: Option<f64>,
+    /// The algorithm kept: the fastest candidate where it beats the first by [`MIN_GAIN`].
+    pub kept_us: f64,
+    /// Whether the kept algorithm is not the heuristic's first.
+    pub retuned: bool,
 }
 
 // SAFETY: used only through the backend, which one thread drives at a time (Send, not Sync);
@@ -520,6 +533,7 @@ impl Fp8Gemm {
             handle: lt::create_handle()?,
             workspace: gpu.alloc(DType::U32, LT_WORKSPACE_BYTES / 4)?,
             plans: RefCell::new(HashMap::new()),
+            tuned: RefCell::new(HashMap::new()),
         })
     }
 
@@ -556,16 +570,81 @@ impl Fp8Gemm {
         }
         let key = (l.m, l.n, l.k);
         if !self.plans.borrow().contains_key(&key) {
-            let plan = self.describe(l.m, l.n, l.k)?;
+            let mut plan = self.describe(l.m, l.n, l.k)?;
+            plan.algo = self.candidates(&plan, key, 1)?[0];
             self.plans.borrow_mut().insert(key, plan);
         }
-        let plans = self.plans.borrow();
-        let plan = &plans[&key];
+        self.matmul(gpu, &self.plans.borrow()[&key], l)
+    }
+
+    /// Times cuBLASLt's first [`CANDIDATES`] heuristic algorithms for `l`'s shape on its operands
+    /// and keeps the fastest for every later product of that shape — the heuristic's first unless
+    /// another beats it by [`MIN_GAIN`] (as [`super::lt::LtGemm::tune`] does for bf16 weights).
+    /// Runs the product about a hundred times, writing `l.y`, and synchronises: never while a
+    /// graph is being captured. A shape tuned before returns what was measured then.
+    pub fn tune(&self, gpu: &Gpu, l: &Fp8Linear<'_>) -> Result<Fp8Tuning, BackendError> {
+        let key = (l.m, l.n, l.k);
+        if let Some(t) = self.tuned.borrow().get(&key) {
+            return Ok(*t);
+        }
+        l.check()?;
+        if !Self::fits(l) || l.m == 0 || l.n == 0 {
+            return Err(BackendError::InvalidBatch(format!(
+                "fp8 gemm tuning: m {} n {} k {} is not a cuBLASLt FP8 shape",
+                l.m, l.n, l.k
+            )));
+        }
+        let mut plan = self.describe(l.m, l.n, l.k)?;
+        let mut heuristic_us = None;
+        let mut best: Option<(f64, usize, lt_sys::cublasLtMatmulAlgo_t)> = None;
+        let candidates = self.candidates(&plan, key, CANDIDATES)?;
+        for (i, &cand) in candidates.iter().enumerate() {
+            plan.algo = cand;
+            // A candidate that fails to run (not supported for this shape after all) is skipped.
+            let Ok(us) = time_us(gpu, || self.matmul(gpu, &plan, l)) else {
+                continue;
+            };
+            if i == 0 {
+                heuristic_us = Some(us);
+            }
+            if best.is_none_or(|(b, _, _)| us < b) {
+                best = Some((us, i, cand));
+            }
+        }
+        let Some((best_us, best_i, best_algo)) = best else {
+            return Err(BackendError::Device(format!(
+                "cuBLASLt ran no FP8 algorithm for m {} n {} k {}",
+                l.m, l.n, l.k
+            )));
+        };
+        let keep_first = heuristic_us.is_some_and(|h| best_us >= h * (1.0 - MIN_GAIN));
+        let t = if keep_first {
+            plan.algo = candidates[0];
+            Fp8Tuning {
+                heuristic_us,
+                kept_us: heuristic_us.unwrap_or(best_us),
+                retuned: false,
+            }
+        } else {
+            plan.algo = best_algo;
+            Fp8Tuning {
+                heuristic_us,
+                kept_us: best_us,
+                retuned: best_i != 0,
+            }
+        };
+        self.plans.borrow_mut().insert(key, plan);
+        self.tuned.borrow_mut().insert(key, t);
+        Ok(t)
+    }
+
+    /// Queues `l`'s raw product on `plan` (described for `l`'s shape).
+    fn matmul(&self, gpu: &Gpu, plan: &Fp8Plan, l: &Fp8Linear<'_>) -> Result<(), BackendError> {
         let (alpha, beta) = (1.0f32, 0.0f32);
-        // SAFETY: check() gave w >= n*k and x >= m*k bytes and y >= m*n bf16; the layouts
-        // describe exactly those sizes; the algorithm came from
-        // cuBLASLt's heuristic for these descriptions with a workspace need within the workspace
-        // passed, which is used only in stream order; alpha/beta are f32 (the scale type).
+        // SAFETY: the callers checked w >= n*k and x >= m*k bytes and y >= m*n bf16; the plan's
+        // layouts describe exactly those sizes; its algorithm came from cuBLASLt's heuristic for
+        // these descriptions with a workspace need within the workspace passed, which is used
+        // only in stream order; alpha/beta are f32 (the scale type).
         unsafe {
             lt::matmul(
                 self.handle,
@@ -610,15 +689,17 @@ impl Fp8Gemm {
         plan.a = lt::create_matrix_layout(CUDA_R_8F_E4M3, k64, n64, k as i64)?;
         plan.b = lt::create_matrix_layout(CUDA_R_8F_E4M3, k64, m64, k as i64)?;
         plan.d = lt::create_matrix_layout(CUDA_R_16BF, n64, m64, n as i64)?;
-        plan.algo = self.heuristic(&plan, (m, n, k))?;
         Ok(plan)
     }
 
-    fn heuristic(
+    /// cuBLASLt's first `count` (at least one) heuristic algorithms for `plan`'s shape within the
+    /// workspace, best first.
+    fn candidates(
         &self,
         plan: &Fp8Plan,
         shape: (usize, usize, usize),
-    ) -> Result<lt_sys::cublasLtMatmulAlgo_t, BackendError> {
+        count: usize,
+    ) -> Result<Vec<lt_sys::cublasLtMatmulAlgo_t>, BackendError> {
         let pref = lt::create_matmul_pref()?;
         let limit = LT_WORKSPACE_BYTES as u64;
         // SAFETY: pref was just created; the attribute is a u64 read from a live local.
@@ -630,12 +711,14 @@ impl Fp8Gemm {
                 std::mem::size_of::<u64>(),
             )
         };
-        // SAFETY: plain data; only read when cuBLASLt reports it filled.
-        let mut result: lt_sys::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
-        let mut count = 0i32;
+        // SAFETY: plain data; only entries cuBLASLt reports filled are read.
+        let mut results: [lt_sys::cublasLtMatmulHeuristicResult_t; CANDIDATES] =
+            unsafe { std::mem::zeroed() };
+        let requested = count.clamp(1, CANDIDATES);
+        let mut returned = 0i32;
         let found = set.and_then(|()| {
-            // SAFETY: every description is live (plan, pref); one result requested into a live
-            // local; count is a live i32.
+            // SAFETY: every description is live (plan, pref); `requested` <= CANDIDATES results
+            // requested into a live array of CANDIDATES; returned is a live i32.
             unsafe {
                 lt_sys::cublasLtMatmulAlgoGetHeuristic(
                     self.handle,
@@ -645,9 +728,9 @@ impl Fp8Gemm {
                     plan.d,
                     plan.d,
                     pref,
-                    1,
-                    &mut result,
-                    &mut count,
+                    requested as i32,
+                    results.as_mut_ptr(),
+                    &mut returned,
                 )
             }
             .result()
@@ -655,12 +738,13 @@ impl Fp8Gemm {
         // SAFETY: pref was created above and is not used after this.
         unsafe { lt::destroy_matmul_pref(pref) }?;
         let (m, n, k) = shape;
+        let algos: Vec<_> = results[..(returned.max(0) as usize).min(requested)]
+            .iter()
+            .filter(|r| r.state == lt_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
+            .map(|r| r.algo)
+            .collect();
         match found {
-            Ok(())
-                if count >= 1 && result.state == lt_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS =>
-            {
-                Ok(result.algo)
-            }
+            Ok(()) if !algos.is_empty() => Ok(algos),
             other => Err(BackendError::Device(format!(
                 "cuBLASLt has no FP8 (E4M3 × E4M3 → bf16) algorithm for \
                  m {m} n {n} k {k} ({other:?})"

@@ -415,7 +415,7 @@ pub fn shape_of(l: &Linear<'_>) -> GemmShape {
 
 /// Mean device time of `f` over [`TIMED_REPS`] launches after one untimed, in µs (CUDA events on
 /// the main stream).
-fn time_us(
+pub(super) fn time_us(
     gpu: &Gpu,
     mut f: impl FnMut() -> Result<(), BackendError>,
 ) -> Result<f64, BackendError> {
