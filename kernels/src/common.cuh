@@ -115,11 +115,19 @@ __device__ __forceinline__ void unpack16(const uint4& u, float* out, bf16) {
 }
 
 // E4M3 (FP8 KV cache) to f16, exactly: every E4M3 value is an f16 (sm_89+'s cvt). Four codes of a
-// word (low byte first) as two f16x2 words, lo = codes 0, 1 and hi = codes 2, 3.
+// word (low byte first) as two f16x2 words, lo = codes 0, 1 and hi = codes 2, 3. Before sm_89
+// the instruction does not exist and the host refuses an FP8 cache (`--kv-cache-dtype fp8` needs
+// compute capability 8.9), so the kernels that call this never run there: it traps, and the
+// module still compiles for sm_80 (A100), where every bf16 kernel runs.
 __device__ __forceinline__ void e4m3x4_to_f16x4(u32 codes, u32& lo, u32& hi) {
+#if __CUDA_ARCH__ >= 890
     asm("{\n.reg .b16 a, b;\nmov.b32 {a, b}, %2;\ncvt.rn.f16x2.e4m3x2 %0, a;\ncvt.rn.f16x2.e4m3x2 %1, b;\n}\n"
         : "=r"(lo), "=r"(hi)
         : "r"(codes));
+#else
+    __trap();
+    lo = hi = codes;
+#endif
 }
 
 // The value of one E4M3 code, as f32.

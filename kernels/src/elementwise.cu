@@ -25,7 +25,7 @@ __device__ __forceinline__ uint4 pack16(const float* in, bf16) {
                       bf16x2_bits(in[6], in[7]));
 }
 template <typename T> __device__ __forceinline__ uint4 pack16(const float* in) { return pack16(in, T()); }
-// v[0 .. n) (n a multiple of 16 bytes of T) rounded to T in place, as a store and a load would.
+// v[0 .. N) (N a multiple of 16 bytes of T) rounded to T in place, as a store and a load would.
 template <typename T, int N> __device__ __forceinline__ void round_to(float* v) {
 #pragma unroll
     for (int c = 0; c < N; c += vec16<T>()) unpack16(pack16<T>(v + c), v + c, T());

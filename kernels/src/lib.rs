@@ -790,6 +790,13 @@ mod tests {
         compile_twice("sm_90");
     }
 
+    /// An A100's module (sm_80): the instructions that exist only from sm_89 on (E4M3
+    /// conversions, FP8 mma) are behind architecture guards, so every bf16 kernel still loads.
+    #[test]
+    fn nvrtc_compiles_every_kernel_for_sm80() {
+        compile_twice("sm_80");
+    }
+
     /// sm_90a compiles the wgmma prefill kernel's body (ptxas checks its PTX and registers);
     /// it must not spill, nor have its wgmma chains serialised by ptxas.
     #[test]
