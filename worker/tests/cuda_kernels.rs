@@ -1993,6 +1993,32 @@ fn fp8_reference(v: &[f32], k: usize) -> (Vec<u8>, Vec<f32>) {
     (q.codes, q.scales)
 }
 
+/// The f64 product of E4M3 codes `xq` [m, k] (row scales `xs`) and `wq` [n, k] (row scales `ws`),
+/// y[i, j] = Σ x·w · xs[i] · ws[j], and the same sum of magnitudes (for a tolerance), both [m, n].
+fn fp8_product_reference(
+    (xq, xs): (&[u8], &[f32]),
+    (wq, ws): (&[u8], &[f32]),
+    (m, n, k): (usize, usize, usize),
+) -> (Vec<f32>, Vec<f32>) {
+    let table = worker::quant::fp8::decode_table();
+    let (mut want, mut mag) = (vec![0f32; m * n], vec![0f32; m * n]);
+    for i in 0..m {
+        for j in 0..n {
+            let (mut s, mut a) = (0f64, 0f64);
+            for t in 0..k {
+                let p = f64::from(table[xq[i * k + t] as usize])
+                    * f64::from(table[wq[j * k + t] as usize]);
+                s += p;
+                a += p.abs();
+            }
+            let sc = f64::from(xs[i]) * f64::from(ws[j]);
+            want[i * n + j] = (s * sc) as f32;
+            mag[i * n + j] = (a * sc) as f32;
+        }
+    }
+    (want, mag)
+}
+
 /// The CPU quantizer's codes and scales of rows of `k` values: each row's own scale, or
 /// `static_scale` for every row when it is positive.
 fn fp8_expected(v: &[f32], k: usize, static_scale: f32) -> (Vec<u8>, Vec<f32>) {
@@ -2156,7 +2182,6 @@ fn gemv_fp8_matches_cpu() {
     use worker::backend::cuda::fp8::{Fp8Linear, GEMV_FP8_ROWS, gemv_fp8, gemv_fp8_tiles};
     use worker::backend::switches::{FP8_TILE_KERNELS, Fp8GemvChoice};
     let g = gpu();
-    let table = worker::quant::fp8::decode_table();
     let mut r = Rng(12);
     // k % 64 of 0, 16, 48 and 32 (the last 64-wide step full or partial); n not a multiple of
     // the 16/32-row blocks; m = 1..8. The tile kernels take k % 64 == 0: fewer steps than warps
@@ -2192,22 +2217,7 @@ fn gemv_fp8_matches_cpu() {
             k,
         };
         assert!(l.gemv_ok());
-        let mut want = vec![0f32; m * n];
-        let mut mag = vec![0f32; m * n];
-        for i in 0..m {
-            for j in 0..n {
-                let (mut s, mut a) = (0f64, 0f64);
-                for t in 0..k {
-                    let p = f64::from(table[xq[i * k + t] as usize])
-                        * f64::from(table[wq[j * k + t] as usize]);
-                    s += p;
-                    a += p.abs();
-                }
-                let sc = f64::from(xs[i]) * f64::from(ws[j]);
-                want[i * n + j] = (s * sc) as f32;
-                mag[i * n + j] = (a * sc) as f32;
-            }
-        }
+        let (want, mag) = fp8_product_reference((&xq, &xs), (&wq, &ws), (m, n, k));
         // y's bits, once checked within bf16 rounding of the f64 reference.
         let checked = |what: &str| {
             let got = g.download_f32(&y).unwrap();
@@ -2274,7 +2284,6 @@ fn gemm_fp8_matches_cpu() {
     // Another instance whose every shape is tuned first (the fastest of cuBLASLt's candidates,
     // as decode graphs' shapes are): the same product within the same bound.
     let tuned = Fp8Gemm::new(&g).unwrap();
-    let table = worker::quant::fp8::decode_table();
     let mut r = Rng(13);
     for (m, n, k) in [
         (9, 64, 64),
@@ -2308,28 +2317,18 @@ fn gemm_fp8_matches_cpu() {
             t,
             "a tuned shape is timed once"
         );
+        let (want, mag) = fp8_product_reference((&xq, &xs), (&wq, &ws), (m, n, k));
         for (what, gemm) in [("heuristic", &gemm), ("tuned", &tuned)] {
             gemm.run(&g, &l)
                 .unwrap_or_else(|e| panic!("m{m} n{n} k{k}: {e}"));
             let got = g.download_f32(&y).unwrap();
-            let mut bad = Vec::new();
-            for i in 0..m {
-                for j in 0..n {
-                    let (mut s, mut a) = (0f64, 0f64);
-                    for t in 0..k {
-                        let p = f64::from(table[xq[i * k + t] as usize])
-                            * f64::from(table[wq[j * k + t] as usize]);
-                        s += p;
-                        a += p.abs();
-                    }
-                    let sc = f64::from(xs[i]) * f64::from(ws[j]);
-                    let (want, mag) = ((s * sc) as f32, (a * sc) as f32);
-                    let err = (got[i * n + j] - want).abs();
-                    if err.is_nan() || err > 1e-2 * want.abs() + 1e-4 * mag {
-                        bad.push((i, j, got[i * n + j], want));
-                    }
-                }
-            }
+            let bad: Vec<_> = (0..m * n)
+                .filter(|&i| {
+                    let err = (got[i] - want[i]).abs();
+                    err.is_nan() || err > 1e-2 * want[i].abs() + 1e-4 * mag[i]
+                })
+                .map(|i| (i / n, i % n, got[i], want[i]))
+                .collect();
             assert!(
                 bad.is_empty(),
                 "fp8 gemm ({what}) m{m} n{n} k{k}: {} off, first {:?}",
