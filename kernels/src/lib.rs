@@ -797,6 +797,12 @@ mod tests {
         compile_twice("sm_80");
     }
 
+    /// An L40S's or RTX 4090's module (sm_89): FP8 tensor cores, no wgmma.
+    #[test]
+    fn nvrtc_compiles_every_kernel_for_sm89() {
+        compile_twice("sm_89");
+    }
+
     /// sm_90a compiles the wgmma prefill kernel's body (ptxas checks its PTX and registers);
     /// it must not spill, nor have its wgmma chains serialised by ptxas.
     #[test]
