@@ -246,12 +246,15 @@ __device__ void cast_impl(const Ti* in, To* out, u64 n) {
 ELEMENTWISE(float, f32)
 ELEMENTWISE(bf16, bf16)
 
-// out may be null: the codes are then the only output (the backend's FP8 layers).
+// out may be null: the codes are then the only output (the backend's FP8 layers). amax_reset,
+// unless null, gets 0 at [row]: the row maxima the next product but one raises (fp8.cu's SILU
+// tile GEMV, which runs right after this norm's product input is ready, and XQ reads them).
 extern "C" __global__ void add_rmsnorm_fp8_bf16(bf16* residual, const bf16* delta, const bf16* weight,
                                                  bf16* out, unsigned char* q, float* scales, int hidden,
                                                  float eps, float static_scale, const float* dxs,
-                                                 const float* dws) {
+                                                 const float* dws, u32* amax_reset) {
     PDL_ENTRY();
+    if (amax_reset && threadIdx.x == 0) amax_reset[blockIdx.x] = 0u;
     add_rmsnorm_impl<bf16>(residual, delta, weight, out, hidden, eps, q, scales, static_scale, dxs, dws);
 }
 

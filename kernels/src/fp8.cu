@@ -361,14 +361,35 @@ __device__ __forceinline__ void mma_fp8_16832(float* c, u32 a0, u32 a1, u32 a2, 
 // row g of the tile is the head's dim j0 + g, row g + 8 the dim j0 + g + d/2 it rotates with, as in
 // gemv.cu's gemv_rope_kv_bf16. Each output is rounded to bf16 as y would hold it and finished by
 // rope_pair_store: the bits of the plain kernel followed by rope_kv_write_bf16, in one launch.
+// With SILU (P = GemvFp8SiluParams: the gate/up product, n = 2 inter, gate rows then up rows) tile
+// i takes gate rows 8i .. 8i + 7 as its rows 0..7 and the up rows inter + 8i .. as its rows 8..15,
+// and the epilogue stores h = bf16(silu(gate) * up) from the two bf16 outputs y would hold —
+// silu_mul_quant_fp8_bf16's h, bit for bit — and raises amax[b] to each row's largest |h|.
+// With XQ (P = GemvFp8XqParams: the down product of that h) each warp first quantizes the bf16
+// input of its own k span, every row, into shared memory with the row's scale from amax (or the
+// static scale): the codes and scale silu_mul_quant_fp8_bf16 gives, so y is what the unfused
+// kernels give, without their launch between the two products.
+enum Fp8TileMode { FP8_TILE_PLAIN, FP8_TILE_ROPE, FP8_TILE_SILU, FP8_TILE_XQ };
 __device__ __forceinline__ const GemvFp8Params& fp8_gemv_of(const GemvFp8Params& p) { return p; }
 __device__ __forceinline__ const GemvFp8Params& fp8_gemv_of(const GemvFp8RopeParams& p) { return p.g; }
-template <int D, bool XR, bool ROPE = false, typename P = GemvFp8Params>
+__device__ __forceinline__ const GemvFp8Params& fp8_gemv_of(const GemvFp8SiluParams& p) { return p.g; }
+__device__ __forceinline__ const GemvFp8Params& fp8_gemv_of(const GemvFp8XqParams& p) { return p.g; }
+
+// Row r's scale for the XQ kernels: silu_mul_quant's (fp8_row_scale) from the row's largest |h|.
+__device__ __forceinline__ float fp8_xq_scale(const GemvFp8XqParams& p, int r) {
+    return p.static_scale > 0.f ? p.static_scale : fmaxf(__uint_as_float(p.amax[r]) / FP8_MAX, FP8_MIN_SCALE);
+}
+
+template <int D, bool XR, int MODE = FP8_TILE_PLAIN, typename P = GemvFp8Params>
 __device__ __forceinline__ void gemv_fp8_t16_impl(const P& pp) {
 #if __CUDA_ARCH__ >= 890
+    constexpr bool ROPE = MODE == FP8_TILE_ROPE, SILU = MODE == FP8_TILE_SILU, XQ = MODE == FP8_TILE_XQ;
+    static_assert(!(XQ && XR), "XQ reads its activations from shared memory, not the ring");
     const GemvFp8Params& p = fp8_gemv_of(pp);
     // [tile parity][warp][row 16][batch 8]: the warps' sums of the last two tiles.
     __shared__ __align__(16) float red[2][GEMV_WARPS * 128];
+    // XQ: the activation codes [b][k], each warp's span written and read by that warp only.
+    extern __shared__ __align__(16) unsigned char xq[];
     const int n = p.n, k = p.k;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -382,15 +403,17 @@ __device__ __forceinline__ void gemv_fp8_t16_impl(const P& pp) {
     // Byte offsets (n k < 2^32: the host checks) of the lane's x row and of its two rows of a
     // tile, at its first step.
     const u32 xo = (u32)min(g, p.b - 1) * (u32)k + 64u * (u32)s_begin + 16u * (u32)t;
-    // ROPE: a head's d / 16 tiles, each 8 rotation pairs (above).
+    // ROPE: a head's d / 16 tiles, each 8 rotation pairs (above). SILU: half = inter.
     int half = 0, per_head = 1;
     if constexpr (ROPE) {
         half = pp.rope.d / 2;
         per_head = half / 8;
     }
+    if constexpr (SILU) half = n / 2;
     // Weight row of the tile's row r (0..15).
     auto tile_row = [&](int tile, int r) -> int {
         if constexpr (ROPE) return tile / per_head * pp.rope.d + tile % per_head * 8 + (r & 7) + (r >> 3) * half;
+        if constexpr (SILU) return 8 * tile + (r & 7) + (r >> 3) * half;
         return min(16 * tile + r, n - 1);
     };
     auto rows_of = [&](int tile, u32(&wo)[2]) {
@@ -425,6 +448,25 @@ __device__ __forceinline__ void gemv_fp8_t16_impl(const P& pp) {
 #pragma unroll
     for (int d = 0; d < D; d++)
         if (XR) ld_cached_if(xv[XR ? d : 0], p.x + (xo + 64u * (u32)d), d < cnt);
+    if constexpr (XQ) {
+        // The warp's span of every row: 8 values a lane at a time, fp8_quant_row_vec's codes.
+        for (int rr = 0; rr < p.b; rr++) {
+            const float scale = fp8_xq_scale(pp, rr);
+            const float rcp = 1.f / scale;
+            const u32 base = (u32)rr * (u32)k + 64u * (u32)s_begin;
+            for (int i = lane; i < 8 * cnt; i += 32) {
+                const uint4 w = __ldg((const uint4*)(pp.h + (base + 8u * (u32)i)));
+                const u32 x[4] = {w.x, w.y, w.z, w.w};
+                u32 c[4];
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    c[e] = fp8_code2(fp8_div(bf16_lo(x[e]), scale, rcp), fp8_div(bf16_hi(x[e]), scale, rcp));
+                *(uint2*)(xq + base + 8u * (u32)i) =
+                    make_uint2(__byte_perm(c[0], c[1], 0x5410), __byte_perm(c[2], c[3], 0x5410));
+            }
+        }
+        __syncwarp();
+    }
     for (int parity = 0; tile < ntiles; tile += gridDim.x, parity ^= 1) { // block-uniform
         const bool next_ok = tile + (int)gridDim.x < ntiles;
         float acc[2][4];
@@ -437,7 +479,9 @@ __device__ __forceinline__ void gemv_fp8_t16_impl(const P& pp) {
             for (int d = 0; d < D; d++) {
                 const int j = j0 + d;
                 if (j < cnt) { // warp-uniform: every lane of the warp takes the mma
-                    const uint4 x = XR ? xv[XR ? d : 0] : __ldg((const uint4*)(p.x + (xo + 64u * (u32)j)));
+                    const uint4 x = XR   ? xv[XR ? d : 0]
+                                    : XQ ? *(const uint4*)(xq + (xo + 64u * (u32)j))
+                                         : __ldg((const uint4*)(p.x + (xo + 64u * (u32)j)));
                     mma_fp8_16832(acc[0], wv[d][0].x, wv[d][1].x, wv[d][0].y, wv[d][1].y, x.x, x.y);
                     mma_fp8_16832(acc[1], wv[d][0].z, wv[d][1].z, wv[d][0].w, wv[d][1].w, x.z, x.w);
                 }
@@ -462,7 +506,13 @@ __device__ __forceinline__ void gemv_fp8_t16_impl(const P& pp) {
             float v = rp[rr * 8 + bb];
 #pragma unroll
             for (int w = 1; w < GEMV_WARPS; w++) v += rp[w * 128 + rr * 8 + bb];
-            return __float2bfloat16(v * p.x_scales[bb] * p.w_scales[row]);
+            float xs;
+            if constexpr (XQ) {
+                xs = fp8_xq_scale(pp, bb);
+            } else {
+                xs = p.x_scales[bb];
+            }
+            return __float2bfloat16(v * xs * p.w_scales[row]);
         };
         if constexpr (ROPE) {
             // o = (batch bb, pair r): rows r and r + 8 of the tile, dims j0 + r and j0 + r + d/2.
@@ -474,6 +524,26 @@ __device__ __forceinline__ void gemv_fp8_t16_impl(const P& pp) {
                     const float x2 = __bfloat162float(out(bb, r + 8, row + half));
                     rope_pair_store<bf16>(pp.rope, bb, tile / per_head, tile % per_head * 8 + r, x1, x2);
                 }
+            }
+        } else if constexpr (SILU) {
+            // o = (batch bb, row r): gate row 8 tile + r and its up row, by warps 0 and 1 whole,
+            // whose lanes 8j .. 8j + 7 then share batch row bb's largest |h|. fmaxf drops NaN, as
+            // silu_mul_quant's max does; |h| >= 0 orders as its bits, so atomicMax on the bits
+            // keeps the row's largest.
+            if (threadIdx.x < 64) {
+                const int bb = threadIdx.x >> 3, r = threadIdx.x & 7;
+                float m = 0.f;
+                if (bb < p.b) {
+                    const int row = 8 * tile + r;
+                    const float gv = __bfloat162float(out(bb, r, row));
+                    const float uv = __bfloat162float(out(bb, r + 8, row + half));
+                    const bf16 h = __float2bfloat16(silu_f(gv) * uv);
+                    pp.h[(size_t)bb * half + row] = h;
+                    m = fabsf(__bfloat162float(h));
+                }
+#pragma unroll
+                for (int o = 1; o < 8; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+                if (r == 0 && m > 0.f) atomicMax(pp.amax + bb, __float_as_uint(m));
             }
         } else {
             for (int o = threadIdx.x; o < 128; o += blockDim.x) {
@@ -513,10 +583,26 @@ FP8_T16(gemv_fp8_t16_d4, 4, false, 3)
 // the paged KV write in the epilogue (ROPE above).
 #define FP8_ROPE_T16(name, d, xr, blocks)                                                                \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS, blocks) name(GemvFp8RopeParams p) {       \
-        gemv_fp8_t16_impl<d, xr, true>(p); /* pdl_wait() in the ring fill (PDL_KERNELS) */               \
+        gemv_fp8_t16_impl<d, xr, FP8_TILE_ROPE>(p); /* pdl_wait() in the ring fill (PDL_KERNELS) */      \
     }
 FP8_ROPE_T16(gemv_fp8_rope_kv_t16_d2x_b4, 2, true, 4)
 FP8_ROPE_T16(gemv_fp8_rope_kv_t16_d4x_b2, 4, true, 2)
+
+// gemv_fp8_silu_<variant>: the gate/up product of the backend's two tile variants with SiLU·mul
+// in its epilogue; gemv_fp8_xq_<variant>: the down product quantizing that output as it loads it
+// (SILU and XQ above; its activations come from shared memory, not the ring, whatever the name).
+#define FP8_SILU_T16(name, d, xr, blocks)                                                                \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, blocks) name(GemvFp8SiluParams p) {       \
+        gemv_fp8_t16_impl<d, xr, FP8_TILE_SILU>(p); /* pdl_wait() in the ring fill (PDL_KERNELS) */      \
+    }
+#define FP8_XQ_T16(name, d, blocks)                                                                      \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, blocks) name(GemvFp8XqParams p) {         \
+        gemv_fp8_t16_impl<d, false, FP8_TILE_XQ>(p); /* pdl_wait() in the ring fill (PDL_KERNELS) */     \
+    }
+FP8_SILU_T16(gemv_fp8_silu_t16_d2x_b4, 2, true, 4)
+FP8_SILU_T16(gemv_fp8_silu_t16_d4x_b2, 4, true, 2)
+FP8_XQ_T16(gemv_fp8_xq_t16_d2x_b4, 2, 4)
+FP8_XQ_T16(gemv_fp8_xq_t16_d4x_b2, 4, 2)
 
 // y[b, n] = bf16(y[b, n] * xs[b] * ws[n]) in place: the scales of a product cuBLASLt ran on raw
 // E4M3 codes (Hopper's cuBLASLt scales FP8 operands by one value each, not per row). Takes

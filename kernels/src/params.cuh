@@ -225,6 +225,34 @@ RS_CHECK_SIZE(GemvFp8RopeParams);
 RS_CHECK_FIELD(GemvFp8RopeParams, g);
 RS_CHECK_FIELD(GemvFp8RopeParams, rope);
 
+// The FP8 gate/up tile GEMV with SiLU·mul in its epilogue (gemv_fp8_silu_*): g.n = 2 inter, gate
+// rows then up rows; g.y is unused.
+struct GemvFp8SiluParams {
+    GemvFp8Params g;
+    bf16* h;   // [b, inter] silu(gate) * up, rounded to bf16
+    u32* amax; // [b] each row's largest |h| as float bits (atomicMax; zero before the launch)
+};
+RS_CHECK_SIZE(GemvFp8SiluParams);
+RS_CHECK_FIELD(GemvFp8SiluParams, g);
+RS_CHECK_FIELD(GemvFp8SiluParams, h);
+RS_CHECK_FIELD(GemvFp8SiluParams, amax);
+
+// The FP8 down tile GEMV quantizing its bf16 input as it loads it (gemv_fp8_xq_*): g.x and
+// g.x_scales are unused.
+struct GemvFp8XqParams {
+    GemvFp8Params g;
+    const bf16* h;      // [b, k] 16-byte aligned
+    const u32* amax;    // [b] as GemvFp8SiluParams' (unread with a static scale)
+    float static_scale; // as Fp8QuantParams'
+    u32 pad;
+};
+RS_CHECK_SIZE(GemvFp8XqParams);
+RS_CHECK_FIELD(GemvFp8XqParams, g);
+RS_CHECK_FIELD(GemvFp8XqParams, h);
+RS_CHECK_FIELD(GemvFp8XqParams, amax);
+RS_CHECK_FIELD(GemvFp8XqParams, static_scale);
+RS_CHECK_FIELD(GemvFp8XqParams, pad);
+
 // The split combine of decode attention with the FP8 quantization of each item's output row
 // (attn_combine_quant_fp8_bf16): the codes and scale quant_fp8_rows_bf16 gives for attn_combine's row.
 struct CombineFp8Params {

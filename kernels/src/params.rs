@@ -229,6 +229,33 @@ pub struct GemvFp8RopeParams {
     pub rope: RopeParams,
 }
 
+/// `GemvFp8SiluParams`: the FP8 gate/up tile GEMV with SiLU·mul in its epilogue.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct GemvFp8SiluParams {
+    /// `n` = 2 inter (gate rows, then up rows); its `y` is unused.
+    pub g: GemvFp8Params,
+    /// `bf16[b, inter]`: silu(gate) · up, rounded to bf16.
+    pub h: u64,
+    /// `u32[b]`: each row's largest |h| as f32 bits, raised by `atomicMax` (zero before the launch).
+    pub amax: u64,
+}
+
+/// `GemvFp8XqParams`: the FP8 down tile GEMV quantizing its bf16 input as it loads it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct GemvFp8XqParams {
+    /// Its `x` and `x_scales` are unused.
+    pub g: GemvFp8Params,
+    /// `bf16[b, k]`, 16-byte aligned.
+    pub h: u64,
+    /// `u32[b]`, as [`GemvFp8SiluParams::amax`] left it (unread with a static scale).
+    pub amax: u64,
+    /// > 0: every row's scale; 0: each row's own, from `amax`.
+    pub static_scale: f32,
+    pub pad: u32,
+}
+
 /// `CombineFp8Params`: decode attention's split combine with each item's output row quantized
 /// to E4M3 (the codes and scale `quant_fp8_rows_bf16` gives for `attn_combine_bf16`'s row).
 #[repr(C)]
@@ -283,6 +310,10 @@ unsafe impl DeviceRepr for Fp8QuantParams {}
 unsafe impl DeviceRepr for GemvFp8Params {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for GemvFp8RopeParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for GemvFp8SiluParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for GemvFp8XqParams {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for CombineFp8Params {}
 // SAFETY: as above.
@@ -370,6 +401,17 @@ pub fn layout_defines() -> Vec<(&'static str, usize)> {
     );
     layout!(out, GemvRopeParams { x, w, b, k, rope });
     layout!(out, GemvFp8RopeParams { g, rope });
+    layout!(out, GemvFp8SiluParams { g, h, amax });
+    layout!(
+        out,
+        GemvFp8XqParams {
+            g,
+            h,
+            amax,
+            static_scale,
+            pad
+        }
+    );
     layout!(
         out,
         CombineFp8Params {
@@ -459,8 +501,8 @@ mod tests {
         let defines = layout_defines();
         assert_eq!(
             defines.len(),
-            // + 2: RopeParams' raw-product scales (run 46)
-            5 + 19 + 12 + 7 + 5 + 6 + 10 + 10 + 14 + 6 + 4 + 5 + 3 + 6 + 2
+            // + 2: RopeParams' raw-product scales (run 46); + 4 + 6: the fused SiLU·mul pair
+            5 + 19 + 12 + 7 + 5 + 6 + 10 + 10 + 14 + 6 + 4 + 5 + 3 + 6 + 2 + 4 + 6
         );
         let get = |n: &str| defines.iter().find(|(k, _)| *k == n).unwrap().1;
         assert_eq!(get("RS_SIZEOF_AttnParams"), 112);
@@ -480,6 +522,10 @@ mod tests {
         assert_eq!(get("RS_OFFSETOF_GemvFp8Params_b"), 40);
         assert_eq!(get("RS_SIZEOF_GemvFp8RopeParams"), 168);
         assert_eq!(get("RS_OFFSETOF_GemvFp8RopeParams_rope"), 56);
+        assert_eq!(get("RS_SIZEOF_GemvFp8SiluParams"), 72);
+        assert_eq!(get("RS_OFFSETOF_GemvFp8SiluParams_amax"), 64);
+        assert_eq!(get("RS_SIZEOF_GemvFp8XqParams"), 80);
+        assert_eq!(get("RS_OFFSETOF_GemvFp8XqParams_static_scale"), 72);
         assert_eq!(get("RS_SIZEOF_CombineFp8Params"), 136);
         assert_eq!(get("RS_OFFSETOF_CombineFp8Params_static_scale"), 128);
         assert_eq!(get("RS_SIZEOF_GemvInt4Params"), 80);

@@ -204,6 +204,7 @@ fn add_rmsnorm_matches_cpu() {
                             scales: &scales,
                             static_scale,
                             codes_only: false,
+                            amax_reset: None,
                         }),
                         delta_scales: None,
                     },
@@ -245,6 +246,7 @@ fn add_rmsnorm_matches_cpu() {
                         scales: &scales,
                         static_scale: 0.0,
                         codes_only: true,
+                        amax_reset: None,
                     }),
                     delta_scales: None,
                 },
@@ -323,6 +325,7 @@ fn raw_delta_is_scaled_as_the_scaling_pass(
                     scales: &row_scales,
                     static_scale: 0.0,
                     codes_only: false,
+                    amax_reset: None,
                 }),
                 delta_scales,
             },
@@ -2174,6 +2177,138 @@ fn fused_silu_mul_quantization_equals_silu_mul_then_the_cpu_quantizer() {
         g.alloc(DType::F32, 1).unwrap(),
     );
     assert!(!silu_mul_quant(&g, &gu, (&codes, &scales), (1, 12), 0.0, None).unwrap());
+}
+
+/// The FP8 MLP pair (`fp8_silu`: SiLU·mul in the gate/up tile GEMV's epilogue, the down tile
+/// GEMV quantizing that output as it loads it) gives the bits of the gate/up tile GEMV,
+/// `silu_mul` / `silu_mul_quant` and the down tile GEMV on the same variant — its h, its row
+/// maxima and its y, with dynamic and static scales — at one and two rows, on the 8B shape and
+/// on shapes whose tiles are not a multiple of the grid; it declines three rows.
+#[test]
+#[ignore = "requires a CUDA device"]
+fn fused_fp8_silu_pair_equals_the_unfused_kernels() {
+    use worker::backend::cuda::fp8::{Fp8Linear, gemv_fp8_tiles, silu_mul_quant};
+    use worker::backend::cuda::fp8_silu::{
+        FP8_SILU_MAX_ROWS, Fp8XqLinear, fits, gemv_fp8_silu, gemv_fp8_xq,
+    };
+    use worker::backend::switches::{FP8_TILE_LARGE, FP8_TILE_SMALL, Fp8GemvChoice};
+    let g = gpu();
+    let mut r = Rng(21);
+    for (m, h, inter) in [
+        (1, 4096, 14336),
+        (2, 4096, 14336),
+        (1, 64, 320),
+        (2, 192, 1088),
+        (1, 1024, 4096),
+        (3, 64, 320),
+    ] {
+        let (xq, xs) = fp8_reference(&r.vec(m * h), h);
+        let (guq, gus) = fp8_reference(&r.vec(2 * inter * h), h);
+        let (dq, ds) = fp8_reference(&r.vec(h * inter), inter);
+        let up = |b: &[u8]| g.upload_bytes(b, DType::U8).unwrap();
+        let (xb, gub, db) = (up(&xq), up(&guq), up(&dq));
+        let xsb = g.upload_f32(&xs, DType::F32).unwrap();
+        let gusb = g.upload_f32(&gus, DType::F32).unwrap();
+        let dsb = g.upload_f32(&ds, DType::F32).unwrap();
+        let gu_y = g.alloc(DType::Bf16, m * 2 * inter).unwrap();
+        let act = g.alloc(DType::Bf16, m * inter).unwrap();
+        let (codes, scales) = (
+            g.alloc(DType::U8, m * inter).unwrap(),
+            g.alloc(DType::F32, m).unwrap(),
+        );
+        let (want_y, got_y) = (
+            g.alloc(DType::Bf16, m * h).unwrap(),
+            g.alloc(DType::Bf16, m * h).unwrap(),
+        );
+        let (hb, amax) = (
+            g.alloc(DType::Bf16, m * inter).unwrap(),
+            g.alloc(DType::U32, m).unwrap(),
+        );
+        let gu = Fp8Linear {
+            x: &xb,
+            x_scales: &xsb,
+            w: &gub,
+            w_scales: &gusb,
+            y: &gu_y,
+            m,
+            n: 2 * inter,
+            k: h,
+        };
+        let down_of = |static_scale: f32| Fp8XqLinear {
+            h: &hb,
+            amax: &amax,
+            static_scale,
+            w: &db,
+            w_scales: &dsb,
+            y: &got_y,
+            m,
+            n: h,
+            k: inter,
+        };
+        let choices = [
+            Fp8GemvChoice::Auto,
+            Fp8GemvChoice::Tile(FP8_TILE_SMALL),
+            Fp8GemvChoice::Tile(FP8_TILE_LARGE),
+        ];
+        if m > FP8_SILU_MAX_ROWS {
+            assert!(choices.iter().all(|&c| !fits(&gu, &down_of(0.0), c)));
+            assert!(gemv_fp8_xq(&g, &down_of(0.0), Fp8GemvChoice::Auto).is_err());
+            continue;
+        }
+        for choice in choices {
+            assert!(fits(&gu, &down_of(0.0), choice), "m{m} h{h} inter{inter}");
+            gemv_fp8_tiles(&g, &gu, choice).unwrap();
+            ops::silu_mul(&g, &gu_y, &act, (m, inter)).unwrap();
+            let want_h = bits(&g.download_f32(&act).unwrap());
+            // The row maxima start at zero (the norm before zeroes them in the backend).
+            g.overwrite(&amax, &vec![0u8; 4 * m]).unwrap();
+            g.overwrite(&hb, &vec![0xff; m * inter * 2]).unwrap();
+            gemv_fp8_silu(&g, &gu, &hb, &amax, choice).unwrap();
+            let case = format!("{} m{m} h{h} inter{inter}", choice.name());
+            let got_h = bits(&g.download_f32(&hb).unwrap());
+            let diff = got_h.iter().zip(&want_h).filter(|(a, b)| a != b).count();
+            assert_eq!(diff, 0, "{case}: {diff} of h differ");
+            let got_max: Vec<f32> = g
+                .download_bytes(&amax, 4 * m)
+                .unwrap()
+                .chunks(4)
+                .map(|c| f32::from_bits(u32::from_le_bytes(c.try_into().unwrap())))
+                .collect();
+            let want_max: Vec<f32> = want_h
+                .chunks(inter)
+                .map(|row| {
+                    row.iter()
+                        .map(|&b| f32::from_bits(b).abs())
+                        .fold(0.0, f32::max)
+                })
+                .collect();
+            assert_eq!(got_max, want_max, "{case}: row maxima");
+            for static_scale in [0.0f32, 0.02] {
+                let down = Fp8Linear {
+                    x: &codes,
+                    x_scales: &scales,
+                    w: &db,
+                    w_scales: &dsb,
+                    y: &want_y,
+                    m,
+                    n: h,
+                    k: inter,
+                };
+                let out = (&codes, &scales);
+                assert!(silu_mul_quant(&g, &gu_y, out, (m, inter), static_scale, None).unwrap());
+                gemv_fp8_tiles(&g, &down, choice).unwrap();
+                g.overwrite(&got_y, &vec![0xff; m * h * 2]).unwrap();
+                gemv_fp8_xq(&g, &down_of(static_scale), choice).unwrap();
+                let want = bits(&g.download_f32(&want_y).unwrap());
+                let got = bits(&g.download_f32(&got_y).unwrap());
+                let diff = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+                assert_eq!(diff, 0, "{case} static {static_scale}: {diff} of y differ");
+            }
+        }
+        eprintln!(
+            "fp8 SiLU·mul pair m{m} h{h} inter{inter}: h, row maxima and y equal the unfused kernels', every variant"
+        );
+    }
 }
 
 #[test]

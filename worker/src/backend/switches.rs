@@ -9,7 +9,7 @@
 use std::fmt;
 
 /// The environment variables [`KernelSwitches::from_env`] reads, with what each accepts.
-pub const KERNEL_SWITCH_VARS: [(&str, &str); 13] = [
+pub const KERNEL_SWITCH_VARS: [(&str, &str); 14] = [
     ("RINGSERVE_CUDA_PREFILL", "mma or wgmma"),
     ("RINGSERVE_CUDA_DECODE_MMA", "0 or 1"),
     ("RINGSERVE_CUDA_DECODE_SHARE", "0 or 1"),
@@ -17,6 +17,7 @@ pub const KERNEL_SWITCH_VARS: [(&str, &str); 13] = [
     ("RINGSERVE_CUDA_GEMV", "0, 1, or a weight size in elements"),
     ("RINGSERVE_CUDA_FUSE_ROPE", "0 or 1"),
     ("RINGSERVE_CUDA_FUSE_O_QUANT", "0 or 1"),
+    ("RINGSERVE_CUDA_FUSE_SILU", "0 or 1"),
     ("RINGSERVE_CUDA_L2_PREFETCH", "0 or 1"),
     ("RINGSERVE_CUDA_GEMM_TUNE", "0 or 1"),
     ("RINGSERVE_CUDA_INT4_TILES", "0 or 1"),
@@ -172,6 +173,10 @@ pub struct KernelSwitches {
     /// In a step of decodes only whose attention is split, an FP8 o product's input is quantized
     /// by the split combine (`attn_combine_quant_fp8_bf16`) instead of a launch of its own.
     pub fuse_o_quant: bool,
+    /// In an FP8 step of at most `fp8_silu::FP8_SILU_MAX_ROWS` rows, the gate/up tile GEMV
+    /// applies SiLU·mul in its epilogue and the down tile GEMV quantizes that output as it loads
+    /// it, instead of a `silu_mul_quant` launch between them.
+    pub fuse_silu: bool,
     /// bf16 on sm_90+, batch 1: each layer's o_proj weights are prefetched into L2 on a side
     /// branch of the graph while RoPE and attention run.
     pub l2_prefetch: bool,
@@ -205,6 +210,7 @@ impl Default for KernelSwitches {
             gemv: GemvChoice::default(),
             fuse_rope: true,
             fuse_o_quant: true,
+            fuse_silu: true,
             l2_prefetch: true,
             gemm_tune: true,
             int4_tiles: true,
@@ -273,6 +279,7 @@ impl KernelSwitches {
                 }
                 "RINGSERVE_CUDA_FUSE_ROPE" => s.fuse_rope = flag()?,
                 "RINGSERVE_CUDA_FUSE_O_QUANT" => s.fuse_o_quant = flag()?,
+                "RINGSERVE_CUDA_FUSE_SILU" => s.fuse_silu = flag()?,
                 "RINGSERVE_CUDA_L2_PREFETCH" => s.l2_prefetch = flag()?,
                 "RINGSERVE_CUDA_INT4_TILES" => s.int4_tiles = flag()?,
                 "RINGSERVE_CUDA_GGUF_INT4" => s.gguf_int4 = flag()?,
@@ -297,7 +304,7 @@ impl fmt::Display for KernelSwitches {
         write!(
             f,
             "prefill={:?} decode_mma={} decode_share={} pdl={:?} gemv={gemv} fuse_rope={} \
-             fuse_o_quant={} l2_prefetch={} gemm_tune={} int4_tiles={} gguf_int4={} int4_mma={} \
+             fuse_o_quant={} fuse_silu={} l2_prefetch={} gemm_tune={} int4_tiles={} gguf_int4={} int4_mma={} \
              fp8_gemv={}",
             self.prefill,
             self.decode_mma,
@@ -305,6 +312,7 @@ impl fmt::Display for KernelSwitches {
             self.pdl,
             self.fuse_rope,
             self.fuse_o_quant,
+            self.fuse_silu,
             self.l2_prefetch,
             self.gemm_tune,
             self.int4_tiles,
@@ -333,7 +341,7 @@ mod tests {
         assert_eq!(s, KernelSwitches::default());
         assert_eq!(s.prefill, PrefillChoice::Auto);
         assert!(s.decode_mma && s.fuse_rope && s.l2_prefetch && s.gemm_tune && s.int4_tiles);
-        assert!(s.gguf_int4 && s.int4_mma && s.decode_share && s.fuse_o_quant);
+        assert!(s.gguf_int4 && s.int4_mma && s.decode_share && s.fuse_o_quant && s.fuse_silu);
         assert_eq!(s.pdl, PdlChoice::Fp8);
         assert_eq!(s.gemv, GemvChoice::UpTo(GEMV_MAX_WEIGHT));
         assert_eq!(s.fp8_gemv, Fp8GemvChoice::Auto);
@@ -351,6 +359,7 @@ mod tests {
             ("RINGSERVE_CUDA_GEMV", "1000"),
             ("RINGSERVE_CUDA_FUSE_ROPE", "0"),
             ("RINGSERVE_CUDA_FUSE_O_QUANT", "0"),
+            ("RINGSERVE_CUDA_FUSE_SILU", "0"),
             ("RINGSERVE_CUDA_L2_PREFETCH", "0"),
             ("RINGSERVE_CUDA_GEMM_TUNE", "0"),
             ("RINGSERVE_CUDA_INT4_TILES", "0"),
@@ -361,7 +370,7 @@ mod tests {
         .unwrap();
         assert_eq!(s.fp8_gemv, Fp8GemvChoice::Rows16);
         assert!(!s.int4_tiles && !s.gguf_int4 && !s.int4_mma && !s.decode_share);
-        assert!(!s.fuse_o_quant);
+        assert!(!s.fuse_o_quant && !s.fuse_silu);
         assert_eq!(s.pdl, PdlChoice::Off);
         assert_eq!(
             parse(&[("RINGSERVE_CUDA_PDL", "1")]).unwrap().pdl,

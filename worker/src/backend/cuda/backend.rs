@@ -26,6 +26,7 @@ use super::fp8::{
     Fp8Gemm, Fp8Linear, QuantRows, check_fp8_options, gemv_fp8_choice, gemv_fp8_rope_kernel,
     gemv_fp8_rope_kv, has_fp8, quant_rows,
 };
+use super::fp8_silu::{self, Fp8XqLinear};
 use super::graph::{DecodeGraph, PdlKernels};
 use super::int4::{Int4Linear, Int4Scales, check_int4_options, gguf_runs_int4};
 use super::lt::{LtGemm, TuneRecord};
@@ -174,6 +175,9 @@ pub struct CudaBackend {
     /// Whether an FP8 o product's input is quantized by decode attention's split combine
     /// ([`KernelSwitches::fuse_o_quant`]).
     fuse_o_quant: bool,
+    /// Whether an FP8 MLP of at most `FP8_SILU_MAX_ROWS` rows runs SiLU·mul inside its two tile
+    /// GEMVs ([`KernelSwitches::fuse_silu`]).
+    fuse_silu: bool,
     /// Decodes one tensor-core decode block may compute a shared split for
     /// ([`step::share_decode_splits`]); below 2 when the switch is off or the decode kernel is
     /// not a tensor-core one ([`KernelSwitches::decode_share`]).
@@ -483,6 +487,7 @@ impl CudaBackend {
                 && opts.kernels.l2_prefetch,
             fuse_rope: opts.kernels.fuse_rope,
             fuse_o_quant: opts.kernels.fuse_o_quant,
+            fuse_silu: opts.kernels.fuse_silu,
             decode_share,
             pdl,
             _blas_workspace: blas_ws,
@@ -726,6 +731,48 @@ impl CudaBackend {
             .map(QkvLeft::Rope)
     }
 
+    /// The FP8 MLP's two products as [`fp8_silu`]'s pair runs them (gate/up's input the codes the
+    /// norm before wrote, with `quantized`), where the switch is on and the pair takes their shape
+    /// ([`fp8_silu::fits`]); `None`: the products and `silu_mul_quant` apart.
+    fn fp8_silu_pair<'s>(
+        &'s self,
+        p: &LayerProducts<'s>,
+        gate_up: ProductQuant<'s>,
+        down: ProductQuant<'s>,
+        quantized: bool,
+    ) -> Option<(Fp8Linear<'s>, Fp8XqLinear<'s>)> {
+        let (ProductQuant::Fp8(gs), ProductQuant::Fp8(ds)) = (gate_up, down) else {
+            return None;
+        };
+        if !self.fuse_silu || !quantized {
+            return None;
+        }
+        let ws = &self.ws;
+        let (gl, dl) = (&p.gate_up, &p.down);
+        let gu = Fp8Linear {
+            x: &ws.xq,
+            x_scales: &ws.xs,
+            w: gl.w,
+            w_scales: &gs.rows,
+            y: gl.y,
+            m: gl.m,
+            n: gl.n,
+            k: gl.k,
+        };
+        let dn = Fp8XqLinear {
+            h: &ws.act,
+            amax: &ws.amax,
+            static_scale: ds.static_input.unwrap_or(0.0),
+            w: dl.w,
+            w_scales: &ds.rows,
+            y: dl.y,
+            m: dl.m,
+            n: dl.n,
+            k: dl.k,
+        };
+        fp8_silu::fits(&gu, &dn, self.fp8_gemv).then_some((gu, dn))
+    }
+
     /// An INT4 product: its input permuted first for act order; the GEMV kernel up to
     /// [`INT4_GEMV_MAX_ROWS`] rows, the tensor-core product up to
     /// [`kernels::INT4_MMA_MAX_ROWS`] (its split-k partial sums in the dequantization
@@ -917,6 +964,7 @@ impl CudaBackend {
                 static_scale: s.static_input.unwrap_or(0.0),
                 // The FP8 layer's q/k/v and gate/up products read the codes, not `normed`.
                 codes_only: true,
+                amax_reset: None,
             })
         };
         // o and down on cuBLASLt's FP8 product leave their output unscaled for the norm that adds
@@ -1037,6 +1085,15 @@ impl CudaBackend {
             }
             let raw_o = self.product_maybe_unscaled(&p.o, o_quant, o_quantized, unscaled_ok)?;
             self.all_reduce(&ws.proj, n * h)?;
+            let down = p.quant(|f| &f.down, |i| &i.down);
+            let gate_up = p.quant(|f| &f.gate_up, |i| &i.gate_up);
+            // FP8 at a row or two: SiLU·mul in the gate/up GEMV's epilogue and the down GEMV
+            // quantizing its output, no launch between; the norm zeroes the row maxima for them.
+            let silu_pair = self.fp8_silu_pair(&p, gate_up, down, fused_quant);
+            let mut mlp_norm = norm_fp8(fp8.map(|f| &f.gate_up));
+            if let Some(q) = mlp_norm.as_mut().filter(|_| silu_pair.is_some()) {
+                q.amax_reset = Some(&ws.amax);
+            }
             ops::add_rmsnorm(
                 g,
                 &AddRmsNorm {
@@ -1047,21 +1104,21 @@ impl CudaBackend {
                     rows: n,
                     hidden: h,
                     eps,
-                    fp8: norm_fp8(fp8.map(|f| &f.gate_up)),
+                    fp8: mlp_norm,
                     delta_scales: raw_o,
                 },
             )?;
-            let down = p.quant(|f| &f.down, |i| &i.down);
+            if let Some((gu, dn)) = silu_pair {
+                fp8_silu::gemv_fp8_silu(g, &gu, &ws.act, &ws.amax, self.fp8_gemv)?;
+                fp8_silu::gemv_fp8_xq(g, &dn, self.fp8_gemv)?;
+                self.all_reduce(&ws.proj, n * h)?;
+                continue;
+            }
             // FP8: SiLU·mul writes the down product's input codes directly, and scales an
             // FP8 gate/up product that cuBLASLt left raw on the way in.
             let silu_quant =
                 matches!(down, ProductQuant::Fp8(_)) && super::fp8::silu_mul_quant_fits(inter);
-            let raw = self.product_maybe_unscaled(
-                &p.gate_up,
-                p.quant(|f| &f.gate_up, |i| &i.gate_up),
-                fused_quant,
-                silu_quant,
-            )?;
+            let raw = self.product_maybe_unscaled(&p.gate_up, gate_up, fused_quant, silu_quant)?;
             let quantized = match down {
                 ProductQuant::Fp8(s) if silu_quant => super::fp8::silu_mul_quant(
                     g,

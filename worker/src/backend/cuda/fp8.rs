@@ -32,7 +32,7 @@ pub fn has_fp8(capability: (i32, i32)) -> bool {
 }
 
 /// An error naming the device unless it has FP8 tensor cores ([`has_fp8`]).
-fn require_fp8(gpu: &Gpu) -> Result<(), BackendError> {
+pub(super) fn require_fp8(gpu: &Gpu) -> Result<(), BackendError> {
     if has_fp8(gpu.capability) {
         return Ok(());
     }
@@ -251,7 +251,7 @@ impl Fp8Linear<'_> {
     }
 
     /// The kernels' parameters (`y` bf16 `[m, n]`).
-    fn params(&self) -> Result<GemvFp8Params, BackendError> {
+    pub(super) fn params(&self) -> Result<GemvFp8Params, BackendError> {
         Ok(GemvFp8Params {
             x: self.x.ptr(),
             x_scales: self.x_scales.ptr(),
@@ -310,7 +310,7 @@ pub fn gemv_fp8_tiles(
         return Ok(());
     }
     let f = gpu.func(&format!("gemv_fp8_{kernel}"))?;
-    let grid = (tile_grid(gpu, f, l.n.div_ceil(16))?, 1, 1);
+    let grid = (tile_grid(gpu, f, l.n.div_ceil(16), 0)?, 1, 1);
     let p = l.params()?;
     let mut b = gpu.stream.launch_builder(f);
     b.arg(&p);
@@ -382,7 +382,7 @@ pub unsafe fn gemv_fp8_rope_kv(
         return Ok(());
     }
     let f = gpu.func(&format!("gemv_fp8_rope_kv_{kernel}"))?;
-    let grid = (tile_grid(gpu, f, l.n / 16)?, 1, 1);
+    let grid = (tile_grid(gpu, f, l.n / 16, 0)?, 1, 1);
     let p = GemvFp8RopeParams {
         g: l.params()?,
         rope,
@@ -401,15 +401,16 @@ pub unsafe fn gemv_fp8_rope_kv(
         .map_err(BackendError::from)
 }
 
-/// The grid of a tile kernel over `tiles` tiles: the blocks of `f` that fit at once (each loops
-/// over its tiles), at least one an SM.
-fn tile_grid(
+/// The grid of a tile kernel over `tiles` tiles: the blocks of `f` (with `smem` bytes of dynamic
+/// shared memory) that fit at once (each loops over its tiles), at least one an SM.
+pub(super) fn tile_grid(
     gpu: &Gpu,
     f: &cudarc::driver::CudaFunction,
     tiles: usize,
+    smem: usize,
 ) -> Result<u32, BackendError> {
     let per_sm = f
-        .occupancy_max_active_blocks_per_multiprocessor(kernels::GEMV_THREADS, 0, None)
+        .occupancy_max_active_blocks_per_multiprocessor(kernels::GEMV_THREADS, smem, None)
         .map_err(BackendError::from)?
         .max(1) as usize;
     dim(tiles.min(per_sm * gpu.sms), "n")

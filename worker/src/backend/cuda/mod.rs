@@ -4,6 +4,7 @@
 mod backend;
 pub mod device;
 pub mod fp8;
+pub mod fp8_silu;
 mod graph;
 pub mod int4;
 pub mod lt;

@@ -102,6 +102,9 @@ pub struct NormFp8<'a> {
     /// Leave `out` unwritten (every reader of the output takes the codes): a bf16 row less
     /// stored per row.
     pub codes_only: bool,
+    /// U32 `[rows]` set to 0: the row maxima the FP8 gate/up product after this norm raises
+    /// (`fp8_silu::gemv_fp8_silu`).
+    pub amax_reset: Option<&'a Buf>,
 }
 
 /// Threads of an `add_rmsnorm` launch over rows of `hidden` elements of `dt`, and whether the
@@ -161,6 +164,9 @@ pub fn add_rmsnorm(gpu: &Gpu, a: &AddRmsNorm<'_>) -> Result<(), BackendError> {
         }
         f.q.check("norm fp8 codes", DType::U8, n)?;
         f.scales.check("norm fp8 scales", DType::F32, a.rows)?;
+        if let Some(r) = f.amax_reset {
+            r.check("norm fp8 row maxima", DType::U32, a.rows)?;
+        }
         if !(f.static_scale >= 0.0 && f.static_scale.is_finite()) {
             return Err(BackendError::InvalidBatch(format!(
                 "add_rmsnorm: static scale {}",
@@ -192,12 +198,17 @@ pub fn add_rmsnorm(gpu: &Gpu, a: &AddRmsNorm<'_>) -> Result<(), BackendError> {
         .delta_scales
         .map_or((0u64, 0u64), |(x, w)| (x.ptr(), w.ptr()));
     b.arg(&dxs).arg(&dws);
+    let amax_reset = a.fp8.and_then(|f| f.amax_reset).map_or(0u64, Buf::ptr);
+    if a.fp8.is_some() {
+        b.arg(&amax_reset);
+    }
     // SAFETY: every buffer holds rows*hidden (weight: hidden) elements of dt (checked above;
     // out is null with codes_only, and add_rmsnorm_fp8_bf16 then stores no output);
     // delta is null or rows*hidden long, and with delta scales (null otherwise) rows and hidden
     // floats, read at [row] and [col < hidden] only; the arguments match add_rmsnorm_<dt> (or, with fp8,
     // add_rmsnorm_fp8_bf16's: q rows*hidden bytes and scales rows floats, checked, written only on
-    // the vector path, which fuses_fp8 guaranteed, one row per block). The kernel's
+    // the vector path, which fuses_fp8 guaranteed, one row per block; amax_reset null or rows
+    // words, checked, word [row] zeroed by its block). The kernel's
     // 16-byte accesses happen only where hidden is a multiple of 16 bytes' worth, so every row
     // starts 16-byte aligned in these whole (256-byte aligned) allocations, and so does every
     // group of 4 delta column scales it reads at a multiple of 4 columns.

@@ -48,6 +48,8 @@ pub(super) struct Workspace {
     /// each otherwise).
     pub(super) xq: Buf,
     pub(super) xs: Buf,
+    /// FP8: the row maxima of the fused SiLU·mul (`fp8_silu`; one element otherwise).
+    pub(super) amax: Buf,
     /// INT4 linear layers: the largest product's weights dequantized to bf16 (for steps past
     /// [`INT4_GEMV_MAX_ROWS`](super::backend::INT4_GEMV_MAX_ROWS) rows; the tensor-core product's
     /// split-k partial sums reuse it), and act order's permuted activations.
@@ -108,6 +110,14 @@ impl Workspace {
             part_ml: gpu.alloc(DType::F32, s * dims.heads * caps.splits * 2)?,
             xq: gpu.alloc(DType::U8, if fp8 { t * h.max(qd).max(inter) } else { 1 })?,
             xs: gpu.alloc(DType::F32, if fp8 { t } else { 1 })?,
+            amax: gpu.alloc(
+                DType::U32,
+                if fp8 {
+                    super::fp8_silu::FP8_SILU_MAX_ROWS
+                } else {
+                    1
+                },
+            )?,
             wdq: gpu.alloc(DType::Bf16, quant.int4_dequant.max(1))?,
             xperm: gpu.alloc(
                 DType::Bf16,
