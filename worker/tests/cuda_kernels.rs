@@ -2182,8 +2182,8 @@ fn fused_silu_mul_quantization_equals_silu_mul_then_the_cpu_quantizer() {
 /// The FP8 MLP pair (`fp8_silu`: SiLU·mul in the gate/up tile GEMV's epilogue, the down tile
 /// GEMV quantizing that output as it loads it) gives the bits of the gate/up tile GEMV,
 /// `silu_mul` / `silu_mul_quant` and the down tile GEMV on the same variant — its h, its row
-/// maxima and its y, with dynamic and static scales — at one and two rows, on the 8B shape and
-/// on shapes whose tiles are not a multiple of the grid; it declines three rows.
+/// maxima and its y, with dynamic and static scales — at one row, on the 8B shape and on shapes
+/// whose tiles are not a multiple of the grid; it declines more rows than `FP8_SILU_MAX_ROWS`.
 #[test]
 #[ignore = "requires a CUDA device"]
 fn fused_fp8_silu_pair_equals_the_unfused_kernels() {

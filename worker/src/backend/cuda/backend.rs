@@ -1087,7 +1087,7 @@ impl CudaBackend {
             self.all_reduce(&ws.proj, n * h)?;
             let down = p.quant(|f| &f.down, |i| &i.down);
             let gate_up = p.quant(|f| &f.gate_up, |i| &i.gate_up);
-            // FP8 at a row or two: SiLU·mul in the gate/up GEMV's epilogue and the down GEMV
+            // FP8 at one row: SiLU·mul in the gate/up GEMV's epilogue and the down GEMV
             // quantizing its output, no launch between; the norm zeroes the row maxima for them.
             let silu_pair = self.fp8_silu_pair(&p, gate_up, down, fused_quant);
             let mut mlp_norm = norm_fp8(fp8.map(|f| &f.gate_up));

@@ -1,4 +1,4 @@
-//! The FP8 MLP at a row or two without a launch between its products: the gate/up tile GEMV with
+//! The FP8 MLP of a one-row step without a launch between its products: the gate/up tile GEMV with
 //! SiLU·mul in its epilogue ([`gemv_fp8_silu`], `gemv_fp8_silu_*` in `kernels/src/fp8.cu`) and the
 //! down tile GEMV that quantizes that bf16 output as it loads it ([`gemv_fp8_xq`],
 //! `gemv_fp8_xq_*`). The pair gives the bits of the gate/up GEMV, `silu_mul_quant` and the down
@@ -14,9 +14,11 @@ use super::ops::{cfg, int};
 use crate::backend::BackendError;
 use crate::backend::switches::{FP8_TILE_LARGE, FP8_TILE_SMALL, Fp8GemvChoice};
 
-/// Rows up to which the pair runs: every block of the down product quantizes every row (each
-/// warp its k span), work that grows with the rows where the launch it saves does not.
-pub const FP8_SILU_MAX_ROWS: usize = 2;
+/// Rows up to which the pair runs: one. Every block of the down product quantizes every row (each
+/// warp its k span), work that grows with the rows where the launch it saves does not: on the 8B
+/// shape (run 49, H100) the pair took a batch-1 step from 3.68 to 3.65 ms but a two-row step from
+/// 3.79 to 3.82 ms. The kernels take up to [`FP8_XQ_SMEM_MAX`] bytes of codes, any rows.
+pub const FP8_SILU_MAX_ROWS: usize = 1;
 
 /// Bytes of shared memory the down product's codes may take (`m · k`): below the 48 KiB a launch
 /// gets without opting in, beside the kernel's 8 KiB of static shared memory.
@@ -191,7 +193,7 @@ pub fn gemv_fp8_xq(
     b.arg(&p);
     // SAFETY: as gemv_fp8_tiles' launch, with x read from shared memory: check() gave h >= m*k
     // bf16, amax >= m words, w >= n*k bytes, w_scales >= n floats, y >= m*n bf16; fits() gave
-    // 1 <= m <= 2, k a multiple of 64, n*k < 2^32 and 16-byte aligned h and w. Each warp reads
+    // 1 <= m <= FP8_SILU_MAX_ROWS, k a multiple of 64, n*k < 2^32 and 16-byte aligned h and w. Each warp reads
     // h[r, 64 s .. 64 s + 64) for rows r < m and its steps s < k / 64 in 16-byte loads and writes
     // their codes to shared bytes r*k + 64 s .., inside the m*k (<= FP8_XQ_SMEM_MAX, below the
     // 48 KiB default limit with the kernel's static 8 KiB) requested here, then reads back only
