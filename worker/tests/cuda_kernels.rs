@@ -2452,6 +2452,31 @@ fn gemm_fp8_matches_cpu() {
             t,
             "a tuned shape is timed once"
         );
+        // A later process on this GPU model (here a fresh instance) takes the choice from the
+        // disk cache: the same algorithm, so the same bits, with the time measured then.
+        if g.cache_dir.is_some() {
+            let later = Fp8Gemm::new(&g).unwrap();
+            let lt = later.tune(&g, &l).unwrap();
+            assert!(
+                lt.from_cache,
+                "m{m} n{n} k{k}: not taken from the disk cache"
+            );
+            assert!(
+                (lt.kept_us - t.kept_us).abs() < 1e-3,
+                "{lt:?} against {t:?}"
+            );
+            let mut outs = Vec::new();
+            for gemm in [&tuned, &later] {
+                gemm.run(&g, &l).unwrap();
+                outs.push(bits(&g.download_f32(&y).unwrap()));
+            }
+            assert_eq!(
+                outs[0], outs[1],
+                "m{m} n{n} k{k}: the cached algorithm differs"
+            );
+        } else {
+            eprintln!("no kernel cache directory: the FP8 tuning's disk cache is not checked");
+        }
         let (want, mag) = fp8_product_reference((&xq, &xs), (&wq, &ws), (m, n, k));
         for (what, gemm) in [("heuristic", &gemm), ("tuned", &tuned)] {
             gemm.run(&g, &l)

@@ -857,6 +857,7 @@ impl CudaBackend {
                     heuristic_us = t.heuristic_us,
                     kept_us = t.kept_us,
                     retuned = t.retuned,
+                    from_cache = t.from_cache,
                     "fp8 cuBLASLt tuning"
                 );
             }

@@ -12,7 +12,8 @@ use cudarc::driver::PushKernelArg;
 use kernels::params::{Fp8QuantParams, GemvFp8Params, GemvFp8RopeParams};
 
 use super::device::{Buf, DType, Gpu};
-use super::lt::{CANDIDATES, LT_WORKSPACE_BYTES, MIN_GAIN, time_us};
+use super::lt::{CANDIDATES, GemmShape, LT_WORKSPACE_BYTES, MIN_GAIN, algo_accepted, time_us};
+use super::lt_cache::{Choice, DiskCache};
 use super::ops::{RopeKv, cfg, dim, int};
 use crate::backend::BackendError;
 use crate::backend::switches::{FP8_TILE_LARGE, FP8_TILE_SMALL, Fp8GemvChoice};
@@ -459,12 +460,14 @@ pub fn gemv_fp8(gpu: &Gpu, l: &Fp8Linear<'_>, rows_per_block: usize) -> Result<(
 /// scales. (Run 18: on the H200, cuBLASLt 13.0 finds no algorithm for per-row scale vectors,
 /// `CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F`: `CUBLAS_STATUS_INVALID_VALUE`.) One description per
 /// shape, its algorithm cuBLASLt's first heuristic choice, or for the shapes of a decode graph
-/// ([`Self::tune`]) the fastest of its first [`CANDIDATES`] timed on the real weights.
+/// ([`Self::tune`]) the fastest of its first [`CANDIDATES`] timed on the real weights, kept on
+/// disk with bf16's choices ([`super::lt_cache`]) for later processes.
 pub struct Fp8Gemm {
     handle: lt_sys::cublasLtHandle_t,
     workspace: Buf,
     plans: RefCell<HashMap<(usize, usize, usize), Fp8Plan>>,
     tuned: RefCell<HashMap<(usize, usize, usize), Fp8Tuning>>,
+    cache: DiskCache,
 }
 
 /// What [`Fp8Gemm::tune`] measured for a shape, µs a product.
@@ -476,6 +479,8 @@ pub struct Fp8Tuning {
     pub kept_us: f64,
     /// Whether the kept algorithm is not the heuristic's first.
     pub retuned: bool,
+    /// Whether the choice came from the disk cache (the times are the ones measured then).
+    pub from_cache: bool,
 }
 
 // SAFETY: used only through the backend, which one thread drives at a time (Send, not Sync);
@@ -530,11 +535,15 @@ impl Fp8Gemm {
     /// A cuBLASLt handle with its workspace on `gpu`.
     pub fn new(gpu: &Gpu) -> Result<Self, BackendError> {
         gpu.ctx.bind_to_thread()?;
+        let handle = lt::create_handle()?;
+        // SAFETY: takes no arguments; the library is loaded (the handle above was created).
+        let version = unsafe { lt_sys::cublasLtGetVersion() };
         Ok(Self {
-            handle: lt::create_handle()?,
+            handle,
             workspace: gpu.alloc(DType::U32, LT_WORKSPACE_BYTES / 4)?,
             plans: RefCell::new(HashMap::new()),
             tuned: RefCell::new(HashMap::new()),
+            cache: DiskCache::open(gpu.cache_dir.as_deref(), &gpu.name, gpu.capability, version),
         })
     }
 
@@ -582,7 +591,9 @@ impl Fp8Gemm {
     /// and keeps the fastest for every later product of that shape — the heuristic's first unless
     /// another beats it by [`MIN_GAIN`] (as [`super::lt::LtGemm::tune`] does for bf16 weights).
     /// Runs the product about a hundred times, writing `l.y`, and synchronises: never while a
-    /// graph is being captured. A shape tuned before returns what was measured then.
+    /// graph is being captured. A shape tuned before, in this process or (on the same GPU model and
+    /// cuBLASLt) in an earlier one, returns what was measured then; a cached algorithm runs once
+    /// here, so that its kernels load outside any capture.
     pub fn tune(&self, gpu: &Gpu, l: &Fp8Linear<'_>) -> Result<Fp8Tuning, BackendError> {
         let key = (l.m, l.n, l.k);
         if let Some(t) = self.tuned.borrow().get(&key) {
@@ -594,6 +605,16 @@ impl Fp8Gemm {
                 "fp8 gemm tuning: m {} n {} k {} is not a cuBLASLt FP8 shape",
                 l.m, l.n, l.k
             )));
+        }
+        let shape = GemmShape {
+            m: l.m,
+            n: l.n,
+            k: l.k,
+            dtype: DType::U8,
+            out: DType::Bf16,
+        };
+        if let Some(t) = self.restore(gpu, l, shape)? {
+            return Ok(t);
         }
         let mut plan = self.describe(l.m, l.n, l.k)?;
         let mut heuristic_us = None;
@@ -625,6 +646,7 @@ impl Fp8Gemm {
                 heuristic_us,
                 kept_us: heuristic_us.unwrap_or(best_us),
                 retuned: false,
+                from_cache: false,
             }
         } else {
             plan.algo = best_algo;
@@ -632,11 +654,61 @@ impl Fp8Gemm {
                 heuristic_us,
                 kept_us: best_us,
                 retuned: best_i != 0,
+                from_cache: false,
             }
         };
+        self.cache.remember(
+            shape,
+            Choice {
+                gemm_ex_us: t.heuristic_us.unwrap_or(t.kept_us),
+                best_lt_us: Some(t.kept_us),
+                algo: Some(plan.algo.data),
+            },
+        );
         self.plans.borrow_mut().insert(key, plan);
         self.tuned.borrow_mut().insert(key, t);
         Ok(t)
+    }
+
+    /// The disk cache's choice for `l`'s shape, run once and kept, where the file has one that
+    /// this cuBLASLt accepts ([`algo_accepted`]); `None`: time the shape.
+    fn restore(
+        &self,
+        gpu: &Gpu,
+        l: &Fp8Linear<'_>,
+        shape: GemmShape,
+    ) -> Result<Option<Fp8Tuning>, BackendError> {
+        let Some(Choice {
+            gemm_ex_us,
+            best_lt_us,
+            algo: Some(words),
+        }) = self.cache.get(&shape)
+        else {
+            return Ok(None);
+        };
+        let mut plan = self.describe(l.m, l.n, l.k)?;
+        plan.algo.data = words;
+        // SAFETY: the handle and the plan's descriptors are live.
+        if !unsafe { algo_accepted(self.handle, plan.desc, [plan.a, plan.b, plan.d], &plan.algo) } {
+            tracing::warn!(
+                ?shape,
+                "a cached FP8 cuBLASLt algorithm was refused; timing the shape again"
+            );
+            return Ok(None);
+        }
+        self.matmul(gpu, &plan, l)?;
+        let kept_us = best_lt_us.unwrap_or(gemm_ex_us);
+        let t = Fp8Tuning {
+            heuristic_us: Some(gemm_ex_us),
+            kept_us,
+            // A kept algorithm other than the first beat it by MIN_GAIN; the first is kept at its time.
+            retuned: kept_us < gemm_ex_us,
+            from_cache: true,
+        };
+        let key = (l.m, l.n, l.k);
+        self.plans.borrow_mut().insert(key, plan);
+        self.tuned.borrow_mut().insert(key, t);
+        Ok(Some(t))
     }
 
     /// Queues `l`'s raw product on `plan` (described for `l`'s shape).

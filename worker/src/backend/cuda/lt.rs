@@ -15,13 +15,12 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::path::PathBuf;
 
 use cudarc::cublaslt::{result as lt, sys};
 use cudarc::driver::sys::CUevent_flags;
 
 use super::device::{Buf, DType, Gpu};
-use super::lt_cache::{self, Choice};
+use super::lt_cache::{Choice, DiskCache};
 use super::ops::{self, Linear};
 use crate::backend::BackendError;
 
@@ -126,6 +125,30 @@ impl Drop for Plan {
     }
 }
 
+/// Whether cuBLASLt accepts the restored algorithm `algo` for the product `desc` with layouts
+/// `[a, b, d]` (`d` also as C) within [`LT_WORKSPACE_BYTES`]: `cublasLtMatmulAlgoCheck`, the check
+/// cuBLASLt documents for algorithms restored from storage.
+///
+/// # Safety
+/// `handle`, `desc` and the layouts are live cuBLASLt objects.
+pub(super) unsafe fn algo_accepted(
+    handle: sys::cublasLtHandle_t,
+    desc: sys::cublasLtMatmulDesc_t,
+    [a, b, d]: [sys::cublasLtMatrixLayout_t; 3],
+    algo: &sys::cublasLtMatmulAlgo_t,
+) -> bool {
+    // SAFETY: cublasLtMatmulHeuristicResult_t is plain data, filled by the check below.
+    let mut result: sys::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
+    // SAFETY: the caller's handle and descriptors are live; algo and result point to live values
+    // of the types cuBLASLt expects (64 bytes read, one result written). Validating the words is
+    // the call's job: it answers an algorithm it does not support with an error status.
+    let status =
+        unsafe { sys::cublasLtMatmulAlgoCheck(handle, desc, a, b, d, d, algo, &mut result) };
+    status == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+        && result.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+        && result.workspaceSize <= LT_WORKSPACE_BYTES
+}
+
 /// The cuBLASLt handle, its workspace and the tuned plans.
 pub struct LtGemm {
     handle: sys::cublasLtHandle_t,
@@ -133,9 +156,8 @@ pub struct LtGemm {
     /// Per tuned shape: the plan, or `None` where `cublasGemmEx` stays.
     plans: RefCell<HashMap<GemmShape, Option<Plan>>>,
     records: RefCell<Vec<TuneRecord>>,
-    /// The choices on disk (this process's added as it tunes), and their file.
-    cached: RefCell<HashMap<GemmShape, Choice>>,
-    cache_file: Option<PathBuf>,
+    /// The choices on disk (this process's added as it tunes).
+    cache: DiskCache,
 }
 
 // SAFETY: the handle and plans are only used through `&CudaBackend` / `&mut CudaBackend`, which
@@ -151,21 +173,13 @@ impl LtGemm {
         let workspace = gpu.alloc(DType::U32, LT_WORKSPACE_BYTES / 4)?;
         // SAFETY: takes no arguments; the library is loaded (the handle above was created).
         let version = unsafe { sys::cublasLtGetVersion() };
-        let cache_file = gpu
-            .cache_dir
-            .as_deref()
-            .map(|d| lt_cache::file_for(d, &gpu.name, gpu.capability, version));
-        let cached = cache_file
-            .as_deref()
-            .map(lt_cache::load)
-            .unwrap_or_default();
+        let cache = DiskCache::open(gpu.cache_dir.as_deref(), &gpu.name, gpu.capability, version);
         Ok(Self {
             handle,
             workspace,
             plans: RefCell::new(HashMap::new()),
             records: RefCell::new(Vec::new()),
-            cached: RefCell::new(cached),
-            cache_file,
+            cache,
         })
     }
 
@@ -188,8 +202,7 @@ impl LtGemm {
             return Ok(());
         }
         l.check()?;
-        let cached = self.cached.borrow().get(&shape).copied();
-        if let Some(c) = cached
+        if let Some(c) = self.cache.get(&shape)
             && let Some(kept) = self.restore(shape, &c)?
         {
             // Run it once now: its kernels load here, not inside a graph capture.
@@ -228,7 +241,7 @@ impl LtGemm {
             chosen: chosen.is_some(),
             from_cache: false,
         });
-        self.remember(
+        self.cache.remember(
             shape,
             Choice {
                 gemm_ex_us,
@@ -253,52 +266,17 @@ impl LtGemm {
         };
         let mut plan = Plan::describe(shape)?;
         plan.algo.data = words;
-        // SAFETY: cublasLtMatmulHeuristicResult_t is plain data, filled by the check below.
-        let mut result: sys::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
-        // SAFETY: the handle and the plan's descriptors are live; algo and result point to live
-        // values of the types cuBLASLt expects (64 bytes read, one result written). Validating
-        // the words is the call's job: cuBLASLt documents this check for restored algorithms and
-        // answers one it does not support with an error status.
-        let status = unsafe {
-            sys::cublasLtMatmulAlgoCheck(
-                self.handle,
-                plan.desc,
-                plan.a,
-                plan.b,
-                plan.d,
-                plan.d,
-                &plan.algo,
-                &mut result,
-            )
-        };
-        let usable = status == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
-            && result.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
-            && result.workspaceSize <= LT_WORKSPACE_BYTES;
+        // SAFETY: the handle and the plan's descriptors are live.
+        let usable =
+            unsafe { algo_accepted(self.handle, plan.desc, [plan.a, plan.b, plan.d], &plan.algo) };
         if !usable {
             tracing::warn!(
                 ?shape,
-                ?status,
                 "a cached cuBLASLt algorithm was refused; timing the shape again"
             );
             return Ok(None);
         }
         Ok(Some(Some(plan)))
-    }
-
-    /// Adds a fresh choice to the disk cache (a failure to write costs only a later re-tune).
-    fn remember(&self, shape: GemmShape, c: Choice) {
-        let Some(file) = &self.cache_file else {
-            return;
-        };
-        let mut cached = self.cached.borrow_mut();
-        // Shapes another process stored since this one started are kept too.
-        for (s, other) in lt_cache::load(file) {
-            cached.entry(s).or_insert(other);
-        }
-        cached.insert(shape, c);
-        if let Err(e) = lt_cache::store(file, &cached) {
-            tracing::warn!(file = %file.display(), error = %e, "could not store cuBLASLt tuning choices");
-        }
     }
 
     /// Runs `l` through its tuned cuBLASLt plan; `Ok(false)` (nothing queued) where its shape

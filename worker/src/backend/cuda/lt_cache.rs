@@ -8,7 +8,11 @@
 //! directory ([`kernels::default_cache_dir`]), one line per shape:
 //! `m n k dtype out gemm_ex_us best_lt_us|- algo|-` with the algorithm as 8 hex words (`-`:
 //! `cublasGemmEx` stays). A line that does not parse is ignored (the shape is tuned again).
+//! FP8 products (dtype `u8`: E4M3 codes, [`super::fp8::Fp8Gemm`]) share the file; they have no
+//! `cublasGemmEx`, so their `gemm_ex_us` is the time of cuBLASLt's first heuristic algorithm,
+//! `best_lt_us` that of the algorithm kept, and `algo` is always given.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -35,6 +39,50 @@ pub fn file_for(dir: &Path, device: &str, cc: (i32, i32), version: usize) -> Pat
         "cublaslt-tuning-{name}-sm{}{}-v{version}.tsv",
         cc.0, cc.1
     ))
+}
+
+/// The choices of one GPU model and cuBLASLt version: its file as loaded when opened, with what
+/// this process adds as it tunes. Each cuBLASLt user ([`super::lt::LtGemm`],
+/// [`super::fp8::Fp8Gemm`]) opens its own; [`DiskCache::remember`] merges what the file holds by
+/// then, so neither loses the other's shapes.
+#[derive(Debug, Default)]
+pub struct DiskCache {
+    file: Option<PathBuf>,
+    cached: RefCell<HashMap<GemmShape, Choice>>,
+}
+
+impl DiskCache {
+    /// The cache of [`file_for`]`(dir, device, cc, version)`; with no `dir`, one that remembers
+    /// nothing.
+    pub fn open(dir: Option<&Path>, device: &str, cc: (i32, i32), version: usize) -> Self {
+        let file = dir.map(|d| file_for(d, device, cc, version));
+        let cached = file.as_deref().map(load).unwrap_or_default();
+        Self {
+            file,
+            cached: RefCell::new(cached),
+        }
+    }
+
+    /// What was chosen for `shape`, if the file or this process holds it.
+    pub fn get(&self, shape: &GemmShape) -> Option<Choice> {
+        self.cached.borrow().get(shape).copied()
+    }
+
+    /// Adds a fresh choice and writes the file (a failure to write costs only a later re-tune).
+    pub fn remember(&self, shape: GemmShape, c: Choice) {
+        let Some(file) = &self.file else {
+            return;
+        };
+        let mut cached = self.cached.borrow_mut();
+        // Shapes another process or cache stored since this one was opened are kept too.
+        for (s, other) in load(file) {
+            cached.entry(s).or_insert(other);
+        }
+        cached.insert(shape, c);
+        if let Err(e) = store(file, &cached) {
+            tracing::warn!(file = %file.display(), error = %e, "could not store cuBLASLt tuning choices");
+        }
+    }
 }
 
 /// The type [`DType::suffix`] names.
@@ -221,6 +269,36 @@ mod tests {
         std::fs::write(&path, text).unwrap();
         assert_eq!(load(&path), choices);
         assert!(load(&dir.join("missing.tsv")).is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn caches_of_one_file_keep_each_others_shapes() {
+        let dir = std::env::temp_dir().join(format!("ringserve-disk-cache-{}", std::process::id()));
+        let open = || DiskCache::open(Some(&dir), "GPU", (9, 0), 1);
+        let (bf16, fp8) = (open(), open());
+        let fp8_shape = GemmShape {
+            dtype: DType::U8,
+            ..shape(128)
+        };
+        let c = |us: f64| Choice {
+            gemm_ex_us: us,
+            best_lt_us: Some(us - 1.0),
+            algo: Some([us as u64; 8]),
+        };
+        bf16.remember(shape(128), c(20.0));
+        fp8.remember(fp8_shape, c(12.0));
+        // Each sees its own at once, the other's once reopened; the file holds both.
+        assert_eq!(bf16.get(&shape(128)), Some(c(20.0)));
+        assert_eq!(bf16.get(&fp8_shape), None);
+        assert_eq!(fp8.get(&shape(128)), Some(c(20.0)));
+        let later = open();
+        assert_eq!(later.get(&shape(128)), Some(c(20.0)));
+        assert_eq!(later.get(&fp8_shape), Some(c(12.0)));
+        // No directory: nothing kept, nothing written.
+        let none = DiskCache::open(None, "GPU", (9, 0), 1);
+        none.remember(shape(1), c(3.0));
+        assert_eq!(none.get(&shape(1)), None);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
