@@ -113,3 +113,26 @@ if [ "$1" = f ]; then
     grep -E "test result|panicked|FAILED|SiLU" $OUT/f_$t.log | head
   done
 fi
+# g (the FP8 tuning on disk): carry .gpu49/g.tar.xz (ringserve and the test binaries of that
+#   commit): the tests; serve --quantization fp8 started four times: 0 compiles the kernels, the
+#   tuning file is removed before 1; time to healthy and the tuning's debug lines
+if [ "$1" = g ]; then
+  mkdir -p /tmp/g49; tar xJf .gpu49/g.tar.xz -C /tmp/g49
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  ( [ -f $M/config.json ] || python3 scripts/make_random_llama8b.py $M > $OUT/make_model.log 2>&1 ) &
+  for t in cuda_kernels cuda_fp8 cuda_backend; do
+    timeout 300 /tmp/g49/$t --include-ignored --test-threads=1 > $OUT/g_$t.log 2>&1; echo "$t rc=$?"
+    grep -E "test result|panicked|FAILED|SiLU|disk cache" $OUT/g_$t.log | head
+  done
+  wait
+  B=/tmp/g49; export RINGSERVE_KERNEL_CACHE=/tmp/kc-49g
+  for run in 0 1 2 3; do
+    [ $run = 1 ] && rm -f /tmp/kc-49g/*.tsv
+    t0=$(date +%s.%N)
+    RUST_LOG=info,worker::backend::cuda=debug serve_up start$run --quantization fp8 || continue
+    t1=$(date +%s.%N)
+    echo "start $run: healthy after $(python3 -c "print(round($t1 - $t0, 2))") s; fp8 tuning lines: $(grep -c 'fp8 cuBLASLt tuning' $R/serve_start$run.log), from the cache: $(grep 'fp8 cuBLASLt tuning' $R/serve_start$run.log | grep -c 'from_cache=true'); tuning file lines: $(cat /tmp/kc-49g/*.tsv 2>/dev/null | wc -l)"
+    serve_down
+  done
+  grep -h "fp8 cuBLASLt tuning" $R/serve_start1.log | head -3; grep -h "fp8 cuBLASLt tuning" $R/serve_start2.log | head -3
+fi
