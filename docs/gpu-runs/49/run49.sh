@@ -136,3 +136,9 @@ if [ "$1" = g ]; then
   done
   grep -h "fp8 cuBLASLt tuning" $R/serve_start1.log | head -3; grep -h "fp8 cuBLASLt tuning" $R/serve_start2.log | head -3
 fi
+# h (the device time nearly spent): carry .gpu49/g.tar.xz: the tests of the two changes only
+if [ "$1" = h ]; then
+  mkdir -p /tmp/g49; tar xJf .gpu49/g.tar.xz -C /tmp/g49
+  timeout 80 /tmp/g49/cuda_kernels --include-ignored --test-threads=1 gemm_fp8_matches_cpu fused_fp8_silu 2>&1 | grep -E "^test |test result|panicked|disk cache"
+  timeout 40 /tmp/g49/cuda_fp8 --include-ignored fused_fp8_silu 2>&1 | grep -E "^test |test result|panicked"
+fi
