@@ -126,6 +126,9 @@ pub fn gemv_fp8_silu(
             ))
         })?;
     require_fp8(gpu)?;
+    if gu.m == 0 || gu.n == 0 {
+        return Ok(());
+    }
     let f = gpu.func(&format!("gemv_fp8_silu_{kernel}"))?;
     let grid = (tile_grid(gpu, f, gu.n / 16, 0)?, 1, 1);
     let p = GemvFp8SiluParams {
@@ -135,10 +138,10 @@ pub fn gemv_fp8_silu(
     };
     let mut b = gpu.stream.launch_builder(f);
     b.arg(&p);
-    // SAFETY: as gemv_fp8_tiles' launch for the product (gu checked; tiles_ok: 1 <= m <= 8, k a
-    // multiple of 64, n*k < 2^32, 16-byte aligned x and w), with n a multiple of 16: tile i's rows
-    // 8i + r and n/2 + 8i + r (r < 8) are < n, and the n / 16 tiles cover every row once. The
-    // epilogue reads x_scales[bb] and w_scales[row] for bb < m, row < n, writes h[bb, 8i + r]
+    // SAFETY: as gemv_fp8_tiles' launch for the product (gu checked; tiles_ok and m > 0 above:
+    // 1 <= m <= 8, k a multiple of 64, n*k < 2^32, 16-byte aligned x and w), with n a multiple
+    // of 16: tile i's rows 8i + r and n/2 + 8i + r (r < 8) are < n, and the n / 16 tiles cover
+    // every row once. The epilogue reads x_scales[bb] and w_scales[row] for bb < m, row < n, writes h[bb, 8i + r]
     // (< m * n/2, checked) and raises amax[bb] (< m, checked); warps 0 and 1 take it whole, so
     // their shuffles have every lane.
     unsafe { b.launch(cfg(grid, kernels::GEMV_THREADS, 0)) }
