@@ -631,8 +631,8 @@ const INT4_BATCHES: [usize; 8] = [1, 4, 8, 16, 32, 64, 128, 256];
 /// (16 or 32 rows a block, as the backend picks; up to 32 batch rows), the 16-row tile GEMV
 /// (32 batch rows a launch; up to 8 rows, its variants too), the tensor-core products
 /// `gemm_int4_mma_*` and (on `sm_90a`) `gemm_int4_wgmma_*` (32 rows and more) and dequantization
-/// + cuBLAS, each call on another copy of the weights (more than the L2 holds in all), timed inside
-/// a CUDA graph, at `batches` rows. GB/s counts the codes, scales and zero points a call reads.
+/// then cuBLAS, each call on another copy of the weights (more than the L2 holds in all), timed
+/// inside a CUDA graph, at `batches` rows. GB/s counts the codes, scales and zero points a call reads.
 fn int4_alone(g: &Gpu, batches: &[usize]) -> Res<Value> {
     use worker::backend::cuda::int4::{
         Int4Linear, Int4Packed, Int4Scales, MMA_KERNELS, TILE_VARIANTS, WGMMA_KERNELS,
