@@ -12,8 +12,7 @@
 //! or fused with RoPE and the KV write), `fp8.cu` (per-row E4M3 quantization and the FP8 small-batch
 //! product on sm_89+ tensor cores), `int4.cu` (the AWQ/GPTQ small-batch products and the
 //! tensor-core product of larger batches with weights dequantized in registers, whole-matrix
-//! dequantization, act-order column permutation), `int4_wgmma.cu` (that product on Hopper's wgmma,
-//! `sm_90a` only), `sampling.cu` (greedy, temperature, top-k, top-p, min-p,
+//! dequantization, act-order column permutation), `sampling.cu` (greedy, temperature, top-k, top-p, min-p,
 //! seeded). The parameter structs the kernels take live in `params.cuh`, mirrored once in
 //! [`params`] and checked against it at compile time; the launch constants come from
 //! [`LAUNCH_CONSTANTS`] as `-D` options. All sources form one translation unit, compiled straight to a CUBIN for the device's
@@ -53,8 +52,6 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("fp8.cu", include_str!("fp8.cu")),
     // After gemv.cu: uses its streamed loads, bf16 mma and partial-sum reduction.
     ("int4.cu", include_str!("int4.cu")),
-    // After int4.cu and prefill_wgmma.cu: uses their dequantization and wgmma helpers.
-    ("int4_wgmma.cu", include_str!("int4_wgmma.cu")),
     ("sampling.cu", include_str!("sampling.cu")),
     ("prefetch.cu", include_str!("prefetch.cu")),
 ];
@@ -181,8 +178,6 @@ pub const KERNELS: &[&str] = &[
     "gemm_int4_mma_t1w4",
     "gemm_int4_mma_t1w8",
     "gemm_int4_mma_t2w8",
-    "gemm_int4_wgmma_w1",
-    "gemm_int4_wgmma_w2",
     "gemm_int4_reduce",
     "permute_cols_bf16",
     "sample_f32",
@@ -323,21 +318,10 @@ pub const INT4_MMA_BATCH: usize = 64;
 /// Steps of 64 k in `gemm_int4_mma_*`'s shared-memory ring of activations.
 pub const INT4_MMA_STAGES: usize = 4;
 /// Most activation rows the CUDA backend gives `gemm_int4_mma_*`; larger products dequantize
-/// the whole matrix to bf16 for cuBLAS. At the 8B shapes on the H200 (run 36c) the tensor-core
-/// product is 1.2–1.7× faster than dequantization + cuBLAS at 64 rows and level or slower at 128.
-pub const INT4_MMA_MAX_ROWS: usize = 64;
-/// Activation rows a block of the Hopper INT4 product `gemm_int4_wgmma_*` takes (its wgmma's N).
-pub const INT4_WGMMA_BATCH: usize = 128;
-/// Steps of 64 k in `gemm_int4_wgmma_*`'s shared-memory ring of activations.
-pub const INT4_WGMMA_STAGES: usize = 4;
-/// Dynamic shared memory (bytes) of a `gemm_int4_wgmma_*` block: the ring (128 rows of 128
-/// bytes a step) and 1 KiB of slack to align it to the 1024-byte swizzle pattern.
-pub const INT4_WGMMA_SMEM_BYTES: usize = INT4_WGMMA_STAGES * INT4_WGMMA_BATCH * 128 + 1024;
-/// The Hopper INT4 products, one and two warpgroups (64 weight rows each) a block.
-pub const INT4_WGMMA_KERNELS: &[&str] = &["gemm_int4_wgmma_w1", "gemm_int4_wgmma_w2"];
-/// Most activation rows the CUDA backend gives `gemm_int4_wgmma_*` (where it runs: `sm_90a`);
-/// larger products dequantize the whole matrix to bf16 for cuBLAS.
-pub const INT4_WGMMA_MAX_ROWS: usize = 256;
+/// the whole matrix to bf16 for cuBLAS. At the 8B shapes on an H100 (run 50a) the tensor-core
+/// product, on the shape `mma_kernel_for` picks, is 1.4–2.3× faster than dequantization + cuBLAS
+/// at 64 rows and 1.03–1.33× at 128, and 1.26–1.44× slower at 256.
+pub const INT4_MMA_MAX_ROWS: usize = 128;
 /// Bytes one thread of `l2_prefetch_u8` asks for at a time (`PREFETCH_PIECE`).
 pub const PREFETCH_PIECE: usize = 16384;
 
@@ -389,9 +373,6 @@ pub const LAUNCH_CONSTANTS: &[(&str, usize)] = &[
     ("INT4_DEQUANT_THREADS", INT4_DEQUANT_THREADS as usize),
     ("INT4_MMA_BATCH", INT4_MMA_BATCH),
     ("INT4_MMA_STAGES", INT4_MMA_STAGES),
-    ("INT4_WGMMA_BATCH", INT4_WGMMA_BATCH),
-    ("INT4_WGMMA_STAGES", INT4_WGMMA_STAGES),
-    ("INT4_WGMMA_SMEM_BYTES", INT4_WGMMA_SMEM_BYTES),
     ("PREFETCH_PIECE", PREFETCH_PIECE),
     ("SAMPLE_THREADS", SAMPLE_THREADS as usize),
     ("SAMPLE_PART_WORDS", SAMPLE_PART_WORDS),
@@ -710,7 +691,7 @@ mod tests {
 
     #[test]
     fn pdl_kernels_are_kernels() {
-        for k in PDL_KERNELS.iter().chain(INT4_WGMMA_KERNELS) {
+        for k in PDL_KERNELS {
             assert!(KERNELS.contains(k), "{k}");
         }
     }

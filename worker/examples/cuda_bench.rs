@@ -12,7 +12,7 @@
 //!                                    BATCHES comma-separated)
 //!        cuda_bench gemv OUT_JSON    (GEMV kernel vs cuBLAS at the 8B shapes, batch 1-8, no model)
 //!        cuda_bench kernels OUT_JSON (every attention case alone at the 8B shape, no model)
-//!        cuda_bench int4 OUT_JSON [BATCHES] (the INT4 GEMVs, the tensor-core products and
+//!        cuda_bench int4 OUT_JSON [BATCHES] (the INT4 GEMVs, the tensor-core product and
 //!                                    dequantization + cuBLAS at the 8B shapes, batch 1-256 or the
 //!                                    comma-separated BATCHES, groups of 128, no model)
 //!        cuda_bench int4one SHAPE M KERNEL (one INT4 tile or tensor-core kernel launched thrice,
@@ -630,13 +630,13 @@ const INT4_BATCHES: [usize; 8] = [1, 4, 8, 16, 32, 64, 128, 256];
 /// The INT4 products alone at the 8B shapes, groups of 128, random codes: the per-weight GEMV
 /// (16 or 32 rows a block, as the backend picks; up to 32 batch rows), the 16-row tile GEMV
 /// (32 batch rows a launch; up to 8 rows, its variants too), the tensor-core products
-/// `gemm_int4_mma_*` and (on `sm_90a`) `gemm_int4_wgmma_*` (32 rows and more) and dequantization
-/// then cuBLAS, each call on another copy of the weights (more than the L2 holds in all), timed
-/// inside a CUDA graph, at `batches` rows. GB/s counts the codes, scales and zero points a call reads.
+/// `gemm_int4_mma_*` (32 rows and more) and dequantization + cuBLAS, each call on another copy of
+/// the weights (more than the L2 holds in all), timed inside a CUDA graph, at `batches` rows.
+/// GB/s counts the codes, scales and zero points a call reads.
 fn int4_alone(g: &Gpu, batches: &[usize]) -> Res<Value> {
     use worker::backend::cuda::int4::{
-        Int4Linear, Int4Packed, Int4Scales, MMA_KERNELS, TILE_VARIANTS, WGMMA_KERNELS,
-        dequant_int4, gemv_int4, has_wgmma, launch_mma, launch_tile, split_scale, tile_scales,
+        Int4Linear, Int4Packed, Int4Scales, MMA_KERNELS, TILE_VARIANTS, dequant_int4, gemv_int4,
+        launch_mma, launch_tile, split_scale, tile_scales,
     };
     let mut out = serde_json::Map::new();
     let mut seed = 0x2545_f491_4f6c_dd1du64;
@@ -722,12 +722,7 @@ fn int4_alone(g: &Gpu, batches: &[usize]) -> Res<Value> {
                 );
             }
             if m >= 32 {
-                let wgmma = if has_wgmma(g) {
-                    &WGMMA_KERNELS[..]
-                } else {
-                    &[]
-                };
-                for kern in MMA_KERNELS.iter().chain(wgmma) {
+                for kern in &MMA_KERNELS {
                     let ms = time_graph_ms(g, calls, |i| Ok(launch_mma(g, &lin(i), kern, &wdq)?))?;
                     row.insert(format!("{}_ms", kern.name), json!(ms));
                     let tf = 2.0 * (m * n * k) as f64 / ms / 1e9;
@@ -765,8 +760,8 @@ fn int4_alone(g: &Gpu, batches: &[usize]) -> Res<Value> {
 /// `TILE_VARIANTS` or `MMA_KERNELS`), launched three times: for a profiler (ncu -k KERNEL).
 fn int4_one(g: &Gpu, shape: &str, m: usize, kernel: &str) -> Res<()> {
     use worker::backend::cuda::int4::{
-        Int4Linear, Int4Packed, Int4Scales, MMA_KERNELS, TILE_KERNELS, TILE_VARIANTS,
-        WGMMA_KERNELS, launch_mma, launch_tile, tile_scales,
+        Int4Linear, Int4Packed, Int4Scales, MMA_KERNELS, TILE_KERNELS, TILE_VARIANTS, launch_mma,
+        launch_tile, tile_scales,
     };
     let (n, k) = match shape {
         "qkv" => (6144, 4096),
@@ -779,10 +774,7 @@ fn int4_one(g: &Gpu, shape: &str, m: usize, kernel: &str) -> Res<()> {
         .iter()
         .chain(TILE_VARIANTS.iter())
         .find(|t| t.name == kernel);
-    let mk = MMA_KERNELS
-        .iter()
-        .chain(&WGMMA_KERNELS)
-        .find(|t| t.name == kernel);
+    let mk = MMA_KERNELS.iter().find(|t| t.name == kernel);
     let groups = k / 128;
     let packed = Int4Packed {
         n,

@@ -1,8 +1,7 @@
 //! INT4 linear layers on the CUDA backend: the kernels against the CPU reference at shapes that are
 //! not tile multiples (dequantization bit for bit against the twin's weights rounded to bf16; the
 //! GEMV kernels — per-weight and 16-row tiles — for 1–40 rows and every tensor-core product shape
-//! for 33–257 rows, mma.sync and (on `sm_90a`) wgmma, k split and not, within bf16 rounding of an
-//! f64 product, act order included),
+//! for 33–257 rows, k split and not, within bf16 rounding of an f64 product, act order included),
 //! and whole models (the AWQ, GPTQ and compressed-tensors fixtures) against the CPU INT4
 //! reference, eager and not, with the tile and tensor-core kernels and without.
 //!
@@ -16,8 +15,8 @@ use common::{fixture, last_logits, rel_l2};
 use half::bf16;
 use worker::backend::cpu::{CpuBackend, CpuOptions};
 use worker::backend::cuda::int4::{
-    Int4Linear, Int4Scales, MMA_KERNELS, TILE_VARIANTS, WGMMA_KERNELS, dequant_int4, gemm_int4,
-    gemm_int4_wgmma, gemv_int4, has_wgmma, launch_mma, launch_tile, pack, permute_cols, tile_step,
+    Int4Linear, Int4Scales, MMA_KERNELS, TILE_VARIANTS, dequant_int4, gemm_int4, gemv_int4,
+    launch_mma, launch_tile, pack, permute_cols, tile_step,
 };
 use worker::backend::cuda::{CudaBackend, CudaOptions, DType, Gpu};
 use worker::backend::switches::KernelSwitches;
@@ -51,12 +50,6 @@ enum Kernel {
     },
     /// `MMA_KERNELS[i]`, k split where it takes it.
     MmaVariant(usize),
-    /// The Hopper product, k split where it takes it and not.
-    Wgmma {
-        split: bool,
-    },
-    /// `WGMMA_KERNELS[i]`, k split where it takes it.
-    WgmmaVariant(usize),
 }
 
 fn random_weight(rng: &mut Rng, n: usize, k: usize, gs: usize, act_order: bool) -> Int4Weight {
@@ -119,13 +112,6 @@ fn upload_bf16(g: &Gpu, x: &[f32]) -> worker::backend::cuda::Buf {
 #[ignore = "requires a CUDA device"]
 fn int4_kernels_match_the_reference_at_odd_shapes() {
     let g = Gpu::new(0, &KernelSwitches::default()).expect("GPU");
-    let wgmma = has_wgmma(&g);
-    if !wgmma {
-        eprintln!(
-            "skipped: the wgmma products (gemm_int4_wgmma_*) need sm_90a; this GPU compiles for {}",
-            g.arch
-        );
-    }
     let mut rng = Rng(7);
     // (n, k, group size, act order): rows not a multiple of the 16/32-row tiles, k not a
     // multiple of the 128-wide step, the last group short, one group per row (GPTQ's -1).
@@ -223,13 +209,6 @@ fn int4_kernels_match_the_reference_at_odd_shapes() {
             if m > 32 && !q41 {
                 variants.extend([Kernel::Mma { split: true }, Kernel::Mma { split: false }]);
                 variants.extend((1..MMA_KERNELS.len()).map(Kernel::MmaVariant));
-                if wgmma {
-                    variants.extend([
-                        Kernel::Wgmma { split: true },
-                        Kernel::Wgmma { split: false },
-                    ]);
-                    variants.extend((1..WGMMA_KERNELS.len()).map(Kernel::WgmmaVariant));
-                }
             }
             for &kernel in &variants {
                 let tiles = kernel == Kernel::Tiles;
@@ -244,12 +223,6 @@ fn int4_kernels_match_the_reference_at_odd_shapes() {
                     Kernel::MmaVariant(v) => {
                         launch_mma(&g, &l, &MMA_KERNELS[v], &big_scratch).expect("gemm_int4")
                     }
-                    Kernel::Wgmma { split } => {
-                        let scratch = if split { &big_scratch } else { &no_scratch };
-                        gemm_int4_wgmma(&g, &l, scratch).expect("gemm_int4_wgmma")
-                    }
-                    Kernel::WgmmaVariant(v) => launch_mma(&g, &l, &WGMMA_KERNELS[v], &big_scratch)
-                        .expect("gemm_int4_wgmma"),
                 }
                 let got = bf16s(&g.download_bytes(&y, m * n).expect("download"));
                 for b in 0..m {
@@ -300,12 +273,13 @@ fn int4_kernels_match_the_reference_at_odd_shapes() {
 #[test]
 #[ignore = "requires a CUDA device"]
 fn int4_models_on_cuda_match_the_cpu_reference() {
-    // 5 tokens: the GEMV path; 40: the tensor-core product (dequantization + cuBLAS with it off);
-    // 200: on sm_90a the wgmma product, elsewhere (or with it off) dequantization + cuBLAS (past
-    // kernels::INT4_MMA_MAX_ROWS); 300: dequantization + cuBLAS (past INT4_WGMMA_MAX_ROWS too).
-    let prompts: [Vec<u32>; 4] = [
+    // 5 tokens: the GEMV path; 40 and 100: the tensor-core product (its two shape rules;
+    // dequantization + cuBLAS with it off); 200 and 300: dequantization + cuBLAS (past
+    // kernels::INT4_MMA_MAX_ROWS).
+    let prompts: [Vec<u32>; 5] = [
         vec![1, 17, 42, 99, 3],
         (1..=40).collect(),
+        (0..100).map(|i| (i * 11 + 1) % 256).collect(),
         (0..200).map(|i| (i * 7 + 3) % 256).collect(),
         (0..300).map(|i| (i * 13 + 5) % 256).collect(),
     ];
@@ -329,12 +303,11 @@ fn int4_models_on_cuda_match_the_cpu_reference() {
             },
         )
         .expect("cpu");
-        for (eager, int4_tiles, int4_mma, int4_wgmma) in [
-            (true, true, true, true),
-            (false, true, true, true),
-            (true, true, true, false),
-            (true, false, false, false),
-            (false, false, false, false),
+        for (eager, int4_tiles, int4_mma) in [
+            (true, true, true),
+            (false, true, true),
+            (true, false, false),
+            (false, false, false),
         ] {
             let opts = CudaOptions {
                 ordinal: 0,
@@ -348,7 +321,6 @@ fn int4_models_on_cuda_match_the_cpu_reference() {
                 kernels: KernelSwitches {
                     int4_tiles,
                     int4_mma,
-                    int4_wgmma,
                     ..KernelSwitches::default()
                 },
                 quantization: None,
@@ -360,8 +332,8 @@ fn int4_models_on_cuda_match_the_cpu_reference() {
                 let (want, got) = (last_logits(&mut cpu, p), last_logits(&mut cuda, p));
                 let err = rel_l2(&got, &want);
                 println!(
-                    "{name} eager {eager} tiles {int4_tiles} mma {int4_mma} wgmma {int4_wgmma} \
-                     prompt of {}: rel L2 {err:.2e}",
+                    "{name} eager {eager} tiles {int4_tiles} mma {int4_mma} prompt of {}: rel L2 \
+                     {err:.2e}",
                     p.len()
                 );
                 assert!(err < 2e-2, "{name}: rel L2 {err}");

@@ -166,8 +166,6 @@ pub struct CudaBackend {
     fp8_gemv: Fp8GemvChoice,
     /// [`KernelSwitches::int4_mma`].
     int4_mma: bool,
-    /// [`KernelSwitches::int4_wgmma`], where the device has wgmma.
-    int4_wgmma: bool,
     /// Whether small-batch steps prefetch each layer's o_proj weights into L2 while RoPE and
     /// attention run ([`KernelSwitches::l2_prefetch`], where the device has it).
     l2_prefetch: bool,
@@ -458,7 +456,6 @@ impl CudaBackend {
         } else {
             0
         };
-        let int4_wgmma = opts.kernels.int4_wgmma && super::int4::has_wgmma(&gpu);
         Ok(Self {
             gpu,
             cfg: cfg.clone(),
@@ -485,7 +482,6 @@ impl CudaBackend {
             int4_tiles: opts.kernels.int4_tiles,
             fp8_gemv: opts.kernels.fp8_gemv,
             int4_mma: opts.kernels.int4_mma,
-            int4_wgmma,
             l2_prefetch: opts.dtype == DType::Bf16
                 && ops::has_l2_prefetch(capability)
                 && opts.kernels.l2_prefetch,
@@ -778,9 +774,8 @@ impl CudaBackend {
     }
 
     /// An INT4 product: its input permuted first for act order; the GEMV kernel up to
-    /// [`INT4_GEMV_MAX_ROWS`] rows, then on Hopper the wgmma product up to
-    /// [`kernels::INT4_WGMMA_MAX_ROWS`], elsewhere the mma.sync product up to
-    /// [`kernels::INT4_MMA_MAX_ROWS`] (either's split-k partial sums in the dequantization
+    /// [`INT4_GEMV_MAX_ROWS`] rows, the tensor-core product up to
+    /// [`kernels::INT4_MMA_MAX_ROWS`] (its split-k partial sums in the dequantization
     /// workspace), else the weights dequantized into the workspace and [`Self::linear`].
     fn product_int4(&self, l: &Linear<'_>, s: &Int4Scales) -> Result<(), BackendError> {
         let (g, ws) = (&self.gpu, &self.ws);
@@ -803,9 +798,6 @@ impl CudaBackend {
         if l.m <= INT4_GEMV_MAX_ROWS {
             let rows = if l.n >= ops::GEMV_TALL_ROWS { 32 } else { 16 };
             return super::int4::gemv_int4(g, &q, rows, self.int4_tiles);
-        }
-        if self.int4_wgmma && l.m <= kernels::INT4_WGMMA_MAX_ROWS && s.mins.is_none() {
-            return super::int4::gemm_int4_wgmma(g, &q, &ws.wdq);
         }
         if self.int4_mma && l.m <= kernels::INT4_MMA_MAX_ROWS && s.mins.is_none() {
             return super::int4::gemm_int4(g, &q, &ws.wdq);

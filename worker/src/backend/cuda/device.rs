@@ -322,28 +322,16 @@ impl Gpu {
         }
         // The Hopper prefill kernel's Q tile and K/V rings: 161 KiB, one block per SM. Only where
         // its body is compiled: other devices may not allow that much.
-        // The INT4 wgmma products' activation rings (65 KiB: three one-warpgroup blocks an SM).
         if PrefillKernel::available(&arch).contains(&PrefillKernel::Wgmma) {
-            let int4 = kernels::INT4_WGMMA_KERNELS
-                .iter()
-                .map(|&name| (name, kernels::INT4_WGMMA_SMEM_BYTES));
-            for (name, smem) in [(
-                PrefillKernel::Wgmma.name(),
-                kernels::PREFILL_WGMMA_SMEM_BYTES,
-            )]
-            .into_iter()
-            .chain(int4)
-            {
-                let f = &funcs[name];
-                f.set_attribute(
-                    Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    smem as i32,
-                )?;
-                f.set_attribute(
-                    Attr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                    100,
-                )?;
-            }
+            let f = &funcs[PrefillKernel::Wgmma.name()];
+            f.set_attribute(
+                Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                kernels::PREFILL_WGMMA_SMEM_BYTES as i32,
+            )?;
+            f.set_attribute(
+                Attr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                100,
+            )?;
         }
         let blas = CudaBlas::new(stream.clone())?;
         Ok(Self {

@@ -421,23 +421,16 @@ pub fn launch_tile(
     Ok(())
 }
 
-/// A kernel of the tensor-core families: `gemm_int4_mma_t{TA}w{W}` (mma.sync, any GPU) and
-/// `gemm_int4_wgmma_w{W}` (Hopper's wgmma, `sm_90a` only): its name, warps a block, weight
-/// rows a block, activation rows a block and dynamic shared memory.
+/// A kernel of the tensor-core family (`gemm_int4_mma_t{TA}w{W}`): its name, warps a block and
+/// weight rows a block (16 TA W); each takes [`kernels::INT4_MMA_BATCH`] activation rows a block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MmaKernel {
     pub name: &'static str,
     pub warps: u32,
     pub rows: usize,
-    /// Activation rows a block takes (more rows: more blocks along y).
-    pub batch: usize,
-    /// Dynamic shared memory bytes a block (0: static only).
-    pub smem: usize,
-    /// Whether it runs only where the kernels compile for `sm_90a`.
-    pub wgmma: bool,
 }
 
-/// The mma.sync kernels [`mma_kernel_for`] picks from; `cuda_bench int4` times them all.
+/// The tensor-core kernels [`mma_kernel_for`] picks from; `cuda_bench int4` times them all.
 pub const MMA_KERNELS: [MmaKernel; 4] = [
     mma("gemm_int4_mma_t2w4", 4, 2),
     mma("gemm_int4_mma_t1w4", 4, 1),
@@ -445,50 +438,25 @@ pub const MMA_KERNELS: [MmaKernel; 4] = [
     mma("gemm_int4_mma_t2w8", 8, 2),
 ];
 
-/// The wgmma kernels (`sm_90a`): one and two warpgroups of 64 weight rows a block, 128
-/// activation rows a block.
-pub const WGMMA_KERNELS: [MmaKernel; 2] = [
-    wgmma(kernels::INT4_WGMMA_KERNELS[0], 1),
-    wgmma(kernels::INT4_WGMMA_KERNELS[1], 2),
-];
-
 const fn mma(name: &'static str, warps: u32, tiles: usize) -> MmaKernel {
     MmaKernel {
         name,
         warps,
         rows: 16 * tiles * warps as usize,
-        batch: kernels::INT4_MMA_BATCH,
-        smem: 0,
-        wgmma: false,
     }
 }
 
-const fn wgmma(name: &'static str, warpgroups: u32) -> MmaKernel {
-    MmaKernel {
-        name,
-        warps: 4 * warpgroups,
-        rows: 64 * warpgroups as usize,
-        batch: kernels::INT4_WGMMA_BATCH,
-        smem: kernels::INT4_WGMMA_SMEM_BYTES,
-        wgmma: true,
-    }
-}
-
-/// Whether `gpu` runs the wgmma kernels (its kernels compile for `sm_90a`).
-pub fn has_wgmma(gpu: &Gpu) -> bool {
-    gpu.arch == "sm_90a"
-}
-
-/// How many ranges [`launch_mma`] splits the k-steps (of 64) of an `m x n x k` product into on
-/// `kernel`: enough blocks for two an SM where the output tiles alone are fewer, at least 8
-/// steps a range, and no more partial sums than `scratch_bytes` holds (f32 `[splits, m, n]`).
+/// How many ranges [`gemm_int4`] splits the k-steps (of 64) of an `m x n x k` product into on a
+/// kernel of `rows` weight rows a block: enough blocks for two an SM where the output tiles
+/// alone are fewer, at least 8 steps a range, and no more partial sums than `scratch_bytes`
+/// holds (f32 `[splits, m, n]`).
 pub fn gemm_int4_splits(
     (m, n, k): (usize, usize, usize),
-    kernel: &MmaKernel,
+    rows: usize,
     sms: usize,
     scratch_bytes: usize,
 ) -> usize {
-    let blocks = n.div_ceil(kernel.rows) * m.div_ceil(kernel.batch);
+    let blocks = n.div_ceil(rows) * m.div_ceil(kernels::INT4_MMA_BATCH);
     let steps = k.div_ceil(64);
     let fit = scratch_bytes / (4 * m * n).max(1);
     (2 * sms)
@@ -498,32 +466,28 @@ pub fn gemm_int4_splits(
         .max(1)
 }
 
-/// The mma.sync kernel [`gemm_int4`] runs a product of input width `k` on: 8 warps of 32
-/// rows for wide inputs (the 8B shape's down product, 14,336: 0.048 against 0.057 ms at 64 rows,
-/// run 36c), else 4 warps of 32 rows.
-pub fn mma_kernel_for(k: usize) -> &'static MmaKernel {
-    if k > 8192 {
-        &MMA_KERNELS[3]
-    } else {
-        &MMA_KERNELS[0]
+/// The tensor-core kernel [`gemm_int4`] runs an `m x n x k` product on, the fastest at the 8B
+/// shapes on an H100 (runs 36c and 50a, `cuda_bench int4`): up to 64 rows, 8 warps of 2 tiles for
+/// inputs wider than 8,192 (down: 0.049 against 0.053–0.058 ms at 64 rows), else 4 warps of 2
+/// tiles; past 64 rows, 4 warps of 2 tiles for outputs of 16,384 or more (gate/up: 0.153 against
+/// 0.169–0.195 ms at 128 rows), else 4 warps of 1 tile, twice the blocks (q/k/v, o, down: 0.039,
+/// 0.027, 0.082 against 0.046–0.051, 0.032–0.033, 0.094–0.102).
+pub fn mma_kernel_for(m: usize, n: usize, k: usize) -> &'static MmaKernel {
+    match (m > kernels::INT4_MMA_BATCH, n >= 16384, k > 8192) {
+        (false, _, true) => &MMA_KERNELS[3],
+        (false, _, false) | (true, true, _) => &MMA_KERNELS[0],
+        (true, false, _) => &MMA_KERNELS[1],
     }
 }
 
 /// `y = x · wᵀ` on the tensor-core product ([`mma_kernel_for`]: weights dequantized in
 /// registers, as [`dequant_int4`] writes them) for any number of rows.
 pub fn gemm_int4(gpu: &Gpu, l: &Int4Linear<'_>, scratch: &Buf) -> Result<(), BackendError> {
-    launch_mma(gpu, l, mma_kernel_for(l.k), scratch)
-}
-
-/// `y = x · wᵀ` on Hopper's wgmma ([`WGMMA_KERNELS`]; weights dequantized in registers as
-/// [`gemm_int4`] dequantizes them) for any number of rows; `sm_90a` only ([`has_wgmma`]).
-pub fn gemm_int4_wgmma(gpu: &Gpu, l: &Int4Linear<'_>, scratch: &Buf) -> Result<(), BackendError> {
-    launch_mma(gpu, l, &WGMMA_KERNELS[0], scratch)
+    launch_mma(gpu, l, mma_kernel_for(l.m, l.n, l.k), scratch)
 }
 
 /// [`gemm_int4`] on `kernel`; with k split ([`gemm_int4_splits`]), the f32 partial sums go to
-/// `scratch` and `gemm_int4_reduce` adds them into `y`. Weights with GGUF offsets are not taken,
-/// nor a wgmma kernel where [`has_wgmma`] is false.
+/// `scratch` and `gemm_int4_reduce` adds them into `y`. Weights with GGUF offsets are not taken.
 pub fn launch_mma(
     gpu: &Gpu,
     l: &Int4Linear<'_>,
@@ -532,31 +496,24 @@ pub fn launch_mma(
 ) -> Result<(), BackendError> {
     l.check()?;
     if l.s.mins.is_some() {
-        return Err(BackendError::InvalidBatch(format!(
-            "{} does not take weights with offsets (GGUF Q4_1)",
-            kernel.name
-        )));
-    }
-    if kernel.wgmma && !has_wgmma(gpu) {
-        return Err(BackendError::InvalidOptions(format!(
-            "{} needs Hopper's wgmma (kernels for sm_90a); this device compiles for {}",
-            kernel.name, gpu.arch
-        )));
+        return Err(BackendError::InvalidBatch(
+            "gemm_int4_mma does not take weights with offsets (GGUF Q4_1)".into(),
+        ));
     }
     if l.n == 0 || l.m == 0 {
         return Ok(());
     }
     if l.n * (l.k / 8) > u32::MAX as usize {
         return Err(BackendError::InvalidBatch(format!(
-            "{}: {} x {} weights pass its 32-bit word offsets",
-            kernel.name, l.n, l.k
+            "gemm_int4_mma: {} x {} weights pass its 32-bit word offsets",
+            l.n, l.k
         )));
     }
     if !scratch.ptr().is_multiple_of(16) {
         return Err(BackendError::InvalidBatch("int4: unaligned scratch".into()));
     }
     let total = l.k.div_ceil(64);
-    let mut splits = gemm_int4_splits((l.m, l.n, l.k), kernel, gpu.sms, scratch.bytes());
+    let mut splits = gemm_int4_splits((l.m, l.n, l.k), kernel.rows, gpu.sms, scratch.bytes());
     let steps = total.div_ceil(splits);
     splits = total.div_ceil(steps);
     let p = kernels::params::GemmInt4Params {
@@ -567,7 +524,7 @@ pub fn launch_mma(
     };
     let grid = (
         dim(l.n.div_ceil(kernel.rows), "n")?,
-        dim(l.m.div_ceil(kernel.batch), "m")?,
+        dim(l.m.div_ceil(kernels::INT4_MMA_BATCH), "m")?,
         dim(splits, "splits")?,
     );
     let mut b = gpu.stream.launch_builder(gpu.func(kernel.name)?);
@@ -576,21 +533,17 @@ pub fn launch_mma(
     // starts 16-byte aligned), scales and zeros >= n*groups with groups = ceil(k / group_size)
     // and group_size a multiple of 32, x >= m*k and y >= m*n bf16 (x 16-byte aligned); n*k/8 fits
     // in u32 (tested above), so the kernel's 32-bit word and group offsets do not wrap. With R =
-    // kernel.rows, X = kernel.batch (each the kernel's own: 16 TA W and INT4_MMA_BATCH for
-    // gemm_int4_mma, 64 W and INT4_WGMMA_BATCH for gemm_int4_wgmma), block (bx, by, bz) reads
-    // weight rows min(R bx + r, n - 1) at words 8 s + 2t (+1) only for 64 s + 16 t < k, so < k/8,
-    // and their group (64 s + 16 t) / group_size < groups (group 0 otherwise); x rows
-    // min(X by + r, m - 1) at 16-byte chunks 64 s + 8 c < k only (the others zero-filled, reading
-    // nothing); it stores y[bb, r] for bb < m, r < n, or with splits > 1 the f32 part[bz, bb, r]
-    // for bz < splits, where scratch holds splits*m*n f32 (gemm_int4_splits caps splits by its
-    // bytes) and is 16-byte aligned. Steps [bz*steps, +steps) are clipped to ceil(k / 64). Every
-    // (w)gmma runs on all lanes of its warp (group) and every thread reaches each step's barrier
-    // (the step loop is the same for the whole block). Shared memory: gemm_int4_mma's is static
-    // (INT4_MMA_STAGES x X x 128 bytes, at most 48 KiB: asserted in the kernel); a wgmma
-    // kernel's is the kernel.smem dynamic bytes (INT4_WGMMA_SMEM_BYTES, asserted in the kernel)
-    // its launch passes, which Gpu::new allowed it on sm_90a, the only arch it is launched on
-    // (checked above). The kernels assume 32 * kernel.warps threads.
-    unsafe { b.launch(cfg(grid, 32 * kernel.warps, kernel.smem)) }?;
+    // kernel.rows (16 TA W), W = kernel.warps and X = INT4_MMA_BATCH (the kernel's own), block
+    // (bx, by, bz) reads weight rows min(R bx + r, n - 1) at words 8 s + 2t (+1) only for
+    // 64 s + 16 t < k, so < k/8, and their group (64 s + 16 t) / group_size < groups (group 0
+    // otherwise); x rows min(X by + r, m - 1) at 16-byte chunks 64 s + 8 c < k only (the others zero-filled,
+    // reading nothing); it stores y[bb, r] for bb < m, r < n, or with splits > 1 the f32
+    // part[bz, bb, r] for bz < splits, where scratch holds splits*m*n f32 (gemm_int4_splits caps
+    // splits by its bytes) and is 16-byte aligned. Steps [bz*steps, +steps) are clipped to
+    // ceil(k / 64). Every mma runs on all 32 lanes and every thread reaches each step's barrier
+    // (the step loop is the same for the whole block). Shared memory is static
+    // (INT4_MMA_STAGES x X x 128 bytes, at most 48 KiB: asserted in the kernel); the kernel assumes 32 W threads.
+    unsafe { b.launch(cfg(grid, 32 * kernel.warps, 0)) }?;
     if splits > 1 {
         let threads = kernels::INT4_DEQUANT_THREADS as usize;
         let blocks = (l.m * l.n).div_ceil(threads).min(gpu.sms * 16);
