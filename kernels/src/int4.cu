@@ -607,6 +607,169 @@ INT4_MMA(gemm_int4_mma_t1w4, 1, 4, 4)
 INT4_MMA(gemm_int4_mma_t1w8, 1, 8, 2)
 INT4_MMA(gemm_int4_mma_t2w8, 2, 8, 1)
 
+// gemm_int4_mmas_t{TA}w{W}: the same product for weights whose groups hold whole 64-wide k-steps
+// (the tile scales, p.tsz; k a multiple of 64), with the tile GEMV's arithmetic: the mma
+// operands are the exact codes less their zero point, bf16 {q - z} (one subtract a pair,
+// int4_less_zero), and each step's f32 sums are scaled by their row's group scale into the
+// accumulators. So y is the product of the unrounded weights (q - z) s up to the order of the
+// f32 sums, as the tile GEMV's is. Block, warp and lane roles are gemm_int4_mma's; x, the
+// weights and the scales all go through one shared-memory ring of INT4_MMA_STAGES steps by
+// cp.async, so a step's loads are STAGES - 1 steps ahead and no register holds them in flight.
+// A stage (dynamic shared memory, int4_mmas_smem_bytes): x [BATCH rows][8 chunks] (chunk c of
+// row r at c ^ (r & 7)), the block's weight rows [16 TA W][2 chunks] (row r's 32 bytes of the
+// step: words 8 s .. 8 s + 7), and their scale | zero words [16 TA W / 16 tiles][8 g][2 h] as
+// p.tsz holds them. Rows past n read row n - 1's weights (tile ceil(n / 16) - 1's scales) and x
+// rows past b read row b - 1: their products land only in outputs never stored.
+template <int TA, int W> __device__ __forceinline__ void gemm_int4_mmas_impl(const GemmInt4Params& prm) {
+    constexpr int Q = 2 * TA;
+    constexpr int BATCH = INT4_MMA_BATCH, STAGES = INT4_MMA_STAGES, NB = BATCH / 8;
+    constexpr int BROWS = 16 * TA * W;          // weight rows a block
+    constexpr int XC = BATCH * 8 / (32 * W);   // x chunks a thread copies a step
+    constexpr int WC = BROWS * 2 / (32 * W);    // weight chunks a thread copies a step (TA)
+    constexpr int SC = BROWS / 4;               // scale chunks a block copies a step
+    constexpr int XS = BATCH * 8, WS = BROWS * 2, SS = BROWS / 4; // uint4s a stage holds of each
+    static_assert(XC * 32 * W == BATCH * 8 && WC * 32 * W == BROWS * 2 && SC <= 32 * W,
+                  "gemm_int4_mmas: whole chunks a thread");
+    const GemvInt4Params& p = prm.g;
+    extern __shared__ __align__(128) uint4 ring[]; // [stage][x XS | weights WS | scales SS]
+    const int n = p.n, k = p.k, b = p.b;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int brow = blockIdx.x * BROWS, b0 = blockIdx.y * BATCH;
+    const int total = k >> 6;
+    const int s_begin = min(total, (int)blockIdx.z * prm.steps);
+    const int steps = min(total, s_begin + prm.steps) - s_begin;
+    // A step's group, s >> sh: group_size / 64 is a power of two, or one group spans k.
+    const int sh = p.group_size >= k ? 31 : __ffs(p.group_size >> 6) - 1;
+    const int last_tile = (n + 15) / 16 - 1;
+
+    // Each thread's copy sources at step s_begin (x and weights advance 128 / 32 bytes a step,
+    // the scales 64 bytes a group), and their places in a stage.
+    // Thread chunk i of x is row r + 4 W i (so all of a thread's rows are r mod 8), chunk c.
+    const uint4* xsrc[XC];
+    const int xr = threadIdx.x >> 3, xc = threadIdx.x & 7, xdst = xr * 8 + (xc ^ (xr & 7));
+#pragma unroll
+    for (int i = 0; i < XC; i++)
+        xsrc[i] = (const uint4*)(p.x + (size_t)min(b0 + xr + 4 * W * i, b - 1) * k + 64 * s_begin + 8 * xc);
+    const uint4* wsrc[WC];
+#pragma unroll
+    for (int i = 0; i < WC; i++) {
+        const int idx = threadIdx.x + i * 32 * W, r = idx >> 1;
+        wsrc[i] = (const uint4*)(p.w + (size_t)min(brow + r, n - 1) * (k >> 3) + 8 * s_begin + 4 * (idx & 1));
+    }
+    const bool copies_scales = threadIdx.x < SC;
+    const uint4* ssrc = (const uint4*)(p.tsz + (size_t)min(brow / 16 + (int)(threadIdx.x >> 2), last_tile) *
+                                                   p.groups * 16 + 4 * (threadIdx.x & 3));
+    auto load = [&](int j, int slot) { // step s_begin + j into ring slot `slot`; j < steps
+        uint4* st = ring + slot * (XS + WS + SS);
+#pragma unroll
+        for (int i = 0; i < XC; i++) cp_async16(st + xdst + 32 * W * i, xsrc[i] + 8 * j, true);
+#pragma unroll
+        for (int i = 0; i < WC; i++) cp_async16(st + XS + threadIdx.x + i * 32 * W, wsrc[i] + 2 * j, true);
+        if (copies_scales)
+            cp_async16(st + XS + WS + threadIdx.x, ssrc + 4 * ((s_begin + j) >> sh), true);
+    };
+
+    float acc[TA][NB][4];
+#pragma unroll
+    for (int a = 0; a < TA; a++)
+#pragma unroll
+        for (int j = 0; j < NB; j++) acc[a][j][0] = acc[a][j][1] = acc[a][j][2] = acc[a][j][3] = 0.f;
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; st++) {
+        if (st < steps) load(st, st);
+        cp_async_commit();
+    }
+    for (int j0 = 0; j0 < steps; j0 += STAGES) { // block-uniform
+#pragma unroll
+        for (int d = 0; d < STAGES; d++) {
+            const int j = j0 + d;
+            if (j >= steps) break; // block-uniform
+            cp_async_wait<STAGES - 2>();
+            __syncthreads(); // step j is in; every warp is done with step j - 1's slot
+            if (j + STAGES - 1 < steps) load(j + STAGES - 1, (d + STAGES - 1) % STAGES);
+            cp_async_commit();
+            const uint4* st = ring + d * (XS + WS + SS);
+            const uint2* wt = (const uint2*)(st + XS) + warp * 16 * TA * 4;
+            const u32* sct = (const u32*)(st + XS + WS) + warp * TA * 16;
+            // The lane's rows 16 a + g + 8 h: their words 2t, 2t + 1, zero points and scales.
+            uint2 w4[Q];
+            u32 zz[Q];
+            float sc[Q];
+#pragma unroll
+            for (int a = 0; a < TA; a++) {
+                const uint2 v = *(const uint2*)(sct + a * 16 + 2 * g);
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const u32 e = h ? v.y : v.x;
+                    w4[2 * a + h] = wt[(16 * a + g + 8 * h) * 4 + t];
+                    zz[2 * a + h] = (0x4300u + (e & 0xffu)) * 0x10001u;
+                    sc[2 * a + h] = __uint_as_float(e & 0xffffff00u);
+                }
+            }
+            // The step's A fragments, [tile][word i][half h][a0..a3] (codes 16t + 8i + 4h .. +4),
+            // then per B tile its x (chunks 2t, 2t + 1 of row 8 nb + g), four mmas into a fresh
+            // f32 sum and that sum scaled into the accumulators.
+            u32 af[TA][2][2][4];
+#pragma unroll
+            for (int a = 0; a < TA; a++)
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const u32 wl = i ? w4[2 * a].y : w4[2 * a].x, wh = i ? w4[2 * a + 1].y : w4[2 * a + 1].x;
+                        af[a][i][h][0] = int4_less_zero(wl, 2 * h, zz[2 * a]);
+                        af[a][i][h][1] = int4_less_zero(wh, 2 * h, zz[2 * a + 1]);
+                        af[a][i][h][2] = int4_less_zero(wl, 2 * h + 1, zz[2 * a]);
+                        af[a][i][h][3] = int4_less_zero(wh, 2 * h + 1, zz[2 * a + 1]);
+                    }
+#pragma unroll
+            for (int nb = 0; nb < NB; nb++) {
+                const uint4 x0 = st[(8 * nb + g) * 8 + ((2 * t) ^ g)], x1 = st[(8 * nb + g) * 8 + ((2 * t + 1) ^ g)];
+#pragma unroll
+                for (int a = 0; a < TA; a++) {
+                    float part[4];
+                    const u32(&f)[2][2][4] = af[a];
+                    mma_bf16_16816_first(part, f[0][0][0], f[0][0][1], f[0][0][2], f[0][0][3], x0.x, x0.y);
+                    mma_bf16_16816(part, f[0][1][0], f[0][1][1], f[0][1][2], f[0][1][3], x0.z, x0.w);
+                    mma_bf16_16816(part, f[1][0][0], f[1][0][1], f[1][0][2], f[1][0][3], x1.x, x1.y);
+                    mma_bf16_16816(part, f[1][1][0], f[1][1][1], f[1][1][2], f[1][1][3], x1.z, x1.w);
+#pragma unroll
+                    for (int c = 0; c < 4; c++) acc[a][nb][c] = fmaf(sc[2 * a + (c >> 1)], part[c], acc[a][nb][c]);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+    const bool split = prm.splits > 1;
+    const int row0 = brow + warp * 16 * TA;
+#pragma unroll
+    for (int a = 0; a < TA; a++)
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int row = row0 + 16 * a + g + 8 * (c >> 1), bb = b0 + 8 * nb + 2 * t + (c & 1);
+                if (row < n && bb < b) {
+                    const size_t o = (size_t)bb * n + row;
+                    if (split) {
+                        prm.part[(size_t)blockIdx.z * b * n + o] = acc[a][nb][c];
+                    } else {
+                        p.y[o] = __float2bfloat16(acc[a][nb][c]);
+                    }
+                }
+            }
+}
+
+#define INT4_MMAS(name, ta, nw, blocks)                                                                  \
+    extern "C" __global__ void __launch_bounds__(32 * nw, blocks) name(GemmInt4Params p) {              \
+        gemm_int4_mmas_impl<ta, nw>(p);                                                                  \
+    }
+INT4_MMAS(gemm_int4_mmas_t2w4, 2, 4, 2)
+INT4_MMAS(gemm_int4_mmas_t1w4, 1, 4, 4)
+INT4_MMAS(gemm_int4_mmas_t1w8, 1, 8, 2)
+INT4_MMAS(gemm_int4_mmas_t2w8, 2, 8, 1)
+
 // y[i] = bf16(sum over splits s of part[s, i]) for i < b n, the splits in order.
 extern "C" __global__ void __launch_bounds__(INT4_DEQUANT_THREADS) gemm_int4_reduce(GemmInt4Params prm) {
     const size_t total = (size_t)prm.g.b * prm.g.n;

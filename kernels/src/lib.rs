@@ -178,6 +178,10 @@ pub const KERNELS: &[&str] = &[
     "gemm_int4_mma_t1w4",
     "gemm_int4_mma_t1w8",
     "gemm_int4_mma_t2w8",
+    "gemm_int4_mmas_t2w4",
+    "gemm_int4_mmas_t1w4",
+    "gemm_int4_mmas_t1w8",
+    "gemm_int4_mmas_t2w8",
     "gemm_int4_reduce",
     "permute_cols_bf16",
     "sample_f32",
@@ -312,15 +316,23 @@ pub const FP8_QUANT_WIDE_THREADS: u32 = 1024;
 pub const FP8_SCALE_THREADS: u32 = 256;
 /// Threads per block of `dequant_int4_bf16` and `permute_cols_bf16`.
 pub const INT4_DEQUANT_THREADS: u32 = 256;
-/// Activation rows a block of the INT4 tensor-core product `gemm_int4_mma_*` takes (more rows:
-/// more blocks along y).
+/// Activation rows a block of the INT4 tensor-core products `gemm_int4_mma_*` and
+/// `gemm_int4_mmas_*` takes (more rows: more blocks along y).
 pub const INT4_MMA_BATCH: usize = 64;
-/// Steps of 64 k in `gemm_int4_mma_*`'s shared-memory ring of activations.
+/// Steps of 64 k in the shared-memory ring of `gemm_int4_mma_*` (activations) and
+/// `gemm_int4_mmas_*` (activations, codes and scales).
 pub const INT4_MMA_STAGES: usize = 4;
-/// Most activation rows the CUDA backend gives `gemm_int4_mma_*`; larger products dequantize
-/// the whole matrix to bf16 for cuBLAS. At the 8B shapes on an H100 (run 50a) the tensor-core
-/// product, on the shape `mma_kernel_for` picks, is 1.4–2.3× faster than dequantization + cuBLAS
-/// at 64 rows and 1.03–1.33× at 128, and 1.26–1.44× slower at 256.
+/// Dynamic shared memory of a `gemm_int4_mmas_*` kernel of `rows` weight rows a block: per stage
+/// of its ring, [`INT4_MMA_BATCH`] activation rows of 64 bf16, `rows` rows of 32 bytes of codes
+/// and their 4-byte scale | zero words.
+pub const fn int4_mmas_smem_bytes(rows: usize) -> usize {
+    INT4_MMA_STAGES * (INT4_MMA_BATCH * 128 + rows * 36)
+}
+/// Most activation rows the CUDA backend gives the INT4 tensor-core products; larger products
+/// dequantize the whole matrix to bf16 for cuBLAS. At the 8B shapes on an H100 (run 51a), the
+/// scaled product (`gemm_int4_mmas_*`) on the shape `mma_kernel_for` picks takes a layer's four
+/// products in 0.14 ms at 64 rows and 0.23 at 128 against 0.37 and 0.38 dequantized + cuBLAS; at
+/// 256 rows its q/k/v and o are slower (0.054 / 0.039 against 0.048 / 0.032 ms).
 pub const INT4_MMA_MAX_ROWS: usize = 128;
 /// Bytes one thread of `l2_prefetch_u8` asks for at a time (`PREFETCH_PIECE`).
 pub const PREFETCH_PIECE: usize = 16384;

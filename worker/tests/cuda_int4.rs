@@ -208,17 +208,29 @@ fn int4_kernels_match_the_reference_at_odd_shapes() {
             }
             if m > 32 && !q41 {
                 variants.extend([Kernel::Mma { split: true }, Kernel::Mma { split: false }]);
-                variants.extend((1..MMA_KERNELS.len()).map(Kernel::MmaVariant));
+                // The scaled family only where the groups hold whole 64-wide k-steps.
+                let scaled_ok = tile_step(&scales, k).is_some();
+                variants.extend(
+                    (1..MMA_KERNELS.len())
+                        .filter(|&v| scaled_ok || !MMA_KERNELS[v].scaled)
+                        .map(Kernel::MmaVariant),
+                );
             }
             for &kernel in &variants {
-                let tiles = kernel == Kernel::Tiles;
+                // Kernels that apply the scales to f32 sums: their weights are never rounded.
+                let tiles = match kernel {
+                    Kernel::Tiles => true,
+                    Kernel::PerWeight => false,
+                    Kernel::Mma { .. } => tile_step(&scales, k).is_some(),
+                    Kernel::MmaVariant(v) => MMA_KERNELS[v].scaled,
+                };
                 match kernel {
                     Kernel::PerWeight | Kernel::Tiles => {
                         gemv_int4(&g, &l, if n >= 16384 { 32 } else { 16 }, tiles).expect("gemv")
                     }
                     Kernel::Mma { split } => {
                         let scratch = if split { &big_scratch } else { &no_scratch };
-                        gemm_int4(&g, &l, scratch).expect("gemm_int4")
+                        gemm_int4(&g, &l, true, scratch).expect("gemm_int4")
                     }
                     Kernel::MmaVariant(v) => {
                         launch_mma(&g, &l, &MMA_KERNELS[v], &big_scratch).expect("gemm_int4")
@@ -229,8 +241,9 @@ fn int4_kernels_match_the_reference_at_odd_shapes() {
                     for r in 0..n {
                         let (mut want, mut mag) = (0f64, 0f64);
                         for c in 0..k {
-                            // The per-weight kernel multiplies bf16-rounded weights; the tile one
-                            // applies the scales to f32 sums, so its weights are never rounded.
+                            // The per-weight kernel and the dequantizing tensor-core family
+                            // multiply bf16-rounded weights; the tile and scaled ones apply the
+                            // scales to f32 sums, so their weights are never rounded.
                             let w = deq[r * k + c];
                             let wv = if tiles {
                                 f64::from(w)
@@ -251,7 +264,7 @@ fn int4_kernels_match_the_reference_at_odd_shapes() {
                 }
                 // The tile kernel's variants (cuda_bench's) give its bits: the same steps in the
                 // same order, whatever the ring holds.
-                if tiles && m <= 8 && tile_step(&scales, k) == Some(128) {
+                if kernel == Kernel::Tiles && m <= 8 && tile_step(&scales, k) == Some(128) {
                     for v in &TILE_VARIANTS {
                         launch_tile(&g, &l, v, 0, m).expect("tile variant");
                         let again = bf16s(&g.download_bytes(&y, m * n).expect("download"));
@@ -303,11 +316,12 @@ fn int4_models_on_cuda_match_the_cpu_reference() {
             },
         )
         .expect("cpu");
-        for (eager, int4_tiles, int4_mma) in [
-            (true, true, true),
-            (false, true, true),
-            (true, false, false),
-            (false, false, false),
+        for (eager, int4_tiles, int4_mma, int4_mma_scaled) in [
+            (true, true, true, true),
+            (false, true, true, true),
+            (false, true, true, false),
+            (true, false, false, false),
+            (false, false, false, false),
         ] {
             let opts = CudaOptions {
                 ordinal: 0,
@@ -321,6 +335,7 @@ fn int4_models_on_cuda_match_the_cpu_reference() {
                 kernels: KernelSwitches {
                     int4_tiles,
                     int4_mma,
+                    int4_mma_scaled,
                     ..KernelSwitches::default()
                 },
                 quantization: None,
@@ -332,8 +347,8 @@ fn int4_models_on_cuda_match_the_cpu_reference() {
                 let (want, got) = (last_logits(&mut cpu, p), last_logits(&mut cuda, p));
                 let err = rel_l2(&got, &want);
                 println!(
-                    "{name} eager {eager} tiles {int4_tiles} mma {int4_mma} prompt of {}: rel L2 \
-                     {err:.2e}",
+                    "{name} eager {eager} tiles {int4_tiles} mma {int4_mma} scaled \
+                     {int4_mma_scaled} prompt of {}: rel L2 {err:.2e}",
                     p.len()
                 );
                 assert!(err < 2e-2, "{name}: rel L2 {err}");

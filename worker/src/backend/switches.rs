@@ -9,7 +9,7 @@
 use std::fmt;
 
 /// The environment variables [`KernelSwitches::from_env`] reads, with what each accepts.
-pub const KERNEL_SWITCH_VARS: [(&str, &str); 14] = [
+pub const KERNEL_SWITCH_VARS: [(&str, &str); 15] = [
     ("RINGSERVE_CUDA_PREFILL", "mma or wgmma"),
     ("RINGSERVE_CUDA_DECODE_MMA", "0 or 1"),
     ("RINGSERVE_CUDA_DECODE_SHARE", "0 or 1"),
@@ -23,6 +23,7 @@ pub const KERNEL_SWITCH_VARS: [(&str, &str); 14] = [
     ("RINGSERVE_CUDA_INT4_TILES", "0 or 1"),
     ("RINGSERVE_CUDA_GGUF_INT4", "0 or 1"),
     ("RINGSERVE_CUDA_INT4_MMA", "0 or 1"),
+    ("RINGSERVE_CUDA_INT4_MMA_SCALED", "0 or 1"),
     (
         "RINGSERVE_CUDA_FP8_GEMV",
         "auto, r16 or a tile kernel's name (t16_d2x_b4, ...)",
@@ -196,6 +197,11 @@ pub struct KernelSwitches {
     /// the tensor-core product with weights dequantized in registers (`gemm_int4_mma_*`); off: the
     /// whole matrix is dequantized to bf16 for cuBLAS, as larger batches always are.
     pub int4_mma: bool,
+    /// The tensor-core product of weights whose groups hold whole 64-wide k-steps runs
+    /// `gemm_int4_mmas_*` (operands q - z, exact; scales applied to each step's f32 sums; weights
+    /// through the shared-memory ring with the activations); off: `gemm_int4_mma_*` for every
+    /// group size (weights dequantized to bf16 in registers, the dequantization's bits).
+    pub int4_mma_scaled: bool,
     /// Small-batch FP8 products.
     pub fp8_gemv: Fp8GemvChoice,
 }
@@ -216,6 +222,7 @@ impl Default for KernelSwitches {
             int4_tiles: true,
             gguf_int4: true,
             int4_mma: true,
+            int4_mma_scaled: true,
             fp8_gemv: Fp8GemvChoice::default(),
         }
     }
@@ -284,6 +291,7 @@ impl KernelSwitches {
                 "RINGSERVE_CUDA_INT4_TILES" => s.int4_tiles = flag()?,
                 "RINGSERVE_CUDA_GGUF_INT4" => s.gguf_int4 = flag()?,
                 "RINGSERVE_CUDA_INT4_MMA" => s.int4_mma = flag()?,
+                "RINGSERVE_CUDA_INT4_MMA_SCALED" => s.int4_mma_scaled = flag()?,
                 "RINGSERVE_CUDA_FP8_GEMV" => {
                     s.fp8_gemv = Fp8GemvChoice::parse(value.trim()).ok_or_else(bad)?
                 }
@@ -305,7 +313,7 @@ impl fmt::Display for KernelSwitches {
             f,
             "prefill={:?} decode_mma={} decode_share={} pdl={:?} gemv={gemv} fuse_rope={} \
              fuse_o_quant={} fuse_silu={} l2_prefetch={} gemm_tune={} int4_tiles={} gguf_int4={} int4_mma={} \
-             fp8_gemv={}",
+             int4_mma_scaled={} fp8_gemv={}",
             self.prefill,
             self.decode_mma,
             self.decode_share,
@@ -318,6 +326,7 @@ impl fmt::Display for KernelSwitches {
             self.int4_tiles,
             self.gguf_int4,
             self.int4_mma,
+            self.int4_mma_scaled,
             self.fp8_gemv.name()
         )
     }
@@ -342,6 +351,7 @@ mod tests {
         assert_eq!(s.prefill, PrefillChoice::Auto);
         assert!(s.decode_mma && s.fuse_rope && s.l2_prefetch && s.gemm_tune && s.int4_tiles);
         assert!(s.gguf_int4 && s.int4_mma && s.decode_share && s.fuse_o_quant && s.fuse_silu);
+        assert!(s.int4_mma_scaled);
         assert_eq!(s.pdl, PdlChoice::Fp8);
         assert_eq!(s.gemv, GemvChoice::UpTo(GEMV_MAX_WEIGHT));
         assert_eq!(s.fp8_gemv, Fp8GemvChoice::Auto);
@@ -365,11 +375,13 @@ mod tests {
             ("RINGSERVE_CUDA_INT4_TILES", "0"),
             ("RINGSERVE_CUDA_GGUF_INT4", "0"),
             ("RINGSERVE_CUDA_INT4_MMA", "0"),
+            ("RINGSERVE_CUDA_INT4_MMA_SCALED", "0"),
             ("RINGSERVE_CUDA_FP8_GEMV", "r16"),
         ])
         .unwrap();
         assert_eq!(s.fp8_gemv, Fp8GemvChoice::Rows16);
         assert!(!s.int4_tiles && !s.gguf_int4 && !s.int4_mma && !s.decode_share);
+        assert!(!s.int4_mma_scaled);
         assert!(!s.fuse_o_quant && !s.fuse_silu);
         assert_eq!(s.pdl, PdlChoice::Off);
         assert_eq!(

@@ -166,6 +166,8 @@ pub struct CudaBackend {
     fp8_gemv: Fp8GemvChoice,
     /// [`KernelSwitches::int4_mma`].
     int4_mma: bool,
+    /// [`KernelSwitches::int4_mma_scaled`].
+    int4_mma_scaled: bool,
     /// Whether small-batch steps prefetch each layer's o_proj weights into L2 while RoPE and
     /// attention run ([`KernelSwitches::l2_prefetch`], where the device has it).
     l2_prefetch: bool,
@@ -482,6 +484,7 @@ impl CudaBackend {
             int4_tiles: opts.kernels.int4_tiles,
             fp8_gemv: opts.kernels.fp8_gemv,
             int4_mma: opts.kernels.int4_mma,
+            int4_mma_scaled: opts.kernels.int4_mma_scaled,
             l2_prefetch: opts.dtype == DType::Bf16
                 && ops::has_l2_prefetch(capability)
                 && opts.kernels.l2_prefetch,
@@ -800,7 +803,7 @@ impl CudaBackend {
             return super::int4::gemv_int4(g, &q, rows, self.int4_tiles);
         }
         if self.int4_mma && l.m <= kernels::INT4_MMA_MAX_ROWS && s.mins.is_none() {
-            return super::int4::gemm_int4(g, &q, &ws.wdq);
+            return super::int4::gemm_int4(g, &q, self.int4_mma_scaled, &ws.wdq);
         }
         super::int4::dequant_int4(g, &q, &ws.wdq)?;
         self.linear(&Linear {

@@ -320,6 +320,13 @@ impl Gpu {
                 100,
             )?;
         }
+        // The scaled INT4 tensor-core products' rings: above 48 KiB for 128 and 256 rows a block.
+        for k in super::int4::MMA_KERNELS.iter().filter(|k| k.scaled) {
+            funcs[k.name].set_attribute(
+                Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                kernels::int4_mmas_smem_bytes(k.rows) as i32,
+            )?;
+        }
         // The Hopper prefill kernel's Q tile and K/V rings: 161 KiB, one block per SM. Only where
         // its body is compiled: other devices may not allow that much.
         if PrefillKernel::available(&arch).contains(&PrefillKernel::Wgmma) {

@@ -421,28 +421,38 @@ pub fn launch_tile(
     Ok(())
 }
 
-/// A kernel of the tensor-core family (`gemm_int4_mma_t{TA}w{W}`): its name, warps a block and
-/// weight rows a block (16 TA W); each takes [`kernels::INT4_MMA_BATCH`] activation rows a block.
+/// A kernel of the tensor-core families: `gemm_int4_mma_t{TA}w{W}` (weights dequantized to bf16
+/// in registers, the bits of [`dequant_int4`]'s matrix) or, `scaled`, `gemm_int4_mmas_t{TA}w{W}`
+/// (operands q - z, exact, and the group scales applied to each 64-wide k-step's f32 sums, as the
+/// tile GEMV does; only for weights [`tile_step`] takes). Its name, warps a block and weight rows
+/// a block (16 TA W); each takes [`kernels::INT4_MMA_BATCH`] activation rows a block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MmaKernel {
     pub name: &'static str,
     pub warps: u32,
     pub rows: usize,
+    pub scaled: bool,
 }
 
-/// The tensor-core kernels [`mma_kernel_for`] picks from; `cuda_bench int4` times them all.
-pub const MMA_KERNELS: [MmaKernel; 4] = [
-    mma("gemm_int4_mma_t2w4", 4, 2),
-    mma("gemm_int4_mma_t1w4", 4, 1),
-    mma("gemm_int4_mma_t1w8", 8, 1),
-    mma("gemm_int4_mma_t2w8", 8, 2),
+/// The tensor-core kernels [`mma_kernel_for`] picks from, the dequantizing family's four block
+/// shapes, then the scaled family's same four; `cuda_bench int4` times them all.
+pub const MMA_KERNELS: [MmaKernel; 8] = [
+    mma("gemm_int4_mma_t2w4", 4, 2, false),
+    mma("gemm_int4_mma_t1w4", 4, 1, false),
+    mma("gemm_int4_mma_t1w8", 8, 1, false),
+    mma("gemm_int4_mma_t2w8", 8, 2, false),
+    mma("gemm_int4_mmas_t2w4", 4, 2, true),
+    mma("gemm_int4_mmas_t1w4", 4, 1, true),
+    mma("gemm_int4_mmas_t1w8", 8, 1, true),
+    mma("gemm_int4_mmas_t2w8", 8, 2, true),
 ];
 
-const fn mma(name: &'static str, warps: u32, tiles: usize) -> MmaKernel {
+const fn mma(name: &'static str, warps: u32, tiles: usize, scaled: bool) -> MmaKernel {
     MmaKernel {
         name,
         warps,
         rows: 16 * tiles * warps as usize,
+        scaled,
     }
 }
 
@@ -466,24 +476,32 @@ pub fn gemm_int4_splits(
         .max(1)
 }
 
-/// The tensor-core kernel [`gemm_int4`] runs an `m x n x k` product on, the fastest at the 8B
-/// shapes on an H100 (runs 36c and 50a, `cuda_bench int4`): up to 64 rows, 8 warps of 2 tiles for
-/// inputs wider than 8,192 (down: 0.049 against 0.053–0.058 ms at 64 rows), else 4 warps of 2
-/// tiles; past 64 rows, 4 warps of 2 tiles for outputs of 16,384 or more (gate/up: 0.153 against
-/// 0.169–0.195 ms at 128 rows), else 4 warps of 1 tile, twice the blocks (q/k/v, o, down: 0.039,
-/// 0.027, 0.082 against 0.046–0.051, 0.032–0.033, 0.094–0.102).
-pub fn mma_kernel_for(m: usize, n: usize, k: usize) -> &'static MmaKernel {
-    match (m > kernels::INT4_MMA_BATCH, n >= 16384, k > 8192) {
-        (false, _, true) => &MMA_KERNELS[3],
-        (false, _, false) | (true, true, _) => &MMA_KERNELS[0],
-        (true, false, _) => &MMA_KERNELS[1],
-    }
+/// The tensor-core kernel [`gemm_int4`] runs an `m x n x k` product on, of the scaled family with
+/// `scaled`. The block shape is the fastest at the 8B shapes on an H100 for both families (runs
+/// 36c, 50a and 51a, `cuda_bench int4`): up to 64 rows, 8 warps of 2 tiles for inputs wider than
+/// 8,192 (down), else 4 warps of 2 tiles; past 64 rows, 4 warps of 2 tiles for outputs of 16,384 or
+/// more (gate/up), else 4 warps of 1 tile, twice the blocks (q/k/v, o, down). Scaled, at 128 rows
+/// (run 51a): q/k/v 0.032, o 0.023, gate/up 0.113, down 0.065 ms against 0.035–0.043,
+/// 0.024–0.028, 0.117–0.152, 0.066–0.086 on the other shapes.
+pub fn mma_kernel_for(m: usize, n: usize, k: usize, scaled: bool) -> &'static MmaKernel {
+    let shape = match (m > kernels::INT4_MMA_BATCH, n >= 16384, k > 8192) {
+        (false, _, true) => 3,
+        (false, _, false) | (true, true, _) => 0,
+        (true, false, _) => 1,
+    };
+    &MMA_KERNELS[shape + if scaled { 4 } else { 0 }]
 }
 
-/// `y = x · wᵀ` on the tensor-core product ([`mma_kernel_for`]: weights dequantized in
-/// registers, as [`dequant_int4`] writes them) for any number of rows.
-pub fn gemm_int4(gpu: &Gpu, l: &Int4Linear<'_>, scratch: &Buf) -> Result<(), BackendError> {
-    launch_mma(gpu, l, mma_kernel_for(l.m, l.n, l.k), scratch)
+/// `y = x · wᵀ` on the tensor-core product for any number of rows: with `scaled` and weights
+/// [`tile_step`] takes, the scaled family, else the dequantizing one ([`mma_kernel_for`]).
+pub fn gemm_int4(
+    gpu: &Gpu,
+    l: &Int4Linear<'_>,
+    scaled: bool,
+    scratch: &Buf,
+) -> Result<(), BackendError> {
+    let scaled = scaled && tile_step(l.s, l.k).is_some();
+    launch_mma(gpu, l, mma_kernel_for(l.m, l.n, l.k, scaled), scratch)
 }
 
 /// [`gemm_int4`] on `kernel`; with k split ([`gemm_int4_splits`]), the f32 partial sums go to
@@ -512,6 +530,17 @@ pub fn launch_mma(
     if !scratch.ptr().is_multiple_of(16) {
         return Err(BackendError::InvalidBatch("int4: unaligned scratch".into()));
     }
+    if kernel.scaled && tile_step(l.s, l.k).is_none() {
+        return Err(BackendError::InvalidBatch(format!(
+            "{}: no tile scales, or groups of {} over k = {} do not hold whole 64-wide k-steps",
+            kernel.name, l.s.group_size, l.k
+        )));
+    }
+    let smem = if kernel.scaled {
+        kernels::int4_mmas_smem_bytes(kernel.rows)
+    } else {
+        0
+    };
     let total = l.k.div_ceil(64);
     let mut splits = gemm_int4_splits((l.m, l.n, l.k), kernel.rows, gpu.sms, scratch.bytes());
     let steps = total.div_ceil(splits);
@@ -541,9 +570,16 @@ pub fn launch_mma(
     // part[bz, bb, r] for bz < splits, where scratch holds splits*m*n f32 (gemm_int4_splits caps
     // splits by its bytes) and is 16-byte aligned. Steps [bz*steps, +steps) are clipped to
     // ceil(k / 64). Every mma runs on all 32 lanes and every thread reaches each step's barrier
-    // (the step loop is the same for the whole block). Shared memory is static
-    // (INT4_MMA_STAGES x X x 128 bytes, at most 48 KiB: asserted in the kernel); the kernel assumes 32 W threads.
-    unsafe { b.launch(cfg(grid, 32 * kernel.warps, 0)) }?;
+    // (the step loop is the same for the whole block). The dequantizing family's shared memory
+    // is static (INT4_MMA_STAGES x X x 128 bytes, at most 48 KiB: asserted in the kernel). The
+    // scaled family (checked above: tile scales, k a multiple of 64, group_size / 64 a power of
+    // two or group_size >= k) reads words 8 s .. 8 s + 7 of the same rows for s < k / 64, x the
+    // same way (k a multiple of 64, so every chunk of a step in range is), and tile scales u32
+    // [ceil(n / 16), groups, 16] at tile min(R bx / 16 + i, ceil(n / 16) - 1) and group
+    // s >> log2(group_size / 64) < groups (0 when group_size >= k); its dynamic shared memory is
+    // int4_mmas_smem_bytes(R), which Gpu::new allowed each such kernel. The kernel assumes 32 W
+    // threads.
+    unsafe { b.launch(cfg(grid, 32 * kernel.warps, smem)) }?;
     if splits > 1 {
         let threads = kernels::INT4_DEQUANT_THREADS as usize;
         let blocks = (l.m * l.n).div_ceil(threads).min(gpu.sms * 16);
