@@ -9,12 +9,25 @@
 #      models; cuda_bench int4 at 64, 128, 256 rows (all eight tensor-core kernels); bench engine
 #      AWQ at 64, 128 x 512 with RINGSERVE_CUDA_INT4_MMA_SCALED 1 / 0 / 1 / 0 and
 #      RINGSERVE_CUDA_INT4_MMA=0 (dequantization + cuBLAS), bf16 at 128 x 512
+# b, c, d: on one warm machine, calls chained (the tree, a vLLM part and a build pass the 64 MiB a
+# call carries together, so the parts travel alone):
+#   b: carry .peer-vllm/carry/vllm-site.tar.xz.part00: part 00 stashed; the random 8B AWQ,
+#      GPTQ (symmetric) and bf16 models
+#   c: carry .peer-vllm/carry/vllm-site.tar.xz.part01 .gpu51/peer: vLLM installed
+#   d: carry .gpu51/d.tar.xz (ringserve of commit 78c5b62): ringserve AWQ 1, 64, 128 x 512, GPTQ
+#      1, 128; vLLM 0.26 bench_vllm.py on both (Machete); ringserve AWQ again; bf16 1, 128
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
-B=/tmp/b51; A=/tmp/awq8b; M=/tmp/llama8b
+B=/tmp/b51; A=/tmp/awq8b; G=/tmp/gptq8b; M=/tmp/llama8b; P=/tmp/peer51
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" $B
 [ -f .gpu51/$1.tar.xz ] && tar xJf .gpu51/$1.tar.xz -C $B
+[ -d $P ] || { [ -d .gpu51/peer ] && cp -r .gpu51/peer $P; }
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64 RINGSERVE_KERNEL_CACHE=/tmp/kc-51 FIXTURES_DIR=$PWD/tests/fixtures
+export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+install_vllm() {
+  (mkdir -p /tmp/vllm_parts; cp .peer-vllm/carry/vllm-site.tar.xz.part* /tmp/vllm_parts/ 2>/dev/null; [ -f $P/install.sh ] && bash $P/install.sh) > "$OUT/install_$1.log" 2>&1
+  echo "vllm install rc=$? ($(tail -1 "$OUT/install_$1.log"))"
+}
 engine() {  # tag model batches [flags]
   local tag=$1 m=$2 b=$3; shift 3
   timeout 200 $B/ringserve bench engine --model $m --device cuda --batch-sizes $b --prompt-lens 512 \
@@ -41,4 +54,24 @@ a)
   engine bf16 $M 128
   ncu_one gate_up 128 gemm_int4_mmas_t2w4 a; ncu_one down 128 gemm_int4_mmas_t1w4 a
   grep -E "Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Executed Instructions  " $OUT/a_ncu.txt | head -24 ;;
+b)
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+  install_vllm b
+  [ -f $A/config.json ] || python3 scripts/make_random_awq8b.py $A > $OUT/make_awq.log 2>&1
+  [ -f $G/config.json ] || python3 scripts/make_random_awq8b.py $G --format gptq --sym > $OUT/make_gptq.log 2>&1
+  [ -f $M/config.json ] || python3 scripts/make_random_llama8b.py $M > $OUT/make_model.log 2>&1
+  tail -qn1 $OUT/make_*.log ;;
+c)
+  install_vllm c ;;
+d)
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+  engine awq $A 1,64,128
+  engine gptq $G 1,128
+  for m in awq gptq; do
+    d=$A; [ $m = gptq ] && d=$G
+    PYTHONPATH=/tmp/site timeout 200 python3 $P/bench_vllm.py $d $OUT/vllm_$m.json --skip-256 > $OUT/vllm_$m.log 2>&1
+    echo "== vllm $m rc=$?"; grep -E "Using .* for" $OUT/vllm_$m.log | head -2; grep -hE "prefill|decode|batch1" $OUT/vllm_$m.log | grep -v Warn | tail -4
+  done
+  engine awq2 $A 1,128
+  engine bf16 $M 1,128 ;;
 esac
