@@ -16,6 +16,13 @@
 #   c: carry .peer-vllm/carry/vllm-site.tar.xz.part01 .gpu51/peer: vLLM installed
 #   d: carry .gpu51/d.tar.xz (ringserve of commit 78c5b62): ringserve AWQ 1, 64, 128 x 512, GPTQ
 #      1, 128; vLLM 0.26 bench_vllm.py on both (Machete); ringserve AWQ again; bf16 1, 128
+#   f: carry .gpu51/f.tar.xz (cuda_bench and cuda_int4 with two more scaled kernels that take two
+#      steps a barrier, gemm_int4_mmas_t2w4_p2s6 and _t1w4_p2s4): the kernel test; the products
+#      alone at 64, 128 rows; ncu's stall reasons of the 2-tile kernels at 128 rows (gate/up)
+#      (the variants were no faster and were not kept: that build is 78c5b62 plus them)
+#   g: carry .gpu51/d.tar.xz, right after f on the same machine: the random 8B AWQ and bf16 models;
+#      bench engine --peer-decode AWQ 64, 128 x 512 with RINGSERVE_CUDA_INT4_MMA_SCALED 1 / 0 / 1,
+#      bf16 at 128 x 512
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 B=/tmp/b51; A=/tmp/awq8b; G=/tmp/gptq8b; M=/tmp/llama8b; P=/tmp/peer51
@@ -74,4 +81,25 @@ d)
   done
   engine awq2 $A 1,128
   engine bf16 $M 1,128 ;;
+f)
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+  timeout 200 $B/cuda_int4 --include-ignored --test-threads 1 int4_kernels > $OUT/f_int4.log 2>&1
+  echo "cuda_int4 kernels rc $?"; grep -E "^test |panicked|test result" $OUT/f_int4.log | tail -3
+  timeout 120 $B/cuda_bench int4 $OUT/f_int4_alone.json 64,128 2>&1 | grep -E "^int4" > $OUT/f_int4_alone.txt
+  sed -E 's/, (per-weight|tiles)[^,]*//g; s/gemm_int4_//g; s/ \([0-9]+ TFLOP\/s\)//g' $OUT/f_int4_alone.txt | cut -c1-700
+  for k in gemm_int4_mmas_t2w4 gemm_int4_mmas_t2w4_p2s6; do
+    timeout 120 ncu --clock-control none -k regex:gemm_int4_mma -s 1 -c 1 --section WarpStateStats \
+      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+      $B/cuda_bench int4one gate_up 128 $k > $OUT/f_ncu_$k.txt 2>&1
+    echo "== $k"; grep -E "stalled|Warp Cycles Per Issued" $OUT/f_ncu_$k.txt | awk '$NF+0 > 0.1' | sed -E 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//' | head -14
+  done ;;
+g)
+  [ -f $A/config.json ] || python3 scripts/make_random_awq8b.py $A > $OUT/make_awq.log 2>&1
+  [ -f $M/config.json ] || python3 scripts/make_random_llama8b.py $M > $OUT/make_model.log 2>&1
+  peer() {  # tag model batches: decode as vLLM's script measures it
+    timeout 150 $B/ringserve bench engine --model $2 --device cuda --batch-sizes $3 --prompt-lens 512 \
+      --output-len 65 --peer-decode 2>>$OUT/bench.err | grep -E "^\| [0-9]" | sed "s/^/$1 /" | tee -a $OUT/g_bench.txt
+  }
+  for x in 1 0 1; do RINGSERVE_CUDA_INT4_MMA_SCALED=$x peer scaled$x $A 64,128; done
+  peer bf16 $M 128 ;;
 esac
