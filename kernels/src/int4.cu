@@ -1,6 +1,7 @@
 // INT4 linear layers (AWQ / GPTQ weights, bf16 activations): the small-batch products on the bf16
 // tensor cores with the weights dequantized in registers, the same for batches of up to a few
-// hundred rows with the activations staged in shared memory (gemm_int4_mma), the dequantization of
+// hundred rows with the activations staged in shared memory (gemm_int4_mma; gemm_int4_mmas with
+// the scales applied to f32 sums and the codes staged too), the dequantization of
 // a whole matrix to bf16 for larger ones (then cuBLAS), and the column permutation of activations
 // that GPTQ's act order (desc_act) needs.
 //
@@ -454,6 +455,32 @@ __device__ __forceinline__ Int4Group<false> i4m_group(I4mRaw r) {
     return g;
 }
 
+// A warp's accumulators out, [tile a][B tile nb][c]: c0, c1 = (weight row row0 + 16 a + g, x rows
+// b0 + 8 nb + 2t, +1), c2, c3 = (row row0 + 16 a + g + 8, the same); to y in bf16, or with
+// splits > 1 to the f32 part[blockIdx.z]. Only rows < n and x rows < b are stored.
+template <int TA, int NB>
+__device__ __forceinline__ void i4m_store(const GemmInt4Params& prm, const float (&acc)[TA][NB][4], int row0,
+                                          int b0, int g, int t) {
+    const int n = prm.g.n, b = prm.g.b;
+    const bool split = prm.splits > 1;
+#pragma unroll
+    for (int a = 0; a < TA; a++)
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int row = row0 + 16 * a + g + 8 * (c >> 1), bb = b0 + 8 * nb + 2 * t + (c & 1);
+                if (row < n && bb < b) {
+                    const size_t o = (size_t)bb * n + row;
+                    if (split) {
+                        prm.part[(size_t)blockIdx.z * b * n + o] = acc[a][nb][c];
+                    } else {
+                        prm.g.y[o] = __float2bfloat16(acc[a][nb][c]);
+                    }
+                }
+            }
+}
+
 template <int TA, int W> __device__ __forceinline__ void gemm_int4_mma_impl(const GemmInt4Params& prm) {
     constexpr int Q = 2 * TA;         // weight rows a lane holds
     constexpr int BATCH = INT4_MMA_BATCH, STAGES = INT4_MMA_STAGES;
@@ -576,24 +603,7 @@ template <int TA, int W> __device__ __forceinline__ void gemm_int4_mma_impl(cons
         }
     }
     cp_async_wait<0>();
-    // c0, c1 = (row 16a + g, x row 8 nb + 2t, +1); c2, c3 = (row 16a + g + 8, the same).
-    const bool split = prm.splits > 1;
-#pragma unroll
-    for (int a = 0; a < TA; a++)
-#pragma unroll
-        for (int nb = 0; nb < I4M_NB; nb++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int row = row0 + 16 * a + g + 8 * (c >> 1), bb = b0 + 8 * nb + 2 * t + (c & 1);
-                if (row < n && bb < b) {
-                    const size_t o = (size_t)bb * n + row;
-                    if (split) {
-                        prm.part[(size_t)blockIdx.z * b * n + o] = acc[a][nb][c];
-                    } else {
-                        p.y[o] = __float2bfloat16(acc[a][nb][c]);
-                    }
-                }
-            }
+    i4m_store<TA, I4M_NB>(prm, acc, row0, b0, g, t);
 }
 
 // gemm_int4_mma_t{TA}w{W}: TA A tiles a warp, W warps a block, at least `blocks` blocks an SM
@@ -645,7 +655,7 @@ template <int TA, int W> __device__ __forceinline__ void gemm_int4_mmas_impl(con
 
     // Each thread's copy sources at step s_begin (x and weights advance 128 / 32 bytes a step,
     // the scales 64 bytes a group), and their places in a stage.
-    // Thread chunk i of x is row r + 4 W i (so all of a thread's rows are r mod 8), chunk c.
+    // Thread chunk i of x is row xr + 4 W i (all of them xr mod 8), chunk xc.
     const uint4* xsrc[XC];
     const int xr = threadIdx.x >> 3, xc = threadIdx.x & 7, xdst = xr * 8 + (xc ^ (xr & 7));
 #pragma unroll
@@ -741,24 +751,7 @@ template <int TA, int W> __device__ __forceinline__ void gemm_int4_mmas_impl(con
         }
     }
     cp_async_wait<0>();
-    const bool split = prm.splits > 1;
-    const int row0 = brow + warp * 16 * TA;
-#pragma unroll
-    for (int a = 0; a < TA; a++)
-#pragma unroll
-        for (int nb = 0; nb < NB; nb++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int row = row0 + 16 * a + g + 8 * (c >> 1), bb = b0 + 8 * nb + 2 * t + (c & 1);
-                if (row < n && bb < b) {
-                    const size_t o = (size_t)bb * n + row;
-                    if (split) {
-                        prm.part[(size_t)blockIdx.z * b * n + o] = acc[a][nb][c];
-                    } else {
-                        p.y[o] = __float2bfloat16(acc[a][nb][c]);
-                    }
-                }
-            }
+    i4m_store<TA, NB>(prm, acc, brow + warp * 16 * TA, b0, g, t);
 }
 
 #define INT4_MMAS(name, ta, nw, blocks)                                                                  \

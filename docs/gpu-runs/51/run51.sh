@@ -23,6 +23,8 @@
 #   g: carry .gpu51/d.tar.xz, right after f on the same machine: the random 8B AWQ and bf16 models;
 #      bench engine --peer-decode AWQ 64, 128 x 512 with RINGSERVE_CUDA_INT4_MMA_SCALED 1 / 0 / 1,
 #      bf16 at 128 x 512
+#   h: carry .gpu51/h.tar.xz (cuda_int4 of the final build: both tensor-core families share one
+#      store of their accumulators): every INT4 test
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 B=/tmp/b51; A=/tmp/awq8b; G=/tmp/gptq8b; M=/tmp/llama8b; P=/tmp/peer51
@@ -102,4 +104,9 @@ g)
   }
   for x in 1 0 1; do RINGSERVE_CUDA_INT4_MMA_SCALED=$x peer scaled$x $A 64,128; done
   peer bf16 $M 128 ;;
+h)
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+  timeout 240 $B/cuda_int4 --include-ignored --test-threads 1 --nocapture > $OUT/h_int4.log 2>&1
+  echo "cuda_int4 rc $?"; grep -E "^test |panicked|test result" $OUT/h_int4.log | tail -4
+  grep -E "int4-awq .*prompt of 100" $OUT/h_int4.log | head -5 ;;
 esac
