@@ -12,7 +12,8 @@
 //! or fused with RoPE and the KV write), `fp8.cu` (per-row E4M3 quantization and the FP8 small-batch
 //! product on sm_89+ tensor cores), `int4.cu` (the AWQ/GPTQ small-batch products and the
 //! tensor-core product of larger batches with weights dequantized in registers, whole-matrix
-//! dequantization, act-order column permutation), `sampling.cu` (greedy, temperature, top-k, top-p, min-p,
+//! dequantization, act-order column permutation), `int4_wgmma.cu` (that product on Hopper's
+//! wgmma, `sm_90a` only), `sampling.cu` (greedy, temperature, top-k, top-p, min-p,
 //! seeded). The parameter structs the kernels take live in `params.cuh`, mirrored once in
 //! [`params`] and checked against it at compile time; the launch constants come from
 //! [`LAUNCH_CONSTANTS`] as `-D` options. All sources form one translation unit, compiled straight to a CUBIN for the device's
@@ -52,6 +53,8 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("fp8.cu", include_str!("fp8.cu")),
     // After gemv.cu: uses its streamed loads, bf16 mma and partial-sum reduction.
     ("int4.cu", include_str!("int4.cu")),
+    // After int4.cu and prefill_wgmma.cu: uses their dequantization, store and wgmma helpers.
+    ("int4_wgmma.cu", include_str!("int4_wgmma.cu")),
     ("sampling.cu", include_str!("sampling.cu")),
     ("prefetch.cu", include_str!("prefetch.cu")),
 ];
@@ -182,6 +185,9 @@ pub const KERNELS: &[&str] = &[
     "gemm_int4_mmas_t1w4",
     "gemm_int4_mmas_t1w8",
     "gemm_int4_mmas_t2w8",
+    "gemm_int4_wgmma_s3",
+    "gemm_int4_wgmma_s4",
+    "gemm_int4_wgmma_s6",
     "gemm_int4_reduce",
     "permute_cols_bf16",
     "sample_f32",
@@ -328,6 +334,22 @@ pub const INT4_MMA_STAGES: usize = 4;
 pub const fn int4_mmas_smem_bytes(rows: usize) -> usize {
     INT4_MMA_STAGES * (INT4_MMA_BATCH * 128 + rows * 36)
 }
+/// Threads per block of the Hopper INT4 product `gemm_int4_wgmma_*` (sm_90a only): two
+/// warpgroups.
+pub const INT4_WGMMA_THREADS: u32 = 256;
+/// Weight rows a block of `gemm_int4_wgmma_*` takes (64 a warpgroup: the wgmma's m).
+pub const INT4_WGMMA_ROWS: usize = 128;
+/// Activation rows a block of `gemm_int4_wgmma_*` takes (the wgmma's n; more rows: more blocks
+/// along y).
+pub const INT4_WGMMA_BATCH: usize = 128;
+/// One stage of a `gemm_int4_wgmma_*` ring: [`INT4_WGMMA_BATCH`] activation rows of 64 bf16 and
+/// [`INT4_WGMMA_ROWS`] rows of 64 codes (32 bytes).
+pub const INT4_WGMMA_STAGE_BYTES: usize = INT4_WGMMA_BATCH * 128 + INT4_WGMMA_ROWS * 32;
+/// Dynamic shared memory of a `gemm_int4_wgmma_*` kernel of `stages` stages (+ 1 KiB to align
+/// its base to the 1,024-byte swizzle atom).
+pub const fn int4_wgmma_smem_bytes(stages: usize) -> usize {
+    stages * INT4_WGMMA_STAGE_BYTES + 1024
+}
 /// Most activation rows the CUDA backend gives the INT4 tensor-core products; larger products
 /// dequantize the whole matrix to bf16 for cuBLAS. At the 8B shapes on an H100 (run 51a), the
 /// scaled product (`gemm_int4_mmas_*`) on the shape `mma_kernel_for` picks takes a layer's four
@@ -385,6 +407,10 @@ pub const LAUNCH_CONSTANTS: &[(&str, usize)] = &[
     ("INT4_DEQUANT_THREADS", INT4_DEQUANT_THREADS as usize),
     ("INT4_MMA_BATCH", INT4_MMA_BATCH),
     ("INT4_MMA_STAGES", INT4_MMA_STAGES),
+    ("INT4_WGMMA_THREADS", INT4_WGMMA_THREADS as usize),
+    ("INT4_WGMMA_ROWS", INT4_WGMMA_ROWS),
+    ("INT4_WGMMA_BATCH", INT4_WGMMA_BATCH),
+    ("INT4_WGMMA_STAGE_BYTES", INT4_WGMMA_STAGE_BYTES),
     ("PREFETCH_PIECE", PREFETCH_PIECE),
     ("SAMPLE_THREADS", SAMPLE_THREADS as usize),
     ("SAMPLE_PART_WORDS", SAMPLE_PART_WORDS),

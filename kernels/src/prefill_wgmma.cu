@@ -137,13 +137,14 @@ __device__ __forceinline__ void pw_mma_ss(float* d, u64 da, u64 db, int acc) {
                  : PW_ACC
                  : "l"(da), "l"(db), "r"(acc));
 }
-// d (64x128 f32) += A (64x16 bf16 in registers) · B (16x128, N-major in shared memory: [k][n]).
-__device__ __forceinline__ void pw_mma_rs(float* d, const u32* a, u64 db) {
+// d (64x128 f32) += A (64x16 bf16 in registers) · B (16x128 in shared memory: N-major, [k][n],
+// with TRANS_B; else K-major, [n][k]).
+template <bool TRANS_B> __device__ __forceinline__ void pw_mma_rs(float* d, const u32* a, u64 db) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " PW_ACC_STR
-                 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
                  : PW_ACC
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1), "n"(TRANS_B ? 1 : 0));
 }
 
 // S = Q·Kᵀ over the 128 dims (issued, not waited for).
@@ -154,7 +155,7 @@ __device__ __forceinline__ void pw_qk(float* s, u64 dq, u64 dk) {
 // O += P·V over the 128 keys (issued, not waited for).
 __device__ __forceinline__ void pw_pv(float* o, const u32* pa, u64 dv) {
 #pragma unroll
-    for (int kk = 0; kk < PW_BN / 16; kk++) pw_mma_rs(o, pa + 4 * kk, dv + (u64)(kk * 16 * 128 >> 4));
+    for (int kk = 0; kk < PW_BN / 16; kk++) pw_mma_rs<true>(o, pa + 4 * kk, dv + (u64)(kk * 16 * 128 >> 4));
 }
 
 // Causal mask (when `mask`) and online softmax, in place, for one tile of scores. Accumulator

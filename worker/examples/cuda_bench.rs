@@ -635,8 +635,8 @@ const INT4_BATCHES: [usize; 8] = [1, 4, 8, 16, 32, 64, 128, 256];
 /// GB/s counts the codes, scales and zero points a call reads.
 fn int4_alone(g: &Gpu, batches: &[usize]) -> Res<Value> {
     use worker::backend::cuda::int4::{
-        Int4Linear, Int4Packed, Int4Scales, MMA_KERNELS, TILE_VARIANTS, dequant_int4, gemv_int4,
-        launch_mma, launch_tile, split_scale, tile_scales,
+        Int4Linear, Int4Packed, Int4Scales, MMA_KERNELS, TILE_VARIANTS, WGMMA_KERNELS,
+        dequant_int4, gemv_int4, launch_mma, launch_tile, launch_wgmma, split_scale, tile_scales,
     };
     let mut out = serde_json::Map::new();
     let mut seed = 0x2545_f491_4f6c_dd1du64;
@@ -729,6 +729,15 @@ fn int4_alone(g: &Gpu, batches: &[usize]) -> Res<Value> {
                     line += &format!(", {} {ms:.4} ms ({tf:.0} TFLOP/s)", kern.name);
                 }
             }
+            if m > 32 && g.arch == "sm_90a" {
+                for kern in &WGMMA_KERNELS {
+                    let ms =
+                        time_graph_ms(g, calls, |i| Ok(launch_wgmma(g, &lin(i), kern, &wdq)?))?;
+                    row.insert(format!("{}_ms", kern.name), json!(ms));
+                    let tf = 2.0 * (m * n * k) as f64 / ms / 1e9;
+                    line += &format!(", {} {ms:.4} ms ({tf:.0} TFLOP/s)", kern.name);
+                }
+            }
             if m >= 8 {
                 let deq = time_graph_ms(g, calls, |i| {
                     let l = lin(i);
@@ -757,11 +766,12 @@ fn int4_alone(g: &Gpu, batches: &[usize]) -> Res<Value> {
 
 /// `cuda_bench int4one SHAPE M KERNEL`: one INT4 product of an 8B shape (qkv, o, gate_up, down;
 /// groups of 128, random codes) at M rows on kernel KERNEL (a name from `TILE_KERNELS`,
-/// `TILE_VARIANTS` or `MMA_KERNELS`), launched three times: for a profiler (ncu -k KERNEL).
+/// `TILE_VARIANTS`, `MMA_KERNELS` or `WGMMA_KERNELS`), launched three times: for a profiler (ncu
+/// -k KERNEL).
 fn int4_one(g: &Gpu, shape: &str, m: usize, kernel: &str) -> Res<()> {
     use worker::backend::cuda::int4::{
-        Int4Linear, Int4Packed, Int4Scales, MMA_KERNELS, TILE_KERNELS, TILE_VARIANTS, launch_mma,
-        launch_tile, tile_scales,
+        Int4Linear, Int4Packed, Int4Scales, MMA_KERNELS, TILE_KERNELS, TILE_VARIANTS,
+        WGMMA_KERNELS, launch_mma, launch_tile, launch_wgmma, tile_scales,
     };
     let (n, k) = match shape {
         "qkv" => (6144, 4096),
@@ -775,6 +785,7 @@ fn int4_one(g: &Gpu, shape: &str, m: usize, kernel: &str) -> Res<()> {
         .chain(TILE_VARIANTS.iter())
         .find(|t| t.name == kernel);
     let mk = MMA_KERNELS.iter().find(|t| t.name == kernel);
+    let wk = WGMMA_KERNELS.iter().find(|t| t.name == kernel);
     let groups = k / 128;
     let packed = Int4Packed {
         n,
@@ -809,10 +820,11 @@ fn int4_one(g: &Gpu, shape: &str, m: usize, kernel: &str) -> Res<()> {
     };
     let scratch = g.alloc(DType::Bf16, n * k)?;
     for _ in 0..3 {
-        match (tk, mk) {
-            (Some(tk), _) => launch_tile(g, &l, tk, 0, m)?,
-            (_, Some(mk)) => launch_mma(g, &l, mk, &scratch)?,
-            (None, None) => return Err(format!("unknown INT4 kernel {kernel}").into()),
+        match (tk, mk, wk) {
+            (Some(tk), _, _) => launch_tile(g, &l, tk, 0, m)?,
+            (_, Some(mk), _) => launch_mma(g, &l, mk, &scratch)?,
+            (_, _, Some(wk)) => launch_wgmma(g, &l, wk, &scratch)?,
+            (None, None, None) => return Err(format!("unknown INT4 kernel {kernel}").into()),
         }
     }
     g.sync()?;

@@ -15,11 +15,12 @@ use common::{fixture, last_logits, rel_l2};
 use half::bf16;
 use worker::backend::cpu::{CpuBackend, CpuOptions};
 use worker::backend::cuda::int4::{
-    Int4Linear, Int4Scales, MMA_KERNELS, TILE_VARIANTS, dequant_int4, gemm_int4, gemv_int4,
-    launch_mma, launch_tile, pack, permute_cols, tile_step,
+    Int4Linear, Int4Scales, MMA_KERNELS, MmaChoice, TILE_VARIANTS, WGMMA_KERNELS, dequant_int4,
+    gemm_int4, gemv_int4, launch_mma, launch_tile, launch_wgmma, pack, permute_cols, tile_step,
+    wgmma_fits,
 };
 use worker::backend::cuda::{CudaBackend, CudaOptions, DType, Gpu};
-use worker::backend::switches::KernelSwitches;
+use worker::backend::switches::{Int4WgmmaChoice, KernelSwitches};
 use worker::checkpoint::Checkpoint;
 use worker::quant::int4::Int4Weight;
 
@@ -50,6 +51,11 @@ enum Kernel {
     },
     /// `MMA_KERNELS[i]`, k split where it takes it.
     MmaVariant(usize),
+    /// `WGMMA_KERNELS[i]` (sm_90a only), k split or not.
+    Wgmma {
+        v: usize,
+        split: bool,
+    },
 }
 
 fn random_weight(rng: &mut Rng, n: usize, k: usize, gs: usize, act_order: bool) -> Int4Weight {
@@ -215,6 +221,15 @@ fn int4_kernels_match_the_reference_at_odd_shapes() {
                         .filter(|&v| scaled_ok || !MMA_KERNELS[v].scaled)
                         .map(Kernel::MmaVariant),
                 );
+                // The Hopper kernels where they are compiled and take the groups.
+                if g.arch == "sm_90a" && wgmma_fits(&l) {
+                    for v in 0..WGMMA_KERNELS.len() {
+                        variants.extend([
+                            Kernel::Wgmma { v, split: true },
+                            Kernel::Wgmma { v, split: false },
+                        ]);
+                    }
+                }
             }
             for &kernel in &variants {
                 // Kernels that apply the scales to f32 sums: their weights are never rounded.
@@ -223,6 +238,7 @@ fn int4_kernels_match_the_reference_at_odd_shapes() {
                     Kernel::PerWeight => false,
                     Kernel::Mma { .. } => tile_step(&scales, k).is_some(),
                     Kernel::MmaVariant(v) => MMA_KERNELS[v].scaled,
+                    Kernel::Wgmma { .. } => false,
                 };
                 match kernel {
                     Kernel::PerWeight | Kernel::Tiles => {
@@ -230,10 +246,18 @@ fn int4_kernels_match_the_reference_at_odd_shapes() {
                     }
                     Kernel::Mma { split } => {
                         let scratch = if split { &big_scratch } else { &no_scratch };
-                        gemm_int4(&g, &l, true, scratch).expect("gemm_int4")
+                        let choice = MmaChoice {
+                            scaled: true,
+                            wgmma: None,
+                        };
+                        gemm_int4(&g, &l, choice, scratch).expect("gemm_int4")
                     }
                     Kernel::MmaVariant(v) => {
                         launch_mma(&g, &l, &MMA_KERNELS[v], &big_scratch).expect("gemm_int4")
+                    }
+                    Kernel::Wgmma { v, split } => {
+                        let scratch = if split { &big_scratch } else { &no_scratch };
+                        launch_wgmma(&g, &l, &WGMMA_KERNELS[v], scratch).expect("gemm_int4_wgmma")
                     }
                 }
                 let got = bf16s(&g.download_bytes(&y, m * n).expect("download"));
@@ -316,12 +340,15 @@ fn int4_models_on_cuda_match_the_cpu_reference() {
             },
         )
         .expect("cpu");
-        for (eager, int4_tiles, int4_mma, int4_mma_scaled) in [
-            (true, true, true, true),
-            (false, true, true, true),
-            (false, true, true, false),
-            (true, false, false, false),
-            (false, false, false, false),
+        // The defaults (wgmma past 64 rows on sm_90a), then the mma.sync families, then none.
+        let (auto, off) = (Int4WgmmaChoice::Auto, Int4WgmmaChoice::Off);
+        for (eager, int4_tiles, int4_mma, int4_mma_scaled, int4_wgmma) in [
+            (true, true, true, true, auto),
+            (false, true, true, true, auto),
+            (false, true, true, true, off),
+            (false, true, true, false, off),
+            (true, false, false, false, off),
+            (false, false, false, false, off),
         ] {
             let opts = CudaOptions {
                 ordinal: 0,
@@ -336,6 +363,7 @@ fn int4_models_on_cuda_match_the_cpu_reference() {
                     int4_tiles,
                     int4_mma,
                     int4_mma_scaled,
+                    int4_wgmma,
                     ..KernelSwitches::default()
                 },
                 quantization: None,
@@ -348,7 +376,7 @@ fn int4_models_on_cuda_match_the_cpu_reference() {
                 let err = rel_l2(&got, &want);
                 println!(
                     "{name} eager {eager} tiles {int4_tiles} mma {int4_mma} scaled \
-                     {int4_mma_scaled} prompt of {}: rel L2 {err:.2e}",
+                     {int4_mma_scaled} wgmma {int4_wgmma:?} prompt of {}: rel L2 {err:.2e}",
                     p.len()
                 );
                 assert!(err < 2e-2, "{name}: rel L2 {err}");

@@ -9,7 +9,7 @@
 use std::fmt;
 
 /// The environment variables [`KernelSwitches::from_env`] reads, with what each accepts.
-pub const KERNEL_SWITCH_VARS: [(&str, &str); 15] = [
+pub const KERNEL_SWITCH_VARS: [(&str, &str); 16] = [
     ("RINGSERVE_CUDA_PREFILL", "mma or wgmma"),
     ("RINGSERVE_CUDA_DECODE_MMA", "0 or 1"),
     ("RINGSERVE_CUDA_DECODE_SHARE", "0 or 1"),
@@ -24,6 +24,10 @@ pub const KERNEL_SWITCH_VARS: [(&str, &str); 15] = [
     ("RINGSERVE_CUDA_GGUF_INT4", "0 or 1"),
     ("RINGSERVE_CUDA_INT4_MMA", "0 or 1"),
     ("RINGSERVE_CUDA_INT4_MMA_SCALED", "0 or 1"),
+    (
+        "RINGSERVE_CUDA_INT4_WGMMA",
+        "0, 1 or a kernel's name (s3, s4, s6)",
+    ),
     (
         "RINGSERVE_CUDA_FP8_GEMV",
         "auto, r16 or a tile kernel's name (t16_d2x_b4, ...)",
@@ -102,6 +106,48 @@ pub const FP8_TILE_SMALL: &str = "t16_d2x_b4";
 pub const FP8_TILE_LARGE: &str = "t16_d4x_b2";
 /// Largest product (weights) [`FP8_TILE_SMALL`] takes under [`Fp8GemvChoice::Auto`].
 pub const FP8_TILE_SMALL_MAX: usize = 1 << 25;
+
+/// The Hopper INT4 products `gemm_int4_wgmma_<name>` (sm_90a only), by the name
+/// `RINGSERVE_CUDA_INT4_WGMMA` takes: `s` and the stages of its ring.
+pub const INT4_WGMMA_KERNELS: [&str; 3] = ["s3", "s4", "s6"];
+/// The one [`Int4WgmmaChoice::Auto`] runs.
+pub const INT4_WGMMA_DEFAULT: &str = "s3";
+
+/// Whether INT4 products of more than `kernels::INT4_MMA_BATCH` rows whose groups hold whole
+/// 64-wide k-steps run on Hopper's wgmma (`gemm_int4_wgmma_*`, on compute capability 9.0 only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Int4WgmmaChoice {
+    /// Never: the mma.sync families take them.
+    Off,
+    /// [`INT4_WGMMA_DEFAULT`].
+    #[default]
+    Auto,
+    /// One kernel of [`INT4_WGMMA_KERNELS`] (for measuring).
+    Kernel(&'static str),
+}
+
+impl Int4WgmmaChoice {
+    /// The kernel's name less `gemm_int4_wgmma_`, if any.
+    pub fn kernel(self) -> Option<&'static str> {
+        match self {
+            Self::Off => None,
+            Self::Auto => Some(INT4_WGMMA_DEFAULT),
+            Self::Kernel(name) => Some(name),
+        }
+    }
+
+    /// `0`, `1` or a kernel's name: what `RINGSERVE_CUDA_INT4_WGMMA` takes.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "0" => Some(Self::Off),
+            "1" => Some(Self::Auto),
+            _ => INT4_WGMMA_KERNELS
+                .iter()
+                .find(|k| **k == name)
+                .map(|k| Self::Kernel(k)),
+        }
+    }
+}
 
 /// Which kernel runs FP8 products of at most `kernels::GEMV_MAX_BATCH` rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -202,6 +248,9 @@ pub struct KernelSwitches {
     /// through the shared-memory ring with the activations); off: `gemm_int4_mma_*` for every
     /// group size (weights dequantized to bf16 in registers, the dequantization's bits).
     pub int4_mma_scaled: bool,
+    /// The tensor-core product of more than `kernels::INT4_MMA_BATCH` rows on Hopper: the
+    /// weights dequantized in registers as `gemm_int4_mma_*` does, as wgmma's A operand.
+    pub int4_wgmma: Int4WgmmaChoice,
     /// Small-batch FP8 products.
     pub fp8_gemv: Fp8GemvChoice,
 }
@@ -223,6 +272,7 @@ impl Default for KernelSwitches {
             gguf_int4: true,
             int4_mma: true,
             int4_mma_scaled: true,
+            int4_wgmma: Int4WgmmaChoice::default(),
             fp8_gemv: Fp8GemvChoice::default(),
         }
     }
@@ -292,6 +342,9 @@ impl KernelSwitches {
                 "RINGSERVE_CUDA_GGUF_INT4" => s.gguf_int4 = flag()?,
                 "RINGSERVE_CUDA_INT4_MMA" => s.int4_mma = flag()?,
                 "RINGSERVE_CUDA_INT4_MMA_SCALED" => s.int4_mma_scaled = flag()?,
+                "RINGSERVE_CUDA_INT4_WGMMA" => {
+                    s.int4_wgmma = Int4WgmmaChoice::parse(value.trim()).ok_or_else(bad)?
+                }
                 "RINGSERVE_CUDA_FP8_GEMV" => {
                     s.fp8_gemv = Fp8GemvChoice::parse(value.trim()).ok_or_else(bad)?
                 }
@@ -313,7 +366,7 @@ impl fmt::Display for KernelSwitches {
             f,
             "prefill={:?} decode_mma={} decode_share={} pdl={:?} gemv={gemv} fuse_rope={} \
              fuse_o_quant={} fuse_silu={} l2_prefetch={} gemm_tune={} int4_tiles={} gguf_int4={} int4_mma={} \
-             int4_mma_scaled={} fp8_gemv={}",
+             int4_mma_scaled={} int4_wgmma={} fp8_gemv={}",
             self.prefill,
             self.decode_mma,
             self.decode_share,
@@ -327,6 +380,7 @@ impl fmt::Display for KernelSwitches {
             self.gguf_int4,
             self.int4_mma,
             self.int4_mma_scaled,
+            self.int4_wgmma.kernel().unwrap_or("0"),
             self.fp8_gemv.name()
         )
     }
@@ -376,9 +430,25 @@ mod tests {
             ("RINGSERVE_CUDA_GGUF_INT4", "0"),
             ("RINGSERVE_CUDA_INT4_MMA", "0"),
             ("RINGSERVE_CUDA_INT4_MMA_SCALED", "0"),
+            ("RINGSERVE_CUDA_INT4_WGMMA", "0"),
             ("RINGSERVE_CUDA_FP8_GEMV", "r16"),
         ])
         .unwrap();
+        assert_eq!(s.int4_wgmma, Int4WgmmaChoice::Off);
+        for k in INT4_WGMMA_KERNELS {
+            let c = parse(&[("RINGSERVE_CUDA_INT4_WGMMA", k)])
+                .unwrap()
+                .int4_wgmma;
+            assert_eq!(c, Int4WgmmaChoice::Kernel(k));
+            assert_eq!(c.kernel(), Some(k));
+        }
+        assert_eq!(
+            parse(&[("RINGSERVE_CUDA_INT4_WGMMA", "1")])
+                .unwrap()
+                .int4_wgmma
+                .kernel(),
+            Some(INT4_WGMMA_DEFAULT)
+        );
         assert_eq!(s.fp8_gemv, Fp8GemvChoice::Rows16);
         assert!(!s.int4_tiles && !s.gguf_int4 && !s.int4_mma && !s.decode_share);
         assert!(!s.int4_mma_scaled);
@@ -417,6 +487,7 @@ mod tests {
             ("RINGSERVE_CUDA_GEMV", "-3"),
             ("RINGSERVE_CUDA_GEMM_TUNE", "yes"),
             ("RINGSERVE_CUDA_FP8_GEMV", "t16"),
+            ("RINGSERVE_CUDA_INT4_WGMMA", "s5"),
         ] {
             let e = parse(&[(var, value)]).unwrap_err();
             assert_eq!(e.var, var);

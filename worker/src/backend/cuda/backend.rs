@@ -168,6 +168,8 @@ pub struct CudaBackend {
     int4_mma: bool,
     /// [`KernelSwitches::int4_mma_scaled`].
     int4_mma_scaled: bool,
+    /// [`KernelSwitches::int4_wgmma`] on this device.
+    int4_wgmma: Option<&'static super::int4::WgmmaKernel>,
     /// Whether small-batch steps prefetch each layer's o_proj weights into L2 while RoPE and
     /// attention run ([`KernelSwitches::l2_prefetch`], where the device has it).
     l2_prefetch: bool,
@@ -294,6 +296,7 @@ impl CudaBackend {
             )));
         }
         let gpu = Gpu::new(opts.ordinal, &opts.kernels)?;
+        let int4_wgmma = super::int4::wgmma_select(&gpu.arch, opts.kernels.int4_wgmma)?;
         if fp8 && !has_fp8(gpu.capability) {
             return Err(BackendError::InvalidOptions(format!(
                 "{}: FP8 tensor cores need compute capability 8.9 or later; GPU {} is {}.{}",
@@ -485,6 +488,7 @@ impl CudaBackend {
             fp8_gemv: opts.kernels.fp8_gemv,
             int4_mma: opts.kernels.int4_mma,
             int4_mma_scaled: opts.kernels.int4_mma_scaled,
+            int4_wgmma,
             l2_prefetch: opts.dtype == DType::Bf16
                 && ops::has_l2_prefetch(capability)
                 && opts.kernels.l2_prefetch,
@@ -803,7 +807,11 @@ impl CudaBackend {
             return super::int4::gemv_int4(g, &q, rows, self.int4_tiles);
         }
         if self.int4_mma && l.m <= kernels::INT4_MMA_MAX_ROWS && s.mins.is_none() {
-            return super::int4::gemm_int4(g, &q, self.int4_mma_scaled, &ws.wdq);
+            let choice = super::int4::MmaChoice {
+                scaled: self.int4_mma_scaled,
+                wgmma: self.int4_wgmma,
+            };
+            return super::int4::gemm_int4(g, &q, choice, &ws.wdq);
         }
         super::int4::dequant_int4(g, &q, &ws.wdq)?;
         self.linear(&Linear {

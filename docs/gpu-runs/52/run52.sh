@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Run 52: the INT4 product on Hopper's wgmma (gemm_int4_wgmma_s{3,4,6}: weights dequantized in
+# registers as wgmma's A operand, activations and codes through a cp.async ring) against the
+# mma.sync families (scaled and dequantizing) and dequantization + cuBLAS; issue 20's batch-128
+# decode. .gpu52/<call>.tar.xz: ringserve, cuda_bench and cuda_int4 of that call's build
+# (--features cuda, stripped).
+#   a: cuda_int4 (every kernel at odd shapes against the f64 product, the wgmma kernels among them,
+#      split and not; the fixtures through the CUDA backend with wgmma and without); the random 8B
+#      AWQ and bf16 models; cuda_bench int4 at 64, 128 rows; bench engine AWQ at 64, 128 x 512
+#      with RINGSERVE_CUDA_INT4_WGMMA 0 / s3 / s4 / s6 / 0, bf16 at 128 x 512
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+B=/tmp/b52; A=/tmp/awq8b; G=/tmp/gptq8b; M=/tmp/llama8b; P=/tmp/peer52
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" $B
+[ -f .gpu52/$1.tar.xz ] && tar xJf .gpu52/$1.tar.xz -C $B
+[ -d $P ] || { [ -d .gpu52/peer ] && cp -r .gpu52/peer $P; }
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64 RINGSERVE_KERNEL_CACHE=/tmp/kc-52 FIXTURES_DIR=$PWD/tests/fixtures
+export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+install_vllm() {
+  (mkdir -p /tmp/vllm_parts; cp .peer-vllm/carry/vllm-site.tar.xz.part* /tmp/vllm_parts/ 2>/dev/null; [ -f $P/install.sh ] && bash $P/install.sh) > "$OUT/install_$1.log" 2>&1
+  echo "vllm install rc=$? ($(tail -1 "$OUT/install_$1.log"))"
+}
+engine() {  # tag model batches [flags]
+  local tag=$1 m=$2 b=$3; shift 3
+  timeout 200 $B/ringserve bench engine --model $m --device cuda --batch-sizes $b --prompt-lens 512 \
+    --output-len 64 "$@" 2>>$OUT/bench.err | grep -E "^\| [0-9]" | sed "s/^/$tag /" | tee -a $OUT/bench.txt
+}
+case "$1" in
+a)
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+  ( [ -f $A/config.json ] || python3 scripts/make_random_awq8b.py $A > $OUT/make_awq.log 2>&1
+    [ -f $M/config.json ] || python3 scripts/make_random_llama8b.py $M > $OUT/make_model.log 2>&1 ) &
+  MK=$!
+  timeout 240 $B/cuda_int4 --include-ignored --test-threads 1 --nocapture > $OUT/a_int4.log 2>&1
+  echo "cuda_int4 rc $?"; grep -E "^test |panicked|test result" $OUT/a_int4.log | tail -5
+  grep -E "int4-awq .*prompt of 100" $OUT/a_int4.log | head -6
+  timeout 150 $B/cuda_bench int4 $OUT/a_int4_alone.json 64,128 2>&1 | grep -E "^int4" > $OUT/a_int4_alone.txt
+  sed -E 's/, (per-weight|tiles)[^,]*//g; s/gemm_int4_//g; s/ \([0-9]+ TFLOP\/s\)//g' $OUT/a_int4_alone.txt | grep -E "m(64|128)" | cut -c1-600
+  wait $MK; tail -1 $OUT/make_awq.log; tail -1 $OUT/make_model.log
+  for x in 0 s3 s4 s6 0; do RINGSERVE_CUDA_INT4_WGMMA=$x engine wgmma_$x $A 64,128; done
+  engine bf16 $M 128 ;;
+esac

@@ -1,0 +1,153 @@
+// gemm_int4_wgmma_*: the INT4 product of gemm_int4_mma (int4.cu) on Hopper's wgmma (sm_90a only):
+// every weight dequantized in registers exactly as dequant_int4_bf16 writes it (bf16 of (q - z) s,
+// int4_dequant), so y is the dequantize-then-GEMM product up to the order of the f32 sums. This
+// file follows int4.cu and prefill_wgmma.cu in SOURCES and uses their dequantization, store and
+// wgmma helpers.
+//
+// A block is two warpgroups and takes weight rows [128 bx, +128) (64 a warpgroup, 16 a warp: the
+// wgmma's A operand, dequantized into registers), activation rows [128 by, +128) (its B operand,
+// in shared memory) and k-steps of 64 [steps bz, +steps). Each step, a warpgroup issues four
+// wgmma.m64n128k16 (A from registers, B through a matrix descriptor) into 64 f32 accumulators a
+// thread. Activations and codes go through one ring of STAGES steps by cp.async: a stage is x
+// [128 rows][64 bf16] in the 128-byte swizzle layout wgmma reads (row r at r * 128, its 16-byte
+// chunk c at (c ^ (r & 7)) * 16; 8-row groups 1024 bytes apart: SBO), then the codes [128 rows][32
+// bytes] (row r's words 8 s .. 8 s + 7, its two 16-byte halves swapped on rows r with bit 2 set,
+// so that a warp's reads of 8 rows hit 32 banks).
+//
+// A's k order is wgmma's own (register a0 of k-step kk holds k 16 kk + 2t, +1 of row g), so lane t
+// of a quad needs codes 2t, 2t + 1 of every packed word of its rows: it reads all eight words of
+// the step (the four lanes of a quad read the same bytes) and takes pair t of each, (word >> 4t)
+// & 0x000F000F, in the same single lop3 as the other kernels. Group constants (s_hi, s_lo, z) come
+// from sz / z one step ahead; a step lies in one group (group_size a multiple of 64, or one group
+// a row).
+//
+// A warpgroup waits for its step's wgmmas before it dequantizes the next step's A (ptxas serialises
+// wgmmas whose register operands are written while any earlier wgmma is in flight, so A cannot be
+// double-buffered); the tensor cores stay busy with the other warpgroups of the SM (two blocks an
+// SM for rings of up to 4 stages). A ring slot is refilled one step after its last read.
+// Rows past n read row n - 1 and x rows past b read row b - 1: their products land only in
+// outputs never stored. With splits > 1 block bz writes its f32 sums to part[bz] and
+// gemm_int4_reduce adds them up; otherwise it writes y (i4m_store, as gemm_int4_mma does).
+#include "common.cuh"
+
+#define I4W_ROWS INT4_WGMMA_ROWS
+#define I4W_BATCH INT4_WGMMA_BATCH
+#define I4W_X_BYTES (I4W_BATCH * 128)
+#define I4W_STAGE_BYTES (I4W_X_BYTES + I4W_ROWS * 32)
+static_assert(I4W_STAGE_BYTES == INT4_WGMMA_STAGE_BYTES && I4W_STAGE_BYTES % 1024 == 0,
+              "gemm_int4_wgmma: INT4_WGMMA_STAGE_BYTES (lib.rs) differs, or x is not 1024-byte aligned");
+static_assert(INT4_WGMMA_THREADS == 256 && I4W_ROWS == 128 && I4W_BATCH == 128,
+              "gemm_int4_wgmma: two warpgroups of m64 x n128");
+
+template <int STAGES> __device__ __forceinline__ void gemm_int4_wgmma_impl(const GemmInt4Params& prm) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int AHEAD = STAGES - 1; // steps in flight in the ring
+    const GemvInt4Params& p = prm.g;
+    extern __shared__ __align__(1024) unsigned char i4w_smem[];
+    const u32 raw_base = (u32)__cvta_generic_to_shared(i4w_smem);
+    const u32 base = (raw_base + 1023u) & ~1023u;
+    const unsigned char* sbase = i4w_smem + (base - raw_base);
+    const int n = p.n, k = p.k, b = p.b;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int brow = blockIdx.x * I4W_ROWS, b0 = blockIdx.y * I4W_BATCH;
+    const int total = k >> 6;
+    const int s_begin = min(total, (int)blockIdx.z * prm.steps);
+    const int steps = min(total, s_begin + prm.steps) - s_begin;
+    const u32 kw = (u32)(k >> 3);
+
+    // Copies: x chunks (row xr + 32 i, chunk xc), i < 4, all with the swizzle of row xr; one codes
+    // chunk (row tid / 2, half tid % 2).
+    const int xr = tid >> 3, xc = tid & 7;
+    const u32 xdst = (u32)(xr * 128 + ((xc ^ (xr & 7)) << 4));
+    const bf16* xsrc[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) xsrc[i] = p.x + (size_t)min(b0 + xr + 32 * i, b - 1) * k + 64 * s_begin + 8 * xc;
+    const int wr = tid >> 1, wh = tid & 1;
+    const u32 wdst = (u32)(I4W_X_BYTES + wr * 32 + ((wh ^ ((wr >> 2) & 1)) << 4));
+    const u32* wsrc = p.w + (size_t)min(brow + wr, n - 1) * kw + 8 * s_begin + 4 * wh;
+    auto load = [&](int j, int slot) { // step s_begin + j into ring slot `slot`; j < steps
+        const u32 st = base + (u32)(slot * I4W_STAGE_BYTES);
+#pragma unroll
+        for (int i = 0; i < 4; i++) pf_cp_async16(st + xdst + 32 * 128 * i, xsrc[i] + 64 * j, true);
+        pf_cp_async16(st + wdst, wsrc + 8 * j, true);
+    };
+
+    // The thread's A rows: R and R + 8 of the block (warpgroup warp / 4, warp warp % 4), their
+    // codes' offsets in a stage and their group constants' offsets.
+    const int wg = warp >> 2, wl = warp & 3;
+    const int r0 = 64 * wg + 16 * wl + g;
+    const u32 sw = (u32)(((g >> 2) & 1) << 4);
+    const u32 woff[2] = {(u32)(I4W_X_BYTES + r0 * 32), (u32)(I4W_X_BYTES + (r0 + 8) * 32)};
+    u32 go[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) go[h] = (u32)min(brow + r0 + 8 * h, n - 1) * (u32)p.groups;
+    auto load_raw = [&](int j, I4mRaw (&raw)[2]) {
+        const u32 grp = (u32)((64 * (s_begin + j)) / p.group_size);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            raw[h].sz = __ldg(p.sz + go[h] + grp);
+            raw[h].z = __ldg(p.z + go[h] + grp);
+        }
+    };
+
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = 0.f;
+#pragma unroll
+    for (int st = 0; st < AHEAD; st++) {
+        if (st < steps) load(st, st);
+        cp_async_commit();
+    }
+    I4mRaw raw[2] = {{0u, 0u}, {0u, 0u}};
+    if (steps > 0) load_raw(0, raw);
+    for (int j = 0; j < steps; j++) { // block-uniform
+        cp_async_wait<AHEAD - 1>();
+        pw_fence_proxy(); // this thread's copies of step j, before wgmma reads them
+        __syncthreads();  // everyone's; and the slot refilled below is read by no one now
+        if (j + AHEAD < steps) load(j + AHEAD, (j + AHEAD) % STAGES);
+        cp_async_commit();
+        const Int4Group<false> gr[2] = {i4m_group(raw[0]), i4m_group(raw[1])};
+        if (j + 1 < steps) load_raw(j + 1, raw);
+        const u32 slot = (u32)((j % STAGES) * I4W_STAGE_BYTES);
+        u32 wv[2][8];
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const uint4 v = *(const uint4*)(sbase + slot + woff[h] + (((u32)c << 4) ^ sw));
+                wv[h][4 * c] = v.x >> (4 * t);
+                wv[h][4 * c + 1] = v.y >> (4 * t);
+                wv[h][4 * c + 2] = v.z >> (4 * t);
+                wv[h][4 * c + 3] = v.w >> (4 * t);
+            }
+        u32 a[16];
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) // a0..a3: (row g, k 2t), (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8)
+                a[4 * kk + e] = int4_pair_of(wv[e & 1][2 * kk + (e >> 1)], 0, gr[e & 1]);
+        pw_wgmma_fence();
+        const u64 dx = pw_desc(base + slot, 16, 1024);
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) pw_mma_rs<false>(acc, a + 4 * kk, dx + (u64)(2 * kk));
+        pw_wgmma_commit();
+        pw_wgmma_wait<0>();
+        pw_pin(acc);
+    }
+    cp_async_wait<0>();
+    // Accumulator i = 4 nb + c is (row r0 + 8 (c >> 1), x row 8 nb + 2t + (c & 1)): i4m_store's
+    // [1][16][4] layout.
+    i4m_store<1, 16>(prm, *reinterpret_cast<const float(*)[1][16][4]>(acc), brow + 64 * wg + 16 * wl, b0, g, t);
+#endif
+}
+
+// gemm_int4_wgmma_s{STAGES}: at least `blocks` blocks an SM. wgmma exists only on sm_90a; the host
+// never launches these elsewhere.
+#define INT4_WGMMA(name, stages, blocks)                                                                 \
+    extern "C" __global__ void __launch_bounds__(INT4_WGMMA_THREADS, blocks) name(GemmInt4Params p) {    \
+        gemm_int4_wgmma_impl<stages>(p);                                                                 \
+    }
+INT4_WGMMA(gemm_int4_wgmma_s3, 3, 2)
+INT4_WGMMA(gemm_int4_wgmma_s4, 4, 2)
+INT4_WGMMA(gemm_int4_wgmma_s6, 6, 1)
