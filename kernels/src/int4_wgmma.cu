@@ -4,14 +4,14 @@
 // file follows int4.cu and prefill_wgmma.cu in SOURCES and uses their dequantization, store and
 // wgmma helpers.
 //
-// A block is two warpgroups and takes weight rows [128 bx, +128) (64 a warpgroup, 16 a warp: the
-// wgmma's A operand, dequantized into registers), activation rows [128 by, +128) (its B operand,
-// in shared memory) and k-steps of 64 [steps bz, +steps). Each step, a warpgroup issues four
+// A block is WGS warpgroups and takes weight rows [64 WGS bx, +64 WGS) (64 a warpgroup, 16 a warp:
+// the wgmma's A operand, dequantized into registers), activation rows [128 by, +128) (its B
+// operand, in shared memory, read by every warpgroup) and k-steps of 64 [steps bz, +steps). Each step, a warpgroup issues four
 // wgmma.m64n128k16 (A from registers, B through a matrix descriptor) into 64 f32 accumulators a
 // thread. Activations and codes go through one ring of STAGES steps by cp.async: a stage is x
 // [128 rows][64 bf16] in the 128-byte swizzle layout wgmma reads (row r at r * 128, its 16-byte
-// chunk c at (c ^ (r & 7)) * 16; 8-row groups 1024 bytes apart: SBO), then the codes [128 rows][32
-// bytes] (row r's words 8 s .. 8 s + 7, its two 16-byte halves swapped on rows r with bit 2 set,
+// chunk c at (c ^ (r & 7)) * 16; 8-row groups 1024 bytes apart: SBO), then the codes [64 WGS
+// rows][32 bytes] (row r's words 8 s .. 8 s + 7, its two 16-byte halves swapped on rows r with bit 2 set,
 // so that a warp's reads of 8 rows hit 32 banks).
 //
 // A's k order is wgmma's own (register a0 of k-step kk holds k 16 kk + 2t, +1 of row g), so lane t
@@ -23,25 +23,27 @@
 //
 // A warpgroup waits for its step's wgmmas before it dequantizes the next step's A (ptxas serialises
 // wgmmas whose register operands are written while any earlier wgmma is in flight, so A cannot be
-// double-buffered); the tensor cores stay busy with the other warpgroups of the SM (two blocks an
-// SM for rings of up to 4 stages). A ring slot is refilled one step after its last read.
+// double-buffered); the tensor cores stay busy with the other warpgroups of the SM (WGS = 2: two
+// blocks an SM for rings of up to 4 stages; WGS = 4: one block, each stage of x read by four
+// warpgroups, half the shared-memory traffic from L2 per weight). A ring slot is refilled one step after its last read.
 // Rows past n read row n - 1 and x rows past b read row b - 1: their products land only in
 // outputs never stored. With splits > 1 block bz writes its f32 sums to part[bz] and
 // gemm_int4_reduce adds them up; otherwise it writes y (i4m_store, as gemm_int4_mma does).
 #include "common.cuh"
 
-#define I4W_ROWS INT4_WGMMA_ROWS
 #define I4W_BATCH INT4_WGMMA_BATCH
 #define I4W_X_BYTES (I4W_BATCH * 128)
-#define I4W_STAGE_BYTES (I4W_X_BYTES + I4W_ROWS * 32)
-static_assert(I4W_STAGE_BYTES == INT4_WGMMA_STAGE_BYTES && I4W_STAGE_BYTES % 1024 == 0,
-              "gemm_int4_wgmma: INT4_WGMMA_STAGE_BYTES (lib.rs) differs, or x is not 1024-byte aligned");
-static_assert(INT4_WGMMA_THREADS == 256 && I4W_ROWS == 128 && I4W_BATCH == 128,
-              "gemm_int4_wgmma: two warpgroups of m64 x n128");
+static_assert(I4W_BATCH == 128, "gemm_int4_wgmma: wgmma's n is 128");
 
-template <int STAGES> __device__ __forceinline__ void gemm_int4_wgmma_impl(const GemmInt4Params& prm) {
+
+template <int STAGES, int WGS> __device__ __forceinline__ void gemm_int4_wgmma_impl(const GemmInt4Params& prm) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int AHEAD = STAGES - 1; // steps in flight in the ring
+    constexpr int BLOCK_ROWS = 64 * WGS, BLOCK_THREADS = 128 * WGS;
+    // A stage (int4_wgmma_smem_bytes in lib.rs: the same formula), x 1024-byte aligned in each.
+    constexpr int STAGE_BYTES = I4W_X_BYTES + BLOCK_ROWS * 32;
+    static_assert(STAGE_BYTES % 1024 == 0, "gemm_int4_wgmma: x must stay 1024-byte aligned");
+    constexpr int XC = I4W_BATCH * 8 / BLOCK_THREADS; // x chunks a thread copies a step
+    constexpr int AHEAD = STAGES - 1;           // steps in flight in the ring
     const GemvInt4Params& p = prm.g;
     extern __shared__ __align__(1024) unsigned char i4w_smem[];
     const u32 raw_base = (u32)__cvta_generic_to_shared(i4w_smem);
@@ -50,26 +52,27 @@ template <int STAGES> __device__ __forceinline__ void gemm_int4_wgmma_impl(const
     const int n = p.n, k = p.k, b = p.b;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int brow = blockIdx.x * I4W_ROWS, b0 = blockIdx.y * I4W_BATCH;
+    const int brow = blockIdx.x * BLOCK_ROWS, b0 = blockIdx.y * I4W_BATCH;
     const int total = k >> 6;
     const int s_begin = min(total, (int)blockIdx.z * prm.steps);
     const int steps = min(total, s_begin + prm.steps) - s_begin;
     const u32 kw = (u32)(k >> 3);
 
-    // Copies: x chunks (row xr + 32 i, chunk xc), i < 4, all with the swizzle of row xr; one codes
-    // chunk (row tid / 2, half tid % 2).
+    // Copies: x chunks (row xr + BLOCK_THREADS / 8 i, chunk xc), i < XC, all with the swizzle of row xr;
+    // one codes chunk (row tid / 2, half tid % 2).
     const int xr = tid >> 3, xc = tid & 7;
     const u32 xdst = (u32)(xr * 128 + ((xc ^ (xr & 7)) << 4));
-    const bf16* xsrc[4];
+    const bf16* xsrc[XC];
 #pragma unroll
-    for (int i = 0; i < 4; i++) xsrc[i] = p.x + (size_t)min(b0 + xr + 32 * i, b - 1) * k + 64 * s_begin + 8 * xc;
+    for (int i = 0; i < XC; i++)
+        xsrc[i] = p.x + (size_t)min(b0 + xr + BLOCK_THREADS / 8 * i, b - 1) * k + 64 * s_begin + 8 * xc;
     const int wr = tid >> 1, wh = tid & 1;
     const u32 wdst = (u32)(I4W_X_BYTES + wr * 32 + ((wh ^ ((wr >> 2) & 1)) << 4));
     const u32* wsrc = p.w + (size_t)min(brow + wr, n - 1) * kw + 8 * s_begin + 4 * wh;
     auto load = [&](int j, int slot) { // step s_begin + j into ring slot `slot`; j < steps
-        const u32 st = base + (u32)(slot * I4W_STAGE_BYTES);
+        const u32 st = base + (u32)(slot * STAGE_BYTES);
 #pragma unroll
-        for (int i = 0; i < 4; i++) pf_cp_async16(st + xdst + 32 * 128 * i, xsrc[i] + 64 * j, true);
+        for (int i = 0; i < XC; i++) pf_cp_async16(st + xdst + BLOCK_THREADS / 8 * 128 * i, xsrc[i] + 64 * j, true);
         pf_cp_async16(st + wdst, wsrc + 8 * j, true);
     };
 
@@ -109,7 +112,7 @@ template <int STAGES> __device__ __forceinline__ void gemm_int4_wgmma_impl(const
         cp_async_commit();
         const Int4Group<false> gr[2] = {i4m_group(raw[0]), i4m_group(raw[1])};
         if (j + 1 < steps) load_raw(j + 1, raw);
-        const u32 slot = (u32)((j % STAGES) * I4W_STAGE_BYTES);
+        const u32 slot = (u32)((j % STAGES) * STAGE_BYTES);
         u32 wv[2][8];
 #pragma unroll
         for (int h = 0; h < 2; h++)
@@ -142,12 +145,14 @@ template <int STAGES> __device__ __forceinline__ void gemm_int4_wgmma_impl(const
 #endif
 }
 
-// gemm_int4_wgmma_s{STAGES}: at least `blocks` blocks an SM. wgmma exists only on sm_90a; the host
-// never launches these elsewhere.
-#define INT4_WGMMA(name, stages, blocks)                                                                 \
-    extern "C" __global__ void __launch_bounds__(INT4_WGMMA_THREADS, blocks) name(GemmInt4Params p) {    \
-        gemm_int4_wgmma_impl<stages>(p);                                                                 \
+// gemm_int4_wgmma_s{STAGES}[_w{WGS}]: at least `blocks` blocks an SM. wgmma exists only on sm_90a;
+// the host never launches these elsewhere.
+#define INT4_WGMMA(name, stages, wgs, blocks)                                                            \
+    extern "C" __global__ void __launch_bounds__(128 * wgs, blocks) name(GemmInt4Params p) {             \
+        gemm_int4_wgmma_impl<stages, wgs>(p);                                                            \
     }
-INT4_WGMMA(gemm_int4_wgmma_s3, 3, 2)
-INT4_WGMMA(gemm_int4_wgmma_s4, 4, 2)
-INT4_WGMMA(gemm_int4_wgmma_s6, 6, 1)
+INT4_WGMMA(gemm_int4_wgmma_s3, 3, 2, 2)
+INT4_WGMMA(gemm_int4_wgmma_s4, 4, 2, 2)
+INT4_WGMMA(gemm_int4_wgmma_s6, 6, 2, 1)
+INT4_WGMMA(gemm_int4_wgmma_s4_w4, 4, 4, 1)
+INT4_WGMMA(gemm_int4_wgmma_s6_w4, 6, 4, 1)

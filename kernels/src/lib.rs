@@ -188,6 +188,8 @@ pub const KERNELS: &[&str] = &[
     "gemm_int4_wgmma_s3",
     "gemm_int4_wgmma_s4",
     "gemm_int4_wgmma_s6",
+    "gemm_int4_wgmma_s4_w4",
+    "gemm_int4_wgmma_s6_w4",
     "gemm_int4_reduce",
     "permute_cols_bf16",
     "sample_f32",
@@ -334,21 +336,16 @@ pub const INT4_MMA_STAGES: usize = 4;
 pub const fn int4_mmas_smem_bytes(rows: usize) -> usize {
     INT4_MMA_STAGES * (INT4_MMA_BATCH * 128 + rows * 36)
 }
-/// Threads per block of the Hopper INT4 product `gemm_int4_wgmma_*` (sm_90a only): two
-/// warpgroups.
-pub const INT4_WGMMA_THREADS: u32 = 256;
-/// Weight rows a block of `gemm_int4_wgmma_*` takes (64 a warpgroup: the wgmma's m).
-pub const INT4_WGMMA_ROWS: usize = 128;
-/// Activation rows a block of `gemm_int4_wgmma_*` takes (the wgmma's n; more rows: more blocks
-/// along y).
+/// Activation rows a block of the Hopper INT4 product `gemm_int4_wgmma_*` (sm_90a only) takes:
+/// the wgmma's n (more rows: more blocks along y). A block of `wgs` warpgroups (128 threads each)
+/// takes 64 `wgs` weight rows, the wgmma's m each.
 pub const INT4_WGMMA_BATCH: usize = 128;
-/// One stage of a `gemm_int4_wgmma_*` ring: [`INT4_WGMMA_BATCH`] activation rows of 64 bf16 and
-/// [`INT4_WGMMA_ROWS`] rows of 64 codes (32 bytes).
-pub const INT4_WGMMA_STAGE_BYTES: usize = INT4_WGMMA_BATCH * 128 + INT4_WGMMA_ROWS * 32;
-/// Dynamic shared memory of a `gemm_int4_wgmma_*` kernel of `stages` stages (+ 1 KiB to align
-/// its base to the 1,024-byte swizzle atom).
-pub const fn int4_wgmma_smem_bytes(stages: usize) -> usize {
-    stages * INT4_WGMMA_STAGE_BYTES + 1024
+/// Dynamic shared memory of a `gemm_int4_wgmma_*` kernel of `stages` stages and `wgs`
+/// warpgroups: a stage holds [`INT4_WGMMA_BATCH`] activation rows of 64 bf16 and 64 `wgs` rows of
+/// 64 codes (32 bytes), the formula `int4_wgmma.cu` uses; + 1 KiB to align the base to the
+/// 1,024-byte swizzle atom.
+pub const fn int4_wgmma_smem_bytes(stages: usize, wgs: usize) -> usize {
+    stages * (INT4_WGMMA_BATCH * 128 + 64 * wgs * 32) + 1024
 }
 /// Most activation rows the CUDA backend gives the INT4 tensor-core products; larger products
 /// dequantize the whole matrix to bf16 for cuBLAS. At the 8B shapes on an H100 (run 51a), the
@@ -407,10 +404,7 @@ pub const LAUNCH_CONSTANTS: &[(&str, usize)] = &[
     ("INT4_DEQUANT_THREADS", INT4_DEQUANT_THREADS as usize),
     ("INT4_MMA_BATCH", INT4_MMA_BATCH),
     ("INT4_MMA_STAGES", INT4_MMA_STAGES),
-    ("INT4_WGMMA_THREADS", INT4_WGMMA_THREADS as usize),
-    ("INT4_WGMMA_ROWS", INT4_WGMMA_ROWS),
     ("INT4_WGMMA_BATCH", INT4_WGMMA_BATCH),
-    ("INT4_WGMMA_STAGE_BYTES", INT4_WGMMA_STAGE_BYTES),
     ("PREFETCH_PIECE", PREFETCH_PIECE),
     ("SAMPLE_THREADS", SAMPLE_THREADS as usize),
     ("SAMPLE_PART_WORDS", SAMPLE_PART_WORDS),

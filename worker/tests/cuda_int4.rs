@@ -223,12 +223,9 @@ fn int4_kernels_match_the_reference_at_odd_shapes() {
                 );
                 // The Hopper kernels where they are compiled and take the groups.
                 if g.arch == "sm_90a" && wgmma_fits(&l) {
-                    for v in 0..WGMMA_KERNELS.len() {
-                        variants.extend([
-                            Kernel::Wgmma { v, split: true },
-                            Kernel::Wgmma { v, split: false },
-                        ]);
-                    }
+                    variants.push(Kernel::Wgmma { v: 0, split: false });
+                    variants
+                        .extend((0..WGMMA_KERNELS.len()).map(|v| Kernel::Wgmma { v, split: true }));
                 }
             }
             for &kernel in &variants {

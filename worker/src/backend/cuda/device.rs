@@ -327,13 +327,13 @@ impl Gpu {
                 kernels::int4_mmas_smem_bytes(k.rows) as i32,
             )?;
         }
-        // The Hopper INT4 products' rings (61-121 KiB), where their bodies are compiled.
+        // The Hopper INT4 products' rings (61-145 KiB), where their bodies are compiled.
         if arch == "sm_90a" {
             for k in &super::int4::WGMMA_KERNELS {
                 let f = &funcs[k.name];
                 f.set_attribute(
                     Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    kernels::int4_wgmma_smem_bytes(k.stages) as i32,
+                    k.smem_bytes() as i32,
                 )?;
                 f.set_attribute(
                     Attr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,

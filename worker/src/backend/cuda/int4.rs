@@ -524,8 +524,8 @@ pub fn gemm_int4(
 }
 
 /// A kernel of the Hopper family `gemm_int4_wgmma_*` (`sm_90a` only; `kernels/src/int4_wgmma.cu`):
-/// [`kernels::INT4_WGMMA_ROWS`] weight rows and [`kernels::INT4_WGMMA_BATCH`] activation rows a
-/// block, the weights dequantized in registers to [`dequant_int4`]'s bits as wgmma's A operand.
+/// 64 weight rows a warpgroup and [`kernels::INT4_WGMMA_BATCH`] activation rows a block, the
+/// weights dequantized in registers to [`dequant_int4`]'s bits as wgmma's A operand.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WgmmaKernel {
     pub name: &'static str,
@@ -533,30 +533,45 @@ pub struct WgmmaKernel {
     pub short: &'static str,
     /// k-steps of 64 its shared-memory ring holds.
     pub stages: usize,
+    /// Warpgroups (128 threads) a block.
+    pub warpgroups: usize,
     /// Blocks an SM (its launch bounds).
     pub blocks_per_sm: usize,
 }
 
+impl WgmmaKernel {
+    /// Weight rows a block.
+    pub const fn rows(&self) -> usize {
+        64 * self.warpgroups
+    }
+
+    /// Dynamic shared memory a block.
+    pub const fn smem_bytes(&self) -> usize {
+        kernels::int4_wgmma_smem_bytes(self.stages, self.warpgroups)
+    }
+}
+
+const fn wgmma(
+    name: &'static str,
+    short: &'static str,
+    (stages, warpgroups, blocks_per_sm): (usize, usize, usize),
+) -> WgmmaKernel {
+    WgmmaKernel {
+        name,
+        short,
+        stages,
+        warpgroups,
+        blocks_per_sm,
+    }
+}
+
 /// The Hopper kernels, one per name of [`crate::backend::switches::INT4_WGMMA_KERNELS`].
-pub const WGMMA_KERNELS: [WgmmaKernel; 3] = [
-    WgmmaKernel {
-        name: "gemm_int4_wgmma_s3",
-        short: "s3",
-        stages: 3,
-        blocks_per_sm: 2,
-    },
-    WgmmaKernel {
-        name: "gemm_int4_wgmma_s4",
-        short: "s4",
-        stages: 4,
-        blocks_per_sm: 2,
-    },
-    WgmmaKernel {
-        name: "gemm_int4_wgmma_s6",
-        short: "s6",
-        stages: 6,
-        blocks_per_sm: 1,
-    },
+pub const WGMMA_KERNELS: [WgmmaKernel; 5] = [
+    wgmma("gemm_int4_wgmma_s3", "s3", (3, 2, 2)),
+    wgmma("gemm_int4_wgmma_s4", "s4", (4, 2, 2)),
+    wgmma("gemm_int4_wgmma_s6", "s6", (6, 2, 1)),
+    wgmma("gemm_int4_wgmma_s4_w4", "s4_w4", (4, 4, 1)),
+    wgmma("gemm_int4_wgmma_s6_w4", "s6_w4", (6, 4, 1)),
 ];
 
 /// The kernel of [`WGMMA_KERNELS`] named `short`.
@@ -594,11 +609,17 @@ pub fn wgmma_fits(l: &Int4Linear<'_>) -> bool {
     l.k.is_multiple_of(64) && (gs.is_multiple_of(64) || gs >= l.k) && l.s.mins.is_none()
 }
 
-/// How many ranges [`launch_wgmma`] splits the k-steps of an `m x n x k` product into: as many
-/// as keep every block in `slots` resident blocks (one wave), at least 8 steps a range, and no
-/// more partial sums than `scratch_bytes` holds (f32 `[splits, m, n]`).
-pub fn wgmma_splits((m, n, k): (usize, usize, usize), slots: usize, scratch_bytes: usize) -> usize {
-    let blocks = n.div_ceil(kernels::INT4_WGMMA_ROWS) * m.div_ceil(kernels::INT4_WGMMA_BATCH);
+/// How many ranges [`launch_wgmma`] splits the k-steps of an `m x n x k` product into on blocks
+/// of `rows` weight rows: as many as keep every block in `slots` resident blocks (one wave), at
+/// least 8 steps a range, and no more partial sums than `scratch_bytes` holds (f32 `[splits, m,
+/// n]`).
+pub fn wgmma_splits(
+    (m, n, k): (usize, usize, usize),
+    rows: usize,
+    slots: usize,
+    scratch_bytes: usize,
+) -> usize {
+    let blocks = n.div_ceil(rows) * m.div_ceil(kernels::INT4_WGMMA_BATCH);
     let fit = scratch_bytes / (4 * m * n).max(1);
     (slots / blocks.max(1))
         .min(k.div_ceil(64) / 8)
@@ -643,7 +664,7 @@ pub fn launch_wgmma(
     }
     let total = l.k / 64;
     let slots = kernel.blocks_per_sm * gpu.sms;
-    let mut splits = wgmma_splits((l.m, l.n, l.k), slots, scratch.bytes());
+    let mut splits = wgmma_splits((l.m, l.n, l.k), kernel.rows(), slots, scratch.bytes());
     let steps = total.div_ceil(splits);
     splits = total.div_ceil(steps);
     let p = kernels::params::GemmInt4Params {
@@ -653,7 +674,7 @@ pub fn launch_wgmma(
         steps: int(steps, "steps")?,
     };
     let grid = (
-        dim(l.n.div_ceil(kernels::INT4_WGMMA_ROWS), "n")?,
+        dim(l.n.div_ceil(kernel.rows()), "n")?,
         dim(l.m.div_ceil(kernels::INT4_WGMMA_BATCH), "m")?,
         dim(splits, "splits")?,
     );
@@ -663,21 +684,21 @@ pub fn launch_wgmma(
     // row's step of 8 words is 16-byte aligned), scales and zeros >= n*groups with groups =
     // ceil(k / group_size), x >= m*k and y >= m*n bf16 (x 16-byte aligned); n*k/8 fits in u32
     // (tested above). wgmma_fits gave k a multiple of 64 and each step s < k / 64 in group
-    // 64 s / group_size < groups. With R = INT4_WGMMA_ROWS and X = INT4_WGMMA_BATCH (the
-    // kernel's own, asserted there), block (bx, by, bz) reads weight rows min(R bx + r, n - 1)
+    // 64 s / group_size < groups. With R = kernel.rows() (64 per warpgroup) and X =
+    // INT4_WGMMA_BATCH (the kernel's own), block (bx, by, bz) reads weight rows min(R bx + r, n - 1)
     // at words 8 s .. 8 s + 7 and their group constants, and x rows min(X by + r, m - 1) at
     // elements 64 s .. 64 s + 63, for s in [bz*steps, +steps) clipped to k / 64; it stores
     // y[bb, r] for bb < m, r < n, or with splits > 1 the f32 part[bz, bb, r], where scratch
     // holds splits*m*n f32 (wgmma_splits caps splits by its bytes) and is 16-byte aligned.
     // Every thread reaches each step's barrier and every warpgroup issues each wgmma whole (the
     // step loop is the same for the whole block). The kernel was compiled for sm_90a (checked
-    // above: elsewhere its body is empty), assumes INT4_WGMMA_THREADS threads, and its dynamic
-    // shared memory, int4_wgmma_smem_bytes(stages), is what Gpu::new allowed it.
+    // above: elsewhere its body is empty), assumes 128 threads per warpgroup, and its dynamic
+    // shared memory, smem_bytes(), is what Gpu::new allowed it.
     unsafe {
         b.launch(cfg(
             grid,
-            kernels::INT4_WGMMA_THREADS,
-            kernels::int4_wgmma_smem_bytes(kernel.stages),
+            128 * kernel.warpgroups as u32,
+            kernel.smem_bytes(),
         ))
     }?;
     if splits > 1 {
@@ -956,13 +977,19 @@ mod tests {
         // The 8B shapes at 128 rows on 132 SMs, two blocks an SM: q/k/v 48 blocks of 128 rows
         // x 5 splits, o 32 x 8, down 32 x 8 (of 28 steps), gate/up 224 blocks unsplit.
         let scratch = 1 << 30;
-        assert_eq!(wgmma_splits((128, 6144, 4096), 264, scratch), 5);
-        assert_eq!(wgmma_splits((128, 4096, 4096), 264, scratch), 8);
-        assert_eq!(wgmma_splits((128, 4096, 14336), 264, scratch), 8);
-        assert_eq!(wgmma_splits((128, 28672, 4096), 264, scratch), 1);
+        assert_eq!(wgmma_splits((128, 6144, 4096), 128, 264, scratch), 5);
+        assert_eq!(wgmma_splits((128, 4096, 4096), 128, 264, scratch), 8);
+        assert_eq!(wgmma_splits((128, 4096, 14336), 128, 264, scratch), 8);
+        assert_eq!(wgmma_splits((128, 28672, 4096), 128, 264, scratch), 1);
+        // One block an SM of 256 rows: q/k/v 24 x 5, gate/up 112 unsplit.
+        assert_eq!(wgmma_splits((128, 6144, 4096), 256, 132, scratch), 5);
+        assert_eq!(wgmma_splits((128, 28672, 4096), 256, 132, scratch), 1);
         // At least 8 steps a range, and no more partial sums than the scratch holds.
-        assert_eq!(wgmma_splits((128, 4096, 1024), 264, scratch), 2);
-        assert_eq!(wgmma_splits((128, 4096, 4096), 264, 3 * 4 * 128 * 4096), 3);
+        assert_eq!(wgmma_splits((128, 4096, 1024), 128, 264, scratch), 2);
+        assert_eq!(
+            wgmma_splits((128, 4096, 4096), 128, 264, 3 * 4 * 128 * 4096),
+            3
+        );
     }
 
     #[test]
