@@ -337,7 +337,7 @@ fn int4_models_on_cuda_match_the_cpu_reference() {
             },
         )
         .expect("cpu");
-        // The defaults (wgmma past 64 rows on sm_90a), then the mma.sync families, then none.
+        // wgmma past 64 rows (on sm_90a; elsewhere Auto is off), the mma.sync families, none.
         let (auto, off) = (Int4WgmmaChoice::Auto, Int4WgmmaChoice::Off);
         for (eager, int4_tiles, int4_mma, int4_mma_scaled, int4_wgmma) in [
             (true, true, true, true, auto),
