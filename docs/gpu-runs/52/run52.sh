@@ -6,8 +6,9 @@
 # (--features cuda, stripped).
 #   a: cuda_int4 (every kernel at odd shapes against the f64 product, the wgmma kernels among them,
 #      split and not; the fixtures through the CUDA backend with wgmma and without); the random 8B
-#      AWQ and bf16 models; cuda_bench int4 at 64, 128 rows; bench engine AWQ at 64, 128 x 512
+#      AWQ and bf16 models; cuda_bench int4 at 64, 128 rows; bench engine AWQ at 128 x 512
 #      with RINGSERVE_CUDA_INT4_WGMMA 0 / s3 / s4_w4 / 0, bf16 at 128 x 512
+#   k: a's cuda_bench int4 (128 rows) and the kernel test alone, carrying .gpu52/a.tar.xz
 # b, c, d: on one warm machine, calls chained (the tree, a vLLM part and a build pass the 64 MiB a
 # call carries together, so the parts travel alone):
 #   b: carry .peer-vllm/carry/vllm-site.tar.xz.part00: part 00 stashed; the random 8B AWQ and
@@ -44,12 +45,18 @@ a)
   MK=$!
   timeout 150 $B/cuda_bench int4 $OUT/a_int4_alone.json 64,128 2>&1 | grep -E "^int4" > $OUT/a_int4_alone.txt
   sed -E 's/, (per-weight|tiles)[^,]*//g; s/gemm_int4_//g; s/ \([0-9]+ TFLOP\/s\)//g' $OUT/a_int4_alone.txt | grep -E "m(64|128)" | cut -c1-700
-  timeout 240 $B/cuda_int4 --include-ignored --test-threads 1 --nocapture > $OUT/a_int4.log 2>&1
+  timeout 200 $B/cuda_int4 --include-ignored --test-threads 1 --nocapture > $OUT/a_int4.log 2>&1
   echo "cuda_int4 rc $?"; grep -E "^test |panicked|test result" $OUT/a_int4.log | tail -5
   grep -E "int4-awq .*prompt of 100" $OUT/a_int4.log | head -6
   wait $MK; tail -1 $OUT/make_awq.log; tail -1 $OUT/make_model.log
-  for x in 0 s3 s4_w4 0; do RINGSERVE_CUDA_INT4_WGMMA=$x engine wgmma_$x $A 64,128; done
+  for x in 0 s3 s4_w4 0; do RINGSERVE_CUDA_INT4_WGMMA=$x engine wgmma_$x $A 128; done
   engine bf16 $M 128 ;;
+k)  # a's first half alone, for a short lease: the products alone, then the kernel test
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+  timeout 120 $B/cuda_bench int4 $OUT/k_int4_alone.json 128 2>&1 | grep -E "^int4" > $OUT/k_int4_alone.txt
+  sed -E 's/, (per-weight|tiles)[^,]*//g; s/gemm_int4_//g; s/ \([0-9]+ TFLOP\/s\)//g' $OUT/k_int4_alone.txt | cut -c1-700
+  timeout 200 $B/cuda_int4 --include-ignored --test-threads 1 --nocapture int4_kernels > $OUT/k_int4.log 2>&1
+  echo "cuda_int4 kernels rc $?"; grep -E "^test |panicked|test result" $OUT/k_int4.log | tail -5 ;;
 b)
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
   install_vllm b
