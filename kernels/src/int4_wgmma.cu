@@ -6,13 +6,13 @@
 //
 // A block is WGS warpgroups and takes weight rows [64 WGS bx, +64 WGS) (64 a warpgroup, 16 a warp:
 // the wgmma's A operand, dequantized into registers), activation rows [128 by, +128) (its B
-// operand, in shared memory, read by every warpgroup) and k-steps of 64 [steps bz, +steps). Each step, a warpgroup issues four
-// wgmma.m64n128k16 (A from registers, B through a matrix descriptor) into 64 f32 accumulators a
-// thread. Activations and codes go through one ring of STAGES steps by cp.async: a stage is x
-// [128 rows][64 bf16] in the 128-byte swizzle layout wgmma reads (row r at r * 128, its 16-byte
-// chunk c at (c ^ (r & 7)) * 16; 8-row groups 1024 bytes apart: SBO), then the codes [64 WGS
-// rows][32 bytes] (row r's words 8 s .. 8 s + 7, its two 16-byte halves swapped on rows r with bit 2 set,
-// so that a warp's reads of 8 rows hit 32 banks).
+// operand, in shared memory, read by every warpgroup) and k-steps of 64 [steps bz, +steps). Each
+// step, a warpgroup issues four wgmma.m64n128k16 (A from registers, B through a matrix descriptor)
+// into 64 f32 accumulators a thread. Activations and codes go through one ring of STAGES steps by
+// cp.async: a stage is x [128 rows][64 bf16] in the 128-byte swizzle layout wgmma reads (row r at
+// r * 128, its 16-byte chunk c at (c ^ (r & 7)) * 16; 8-row groups 1024 bytes apart: SBO), then
+// the codes [64 WGS rows][32 bytes] (row r's words 8 s .. 8 s + 7, its two 16-byte halves swapped
+// on rows r with bit 2 set, so that a warp's reads of 8 rows hit 32 banks).
 //
 // A's k order is wgmma's own (register a0 of k-step kk holds k 16 kk + 2t, +1 of row g), so lane t
 // of a quad needs codes 2t, 2t + 1 of every packed word of its rows: it reads all eight words of
@@ -25,8 +25,8 @@
 // wgmmas whose register operands are written while any earlier wgmma is in flight, so A cannot be
 // double-buffered); the tensor cores stay busy with the other warpgroups of the SM (WGS = 2: two
 // blocks an SM for rings of up to 4 stages; WGS = 4: one block, each stage of x read by four
-// warpgroups, half the shared-memory traffic from L2 per weight). A ring slot is refilled one step after its last read.
-// Rows past n read row n - 1 and x rows past b read row b - 1: their products land only in
+// warpgroups, half the shared-memory traffic from L2 per weight). A ring slot is refilled one step
+// after its last read. Rows past n read row n - 1 and x rows past b read row b - 1: their products land only in
 // outputs never stored. With splits > 1 block bz writes its f32 sums to part[bz] and
 // gemm_int4_reduce adds them up; otherwise it writes y (i4m_store, as gemm_int4_mma does).
 #include "common.cuh"
@@ -35,7 +35,6 @@
 #define I4W_X_BYTES (I4W_BATCH * 128)
 static_assert(I4W_BATCH == 128, "gemm_int4_wgmma: wgmma's n is 128");
 
-
 template <int STAGES, int WGS> __device__ __forceinline__ void gemm_int4_wgmma_impl(const GemmInt4Params& prm) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BLOCK_ROWS = 64 * WGS, BLOCK_THREADS = 128 * WGS;
@@ -43,7 +42,7 @@ template <int STAGES, int WGS> __device__ __forceinline__ void gemm_int4_wgmma_i
     constexpr int STAGE_BYTES = I4W_X_BYTES + BLOCK_ROWS * 32;
     static_assert(STAGE_BYTES % 1024 == 0, "gemm_int4_wgmma: x must stay 1024-byte aligned");
     constexpr int XC = I4W_BATCH * 8 / BLOCK_THREADS; // x chunks a thread copies a step
-    constexpr int AHEAD = STAGES - 1;           // steps in flight in the ring
+    constexpr int AHEAD = STAGES - 1;                  // steps in flight in the ring
     const GemvInt4Params& p = prm.g;
     extern __shared__ __align__(1024) unsigned char i4w_smem[];
     const u32 raw_base = (u32)__cvta_generic_to_shared(i4w_smem);
@@ -58,8 +57,8 @@ template <int STAGES, int WGS> __device__ __forceinline__ void gemm_int4_wgmma_i
     const int steps = min(total, s_begin + prm.steps) - s_begin;
     const u32 kw = (u32)(k >> 3);
 
-    // Copies: x chunks (row xr + BLOCK_THREADS / 8 i, chunk xc), i < XC, all with the swizzle of row xr;
-    // one codes chunk (row tid / 2, half tid % 2).
+    // Copies: x chunks (row xr + BLOCK_THREADS / 8 i, chunk xc), i < XC, all with the swizzle of
+    // row xr; one codes chunk (row tid / 2, half tid % 2).
     const int xr = tid >> 3, xc = tid & 7;
     const u32 xdst = (u32)(xr * 128 + ((xc ^ (xr & 7)) << 4));
     const bf16* xsrc[XC];
@@ -72,7 +71,8 @@ template <int STAGES, int WGS> __device__ __forceinline__ void gemm_int4_wgmma_i
     auto load = [&](int j, int slot) { // step s_begin + j into ring slot `slot`; j < steps
         const u32 st = base + (u32)(slot * STAGE_BYTES);
 #pragma unroll
-        for (int i = 0; i < XC; i++) pf_cp_async16(st + xdst + BLOCK_THREADS / 8 * 128 * i, xsrc[i] + 64 * j, true);
+        for (int i = 0; i < XC; i++)
+            pf_cp_async16(st + xdst + BLOCK_THREADS / 8 * 128 * i, xsrc[i] + 64 * j, true);
         pf_cp_async16(st + wdst, wsrc + 8 * j, true);
     };
 

@@ -1,9 +1,10 @@
 //! INT4 linear layers on the CUDA backend: the kernels against the CPU reference at shapes that are
 //! not tile multiples (dequantization bit for bit against the twin's weights rounded to bf16; the
 //! GEMV kernels — per-weight and 16-row tiles — for 1–40 rows and every tensor-core product shape
-//! for 33–257 rows, k split and not, within bf16 rounding of an f64 product, act order included),
-//! and whole models (the AWQ, GPTQ and compressed-tensors fixtures) against the CPU INT4
-//! reference, eager and not, with the tile and tensor-core kernels and without.
+//! for 33–257 rows (the Hopper wgmma kernels too, on sm_90a), k split and not, within bf16
+//! rounding of an f64 product, act order included), and whole models (the AWQ, GPTQ and
+//! compressed-tensors fixtures) against the CPU INT4 reference, eager and not, with the tile and
+//! tensor-core kernels (wgmma and mma.sync) and without.
 //!
 //! Run on a GPU machine: `cargo test --release --features cuda --test cuda_int4 --
 //! --include-ignored` (set `FIXTURES_DIR` when the fixtures are not at their source path).
