@@ -662,17 +662,9 @@ pub fn launch_wgmma(
     if !scratch.ptr().is_multiple_of(16) {
         return Err(BackendError::InvalidBatch("int4: unaligned scratch".into()));
     }
-    let total = l.k / 64;
     let slots = kernel.blocks_per_sm * gpu.sms;
-    let mut splits = wgmma_splits((l.m, l.n, l.k), kernel.rows(), slots, scratch.bytes());
-    let steps = total.div_ceil(splits);
-    splits = total.div_ceil(steps);
-    let p = kernels::params::GemmInt4Params {
-        g: l.params(l.y, 0, l.m)?,
-        part: if splits > 1 { scratch.ptr() } else { 0 },
-        splits: int(splits, "splits")?,
-        steps: int(steps, "steps")?,
-    };
+    let splits = wgmma_splits((l.m, l.n, l.k), kernel.rows(), slots, scratch.bytes());
+    let (p, splits) = split_params(l, splits, scratch)?;
     let grid = (
         dim(l.n.div_ceil(kernel.rows()), "n")?,
         dim(l.m.div_ceil(kernels::INT4_WGMMA_BATCH), "m")?,
@@ -744,16 +736,8 @@ pub fn launch_mma(
     } else {
         0
     };
-    let total = l.k.div_ceil(64);
-    let mut splits = gemm_int4_splits((l.m, l.n, l.k), kernel.rows, gpu.sms, scratch.bytes());
-    let steps = total.div_ceil(splits);
-    splits = total.div_ceil(steps);
-    let p = kernels::params::GemmInt4Params {
-        g: l.params(l.y, 0, l.m)?,
-        part: if splits > 1 { scratch.ptr() } else { 0 },
-        splits: int(splits, "splits")?,
-        steps: int(steps, "steps")?,
-    };
+    let splits = gemm_int4_splits((l.m, l.n, l.k), kernel.rows, gpu.sms, scratch.bytes());
+    let (p, splits) = split_params(l, splits, scratch)?;
     let grid = (
         dim(l.n.div_ceil(kernel.rows), "n")?,
         dim(l.m.div_ceil(kernels::INT4_MMA_BATCH), "m")?,
@@ -787,6 +771,26 @@ pub fn launch_mma(
         reduce_splits(gpu, l, &p)?;
     }
     Ok(())
+}
+
+/// The tensor-core products' parameters for the k-steps of 64 split in `splits` ranges (at most:
+/// ranges of equal steps, so none is empty), and how many ranges that makes; the partial sums
+/// go to `scratch` when there is more than one.
+fn split_params(
+    l: &Int4Linear<'_>,
+    splits: usize,
+    scratch: &Buf,
+) -> Result<(kernels::params::GemmInt4Params, usize), BackendError> {
+    let total = l.k.div_ceil(64);
+    let steps = total.div_ceil(splits.max(1));
+    let splits = total.div_ceil(steps);
+    let p = kernels::params::GemmInt4Params {
+        g: l.params(l.y, 0, l.m)?,
+        part: if splits > 1 { scratch.ptr() } else { 0 },
+        splits: int(splits, "splits")?,
+        steps: int(steps, "steps")?,
+    };
+    Ok((p, splits))
 }
 
 /// `gemm_int4_reduce`: adds the `p.splits` f32 partial sums a tensor-core product wrote to
