@@ -9,6 +9,8 @@
 #      AWQ and bf16 models; cuda_bench int4 at 64, 128 rows; bench engine AWQ at 128 x 512
 #      with RINGSERVE_CUDA_INT4_WGMMA 0 / s3 / s4_w4 / 0, bf16 at 128 x 512
 #   k: a's cuda_bench int4 (128 rows) and the kernel test alone, carrying .gpu52/a.tar.xz
+#   e: (after a, same machine) AWQ 128 and 256 x 512 with the switch s3 / 0 / s3, and s3 by
+#      vLLM's method
 # b, c, d: on one warm machine, calls chained (the tree, a vLLM part and a build pass the 64 MiB a
 # call carries together, so the parts travel alone):
 #   b: carry .peer-vllm/carry/vllm-site.tar.xz.part00: part 00 stashed; the random 8B AWQ and
@@ -16,6 +18,8 @@
 #   c: carry .peer-vllm/carry/vllm-site.tar.xz.part01 .gpu52/peer: vLLM installed
 #   d: carry .gpu52/d.tar.xz: ringserve AWQ 1, 128 x 512 (engine steps, then vLLM's method); vLLM
 #      0.26 bench_vllm.py on the same checkpoint (Machete); ringserve AWQ again; bf16 1, 128
+#      (as run: a's build, carrying nothing, RINGSERVE_CUDA_INT4_WGMMA=s3 exported, up to the
+#      second `engine awq2`)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 B=/tmp/b52; A=/tmp/awq8b; G=/tmp/gptq8b; M=/tmp/llama8b; P=/tmp/peer52
@@ -57,6 +61,9 @@ k)  # a's first half alone, for a short lease: the products alone, then the kern
   sed -E 's/, (per-weight|tiles)[^,]*//g; s/gemm_int4_//g; s/ \([0-9]+ TFLOP\/s\)//g' $OUT/k_int4_alone.txt | cut -c1-700
   timeout 200 $B/cuda_int4 --include-ignored --test-threads 1 --nocapture int4_kernels > $OUT/k_int4.log 2>&1
   echo "cuda_int4 kernels rc $?"; grep -E "^test |panicked|test result" $OUT/k_int4.log | tail -5 ;;
+e)  # after a, on its warm machine: 128 and 256 rows with the switch s3 / 0 / s3, then vLLM's method
+  for x in s3 0 s3; do RINGSERVE_CUDA_INT4_WGMMA=$x engine w_$x $A 128,256; done
+  RINGSERVE_CUDA_INT4_WGMMA=s3 peer peer_s3 $A 128 ;;
 b)
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
   install_vllm b

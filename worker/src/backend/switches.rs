@@ -115,14 +115,14 @@ pub const INT4_WGMMA_KERNELS: [&str; 5] = ["s3", "s4", "s6", "s4_w4", "s6_w4"];
 pub const INT4_WGMMA_DEFAULT: &str = "s3";
 
 /// Whether INT4 products of more than `kernels::INT4_MMA_BATCH` rows whose groups hold whole
-/// 64-wide k-steps run on Hopper's wgmma (`gemm_int4_wgmma_*`, on compute capability 9.0 only).
-/// Off by default until a GPU run has checked and timed it (docs/quantization.md).
+/// 64-wide k-steps run on Hopper's wgmma (`gemm_int4_wgmma_*`, on compute capability 9.0 only;
+/// elsewhere the mma.sync families take them). On by default since run 52 (docs/quantization.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Int4WgmmaChoice {
     /// Never: the mma.sync families take them.
-    #[default]
     Off,
-    /// [`INT4_WGMMA_DEFAULT`].
+    /// [`INT4_WGMMA_DEFAULT`] on compute capability 9.0, the mma.sync families elsewhere.
+    #[default]
     Auto,
     /// One kernel of [`INT4_WGMMA_KERNELS`] (for measuring).
     Kernel(&'static str),
@@ -408,7 +408,7 @@ mod tests {
         assert!(s.decode_mma && s.fuse_rope && s.l2_prefetch && s.gemm_tune && s.int4_tiles);
         assert!(s.gguf_int4 && s.int4_mma && s.decode_share && s.fuse_o_quant && s.fuse_silu);
         assert!(s.int4_mma_scaled);
-        assert_eq!(s.int4_wgmma, Int4WgmmaChoice::Off);
+        assert_eq!(s.int4_wgmma, Int4WgmmaChoice::Auto);
         assert_eq!(s.pdl, PdlChoice::Fp8);
         assert_eq!(s.gemv, GemvChoice::UpTo(GEMV_MAX_WEIGHT));
         assert_eq!(s.fp8_gemv, Fp8GemvChoice::Auto);
