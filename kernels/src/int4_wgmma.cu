@@ -35,14 +35,15 @@
 #define I4W_X_BYTES (I4W_BATCH * 128)
 static_assert(I4W_BATCH == 128, "gemm_int4_wgmma: wgmma's n is 128");
 
-template <int STAGES, int WGS> __device__ __forceinline__ void gemm_int4_wgmma_impl(const GemmInt4Params& prm) {
+template <int STAGES, int WGS, bool PIPE> __device__ __forceinline__ void gemm_int4_wgmma_impl(const GemmInt4Params& prm) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BLOCK_ROWS = 64 * WGS, BLOCK_THREADS = 128 * WGS;
     // A stage (int4_wgmma_smem_bytes in lib.rs: the same formula), x 1024-byte aligned in each.
     constexpr int STAGE_BYTES = I4W_X_BYTES + BLOCK_ROWS * 32;
     static_assert(STAGE_BYTES % 1024 == 0, "gemm_int4_wgmma: x must stay 1024-byte aligned");
     constexpr int XC = I4W_BATCH * 8 / BLOCK_THREADS; // x chunks a thread copies a step
-    constexpr int AHEAD = STAGES - 1;                  // steps in flight in the ring
+    constexpr int AHEAD = PIPE ? STAGES - 2 : STAGES - 1; // steps in flight in the ring
+    static_assert(AHEAD >= 1, "gemm_int4_wgmma: too few stages");
     const GemvInt4Params& p = prm.g;
     extern __shared__ __align__(1024) unsigned char i4w_smem[];
     const u32 raw_base = (u32)__cvta_generic_to_shared(i4w_smem);
@@ -104,16 +105,9 @@ template <int STAGES, int WGS> __device__ __forceinline__ void gemm_int4_wgmma_i
     }
     I4mRaw raw[2] = {{0u, 0u}, {0u, 0u}};
     if (steps > 0) load_raw(0, raw);
-    for (int j = 0; j < steps; j++) { // block-uniform
-        cp_async_wait<AHEAD - 1>();
-        pw_fence_proxy(); // this thread's copies of step j, before wgmma reads them
-        __syncthreads();  // everyone's; and the slot refilled below is read by no one now
-        if (j + AHEAD < steps) load(j + AHEAD, (j + AHEAD) % STAGES);
-        cp_async_commit();
-        const Int4Group<false> gr[2] = {i4m_group(raw[0]), i4m_group(raw[1])};
-        if (j + 1 < steps) load_raw(j + 1, raw);
+    // The thread's codes of step j: pair t of each of its rows' eight words, shifted down.
+    auto read_codes = [&](int j, u32 (&wv)[2][8]) {
         const u32 slot = (u32)((j % STAGES) * STAGE_BYTES);
-        u32 wv[2][8];
 #pragma unroll
         for (int h = 0; h < 2; h++)
 #pragma unroll
@@ -124,17 +118,67 @@ template <int STAGES, int WGS> __device__ __forceinline__ void gemm_int4_wgmma_i
                 wv[h][4 * c + 2] = v.z >> (4 * t);
                 wv[h][4 * c + 3] = v.w >> (4 * t);
             }
-        u32 a[16];
+    };
+    // A of k-step kk: a0..a3 = (row g, k 2t), (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8).
+    auto dequant = [&](int kk, const u32 (&wv)[2][8], const Int4Group<false> (&gr)[2], u32* a) {
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++)
+        for (int e = 0; e < 4; e++) a[e] = int4_pair_of(wv[e & 1][2 * kk + (e >> 1)], 0, gr[e & 1]);
+    };
+    // Step j's x and codes are in its slot for everyone: this thread's copies waited for and
+    // fenced for the async proxy, then the block's barrier; then the slot read last at step
+    // j - 1 (PIPE: j - 2) is refilled.
+    auto arrive = [&](int j) {
+        cp_async_wait<AHEAD - 1>();
+        pw_fence_proxy();
+        __syncthreads();
+        if (j + AHEAD < steps) load(j + AHEAD, (j + AHEAD) % STAGES);
+        cp_async_commit();
+    };
+    u32 wv[2][8], a[16];
+    if constexpr (!PIPE) {
+        for (int j = 0; j < steps; j++) { // block-uniform
+            arrive(j);
+            const Int4Group<false> gr[2] = {i4m_group(raw[0]), i4m_group(raw[1])};
+            if (j + 1 < steps) load_raw(j + 1, raw);
+            read_codes(j, wv);
 #pragma unroll
-            for (int e = 0; e < 4; e++) // a0..a3: (row g, k 2t), (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8)
-                a[4 * kk + e] = int4_pair_of(wv[e & 1][2 * kk + (e >> 1)], 0, gr[e & 1]);
-        pw_wgmma_fence();
-        const u64 dx = pw_desc(base + slot, 16, 1024);
+            for (int kk = 0; kk < 4; kk++) dequant(kk, wv, gr, a + 4 * kk);
+            pw_wgmma_fence();
+            const u64 dx = pw_desc(base + (u32)((j % STAGES) * STAGE_BYTES), 16, 1024);
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++) pw_mma_rs<false>(acc, a + 4 * kk, dx + (u64)(2 * kk));
-        pw_wgmma_commit();
+            for (int kk = 0; kk < 4; kk++) pw_mma_rs<false>(acc, a + 4 * kk, dx + (u64)(2 * kk));
+            pw_wgmma_commit();
+            pw_wgmma_wait<0>();
+            pw_pin(acc);
+        }
+    } else if (steps > 0) {
+        // Each k-step's wgmma is its own group; k-step kk + 1's A is dequantized while kk's runs
+        // (other registers), and k-step 0 of step j + 1 once step j's k-step 0 has finished
+        // (wait for all but the last three groups), which also retires step j - 1 entirely.
+        arrive(0);
+        Int4Group<false> gr[2] = {i4m_group(raw[0]), i4m_group(raw[1])};
+        if (1 < steps) load_raw(1, raw);
+        read_codes(0, wv);
+        dequant(0, wv, gr, a);
+        for (int j = 0; j < steps; j++) { // block-uniform
+            const u64 dx = pw_desc(base + (u32)((j % STAGES) * STAGE_BYTES), 16, 1024);
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                pw_wgmma_fence();
+                pw_mma_rs<false>(acc, a + 4 * kk, dx + (u64)(2 * kk));
+                pw_wgmma_commit();
+                if (kk < 3) dequant(kk + 1, wv, gr, a + 4 * (kk + 1));
+            }
+            if (j + 1 < steps) {
+                pw_wgmma_wait<3>();
+                arrive(j + 1);
+                gr[0] = i4m_group(raw[0]);
+                gr[1] = i4m_group(raw[1]);
+                if (j + 2 < steps) load_raw(j + 2, raw);
+                read_codes(j + 1, wv);
+                dequant(0, wv, gr, a);
+            }
+        }
         pw_wgmma_wait<0>();
         pw_pin(acc);
     }
@@ -145,14 +189,17 @@ template <int STAGES, int WGS> __device__ __forceinline__ void gemm_int4_wgmma_i
 #endif
 }
 
-// gemm_int4_wgmma_s{STAGES}[_w{WGS}]: at least `blocks` blocks an SM. wgmma exists only on sm_90a;
-// the host never launches these elsewhere.
-#define INT4_WGMMA(name, stages, wgs, blocks)                                                            \
+// gemm_int4_wgmma_{s,p}{STAGES}[_w{WGS}]: at least `blocks` blocks an SM; `p`: pipelined (PIPE).
+// wgmma exists only on sm_90a; the host never launches these elsewhere.
+#define INT4_WGMMA(name, stages, wgs, pipe, blocks)                                                      \
     extern "C" __global__ void __launch_bounds__(128 * wgs, blocks) name(GemmInt4Params p) {             \
-        gemm_int4_wgmma_impl<stages, wgs>(p);                                                            \
+        gemm_int4_wgmma_impl<stages, wgs, pipe>(p);                                                      \
     }
-INT4_WGMMA(gemm_int4_wgmma_s3, 3, 2, 2)
-INT4_WGMMA(gemm_int4_wgmma_s4, 4, 2, 2)
-INT4_WGMMA(gemm_int4_wgmma_s6, 6, 2, 1)
-INT4_WGMMA(gemm_int4_wgmma_s4_w4, 4, 4, 1)
-INT4_WGMMA(gemm_int4_wgmma_s6_w4, 6, 4, 1)
+INT4_WGMMA(gemm_int4_wgmma_s3, 3, 2, false, 2)
+INT4_WGMMA(gemm_int4_wgmma_s4, 4, 2, false, 2)
+INT4_WGMMA(gemm_int4_wgmma_s6, 6, 2, false, 1)
+INT4_WGMMA(gemm_int4_wgmma_s4_w4, 4, 4, false, 1)
+INT4_WGMMA(gemm_int4_wgmma_s6_w4, 6, 4, false, 1)
+INT4_WGMMA(gemm_int4_wgmma_p3, 3, 2, true, 2)
+INT4_WGMMA(gemm_int4_wgmma_p4, 4, 2, true, 2)
+INT4_WGMMA(gemm_int4_wgmma_p4_w4, 4, 4, true, 1)
