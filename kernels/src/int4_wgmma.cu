@@ -21,14 +21,19 @@
 // from sz / z one step ahead; a step lies in one group (group_size a multiple of 64, or one group
 // a row).
 //
-// A warpgroup waits for its step's wgmmas before it dequantizes the next step's A (ptxas serialises
-// wgmmas whose register operands are written while any earlier wgmma is in flight, so A cannot be
-// double-buffered); the tensor cores stay busy with the other warpgroups of the SM (WGS = 2: two
-// blocks an SM for rings of up to 4 stages; WGS = 4: one block, each stage of x read by four
+// Without PIPE a warpgroup dequantizes a whole step, issues its four wgmmas as one group and waits
+// for them before the next step; the tensor cores stay busy with the SM's other warpgroups (WGS = 2:
+// two blocks an SM for rings of up to 4 stages; WGS = 4: one block, each stage of x read by four
 // warpgroups, half the shared-memory traffic from L2 per weight). A ring slot is refilled one step
-// after its last read. Rows past n read row n - 1 and x rows past b read row b - 1: their products land only in
-// outputs never stored. With splits > 1 block bz writes its f32 sums to part[bz] and
-// gemm_int4_reduce adds them up; otherwise it writes y (i4m_store, as gemm_int4_mma does).
+// after its last read. With PIPE each k-step's wgmma is its own group and the next k-step's A is
+// dequantized into other registers while it runs (ptxas serialises wgmmas only when a register
+// operand is written by another instruction within their group); at a step's end, a wait for all
+// but the last three groups frees the registers of its first k-step and the ring slot of the step
+// before, which is refilled then (the ring keeps one step of slack).
+//
+// Rows past n read row n - 1 and x rows past b read row b - 1: their products land only in outputs
+// never stored. With splits > 1 block bz writes its f32 sums to part[bz] and gemm_int4_reduce adds
+// them up; otherwise it writes y (i4m_store, as gemm_int4_mma does).
 #include "common.cuh"
 
 #define I4W_BATCH INT4_WGMMA_BATCH

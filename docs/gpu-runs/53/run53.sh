@@ -8,6 +8,7 @@
 #      kernel at odd shapes against the f64 product); bench engine on the random 8B AWQ model at
 #      128 x 512 with RINGSERVE_CUDA_INT4_WGMMA s3 / p4 / p3 / p4_w4 / s3 / p4; cuda_kernels
 #      gemm_fp8_matches_cpu with a kernel cache directory (the tuning taken from the disk)
+#   b: (after a, same machine) 128 x 512 with p3 / s3 / p3
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 B=/tmp/b53; A=/tmp/awq8b
@@ -34,4 +35,6 @@ a)
     --test-threads 1 gemm_fp8_matches_cpu > $OUT/a_fp8.log 2>&1
   echo "cuda_kernels gemm_fp8_matches_cpu rc $?"; grep -E "^test |panicked|test result|disk cache" $OUT/a_fp8.log | head -5
   echo "tuning file lines: $(cat /tmp/kc-53f/*.tsv 2>/dev/null | wc -l)" ;;
+b)
+  for x in p3 s3 p3; do RINGSERVE_CUDA_INT4_WGMMA=$x engine w_$x $A 128; done ;;
 esac
