@@ -9,8 +9,6 @@
 #      AWQ and bf16 models; cuda_bench int4 at 64, 128 rows; bench engine AWQ at 128 x 512
 #      with RINGSERVE_CUDA_INT4_WGMMA 0 / s3 / s4_w4 / 0, bf16 at 128 x 512
 #   k: a's cuda_bench int4 (128 rows) and the kernel test alone, carrying .gpu52/a.tar.xz
-#   f: the build that made s3 the default: AWQ 128 x 512 with no switch and s4, alternating; the
-#      FP8 cuBLASLt tuning's disk cache (cuda_kernels gemm_fp8_matches_cpu), carrying .gpu52/f.tar.xz
 #   e: (after a, same machine) AWQ 128 and 256 x 512 with the switch s3 / 0 / s3, and s3 by
 #      vLLM's method
 # b, c, d: on one warm machine, calls chained (the tree, a vLLM part and a build pass the 64 MiB a
@@ -66,18 +64,6 @@ k)  # a's first half alone, for a short lease: the products alone, then the kern
 e)  # after a, on its warm machine: 128 and 256 rows with the switch s3 / 0 / s3, then vLLM's method
   for x in s3 0 s3; do RINGSERVE_CUDA_INT4_WGMMA=$x engine w_$x $A 128,256; done
   RINGSERVE_CUDA_INT4_WGMMA=s3 peer peer_s3 $A 128 ;;
-f)  # carry .gpu52/f.tar.xz (ringserve and cuda_kernels of the build that made s3 the default): the
-    # default engaged (no switch) against s4, alternating; FP8 cuBLASLt tuning from the disk cache
-  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-  [ -f $A/config.json ] || python3 scripts/make_random_awq8b.py $A > $OUT/make_awq.log 2>&1
-  for x in default s4 default s4; do
-    if [ $x = default ]; then engine w_default $A 128; else RINGSERVE_CUDA_INT4_WGMMA=$x engine w_$x $A 128; fi
-  done
-  grep -m1 -o "int4_wgmma=[a-z0-9_]*" $OUT/bench.err
-  rm -rf /tmp/kc-52f; RINGSERVE_KERNEL_CACHE=/tmp/kc-52f timeout 150 $B/cuda_kernels --include-ignored \
-    --test-threads 1 gemm_fp8_matches_cpu > $OUT/f_fp8.log 2>&1
-  echo "cuda_kernels gemm_fp8_matches_cpu rc $?"; grep -E "^test |panicked|test result|disk cache" $OUT/f_fp8.log | head -5
-  echo "tuning file lines: $(cat /tmp/kc-52f/*.tsv 2>/dev/null | wc -l)" ;;
 b)
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
   install_vllm b
