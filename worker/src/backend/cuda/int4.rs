@@ -531,8 +531,10 @@ pub struct WgmmaKernel {
     pub name: &'static str,
     /// The name `RINGSERVE_CUDA_INT4_WGMMA` takes (the kernel's, less `gemm_int4_wgmma_`).
     pub short: &'static str,
-    /// k-steps of 64 its shared-memory ring holds.
-    pub stages: usize,
+    /// k-steps of 64 its shared-memory ring of activations holds.
+    pub x_stages: usize,
+    /// k-steps of 64 its ring of codes holds (at least `x_stages`).
+    pub code_stages: usize,
     /// Warpgroups (128 threads) a block.
     pub warpgroups: usize,
     /// Blocks an SM (its launch bounds).
@@ -547,34 +549,38 @@ impl WgmmaKernel {
 
     /// Dynamic shared memory a block.
     pub const fn smem_bytes(&self) -> usize {
-        kernels::int4_wgmma_smem_bytes(self.stages, self.warpgroups)
+        kernels::int4_wgmma_smem_bytes(self.x_stages, self.code_stages, self.warpgroups)
     }
 }
 
 const fn wgmma(
     name: &'static str,
     short: &'static str,
-    (stages, warpgroups, blocks_per_sm): (usize, usize, usize),
+    (x_stages, code_stages, warpgroups, blocks_per_sm): (usize, usize, usize, usize),
 ) -> WgmmaKernel {
     WgmmaKernel {
         name,
         short,
-        stages,
+        x_stages,
+        code_stages,
         warpgroups,
         blocks_per_sm,
     }
 }
 
 /// The Hopper kernels, one per name of [`crate::backend::switches::INT4_WGMMA_KERNELS`].
-pub const WGMMA_KERNELS: [WgmmaKernel; 8] = [
-    wgmma("gemm_int4_wgmma_s3", "s3", (3, 2, 2)),
-    wgmma("gemm_int4_wgmma_s4", "s4", (4, 2, 2)),
-    wgmma("gemm_int4_wgmma_s6", "s6", (6, 2, 1)),
-    wgmma("gemm_int4_wgmma_s4_w4", "s4_w4", (4, 4, 1)),
-    wgmma("gemm_int4_wgmma_s6_w4", "s6_w4", (6, 4, 1)),
-    wgmma("gemm_int4_wgmma_p3", "p3", (3, 2, 2)),
-    wgmma("gemm_int4_wgmma_p4", "p4", (4, 2, 2)),
-    wgmma("gemm_int4_wgmma_p4_w4", "p4_w4", (4, 4, 1)),
+pub const WGMMA_KERNELS: [WgmmaKernel; 11] = [
+    wgmma("gemm_int4_wgmma_s3", "s3", (3, 3, 2, 2)),
+    wgmma("gemm_int4_wgmma_s4", "s4", (4, 4, 2, 2)),
+    wgmma("gemm_int4_wgmma_s6", "s6", (6, 6, 2, 1)),
+    wgmma("gemm_int4_wgmma_s4_w4", "s4_w4", (4, 4, 4, 1)),
+    wgmma("gemm_int4_wgmma_s6_w4", "s6_w4", (6, 6, 4, 1)),
+    wgmma("gemm_int4_wgmma_p3", "p3", (3, 3, 2, 2)),
+    wgmma("gemm_int4_wgmma_p4", "p4", (4, 4, 2, 2)),
+    wgmma("gemm_int4_wgmma_p4_w4", "p4_w4", (4, 4, 4, 1)),
+    wgmma("gemm_int4_wgmma_p3c6", "p3c6", (3, 6, 2, 2)),
+    wgmma("gemm_int4_wgmma_p3c8", "p3c8", (3, 8, 2, 2)),
+    wgmma("gemm_int4_wgmma_p4c8", "p4c8", (4, 8, 2, 2)),
 ];
 
 /// The kernel of [`WGMMA_KERNELS`] named `short`.
@@ -971,6 +977,10 @@ mod tests {
             let chosen = wgmma_select("sm_90a", Int4WgmmaChoice::Kernel(short)).unwrap();
             assert_eq!(chosen, Some(k));
             assert!(wgmma_select("sm_89", Int4WgmmaChoice::Kernel(short)).is_err());
+            // Its blocks an SM fit Hopper's 227 KiB of shared memory, and its codes ring is
+            // at least its x ring (the kernel's static_assert).
+            assert!(k.blocks_per_sm * k.smem_bytes() <= 227 * 1024, "{}", k.name);
+            assert!(k.code_stages >= k.x_stages, "{}", k.name);
         }
         assert_eq!(WGMMA_KERNELS.len(), INT4_WGMMA_KERNELS.len());
         let auto = wgmma_select("sm_90a", Int4WgmmaChoice::Auto).unwrap();
