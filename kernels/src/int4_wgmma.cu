@@ -36,14 +36,38 @@
 //
 // Rows past n read row n - 1 and x rows past b read row b - 1: their products land only in outputs
 // never stored. With splits > 1 block bz writes its f32 sums to part[bz] and gemm_int4_reduce adds
-// them up; otherwise it writes y (i4m_store, as gemm_int4_mma does).
+// them up; otherwise it writes y (i4m_store, as gemm_int4_mma does). The DSMEM kernels (DSM) are
+// launched in clusters of the splits of one tile (1 x 1 x splits, at most 8): each block leaves its
+// sums in its own shared memory, and block r of the cluster adds up accumulators [64 r / C, 64 (r
+// + 1) / C) of every thread over the C blocks through distributed shared memory, in the order of
+// gemm_int4_reduce (split 0 first, from 0), and stores them to y: no partial sums in global memory,
+// no reduce launch.
 #include "common.cuh"
+
+// Cluster helpers (sm_90): a barrier of every thread of the cluster, release / acquire; this
+// block's rank; an f32 at a shared-memory address of this block read from block `rank`'s.
+__device__ __forceinline__ void i4w_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ u32 i4w_cluster_rank() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ float i4w_ld_cluster(u32 addr, u32 rank) {
+    u32 remote;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+    return v;
+}
 
 #define I4W_BATCH INT4_WGMMA_BATCH
 #define I4W_X_BYTES (I4W_BATCH * 128)
 static_assert(I4W_BATCH == 128, "gemm_int4_wgmma: wgmma's n is 128");
 
-template <int XST, int WST, int WGS, bool PIPE> __device__ __forceinline__ void gemm_int4_wgmma_impl(const GemmInt4Params& prm) {
+template <int XST, int WST, int WGS, bool PIPE, bool DSM>
+__device__ __forceinline__ void gemm_int4_wgmma_impl(const GemmInt4Params& prm) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BLOCK_ROWS = 64 * WGS, BLOCK_THREADS = 128 * WGS;
     // The rings (int4_wgmma_smem_bytes in lib.rs: the same formula), x 1024-byte aligned.
@@ -202,25 +226,50 @@ template <int XST, int WST, int WGS, bool PIPE> __device__ __forceinline__ void 
     cp_async_wait<0>();
     // Accumulator i = 4 nb + c is (row r0 + 8 (c >> 1), x row 8 nb + 2t + (c & 1)): i4m_store's
     // [1][16][4] layout.
-    i4m_store<1, 16>(prm, *reinterpret_cast<const float(*)[1][16][4]>(acc), brow + 64 * wg + 16 * wl, b0, g, t);
+    if (!DSM || prm.splits == 1) { // grid-uniform
+        i4m_store<1, 16>(prm, *reinterpret_cast<const float(*)[1][16][4]>(acc), brow + 64 * wg + 16 * wl, b0, g, t);
+        return;
+    }
+    if constexpr (DSM) {
+        // The rings are free (every wgmma waited for, every copy landed, once all threads are
+        // past this barrier): accumulator i of thread tid at f32 i * BLOCK_THREADS + tid
+        // (int4_wgmma_smem_bytes gives DSM kernels room for 64 f32 a thread).
+        __syncthreads();
+        float* red = (float*)(i4w_smem + (base - raw_base));
+#pragma unroll
+        for (int i = 0; i < 64; i++) red[i * BLOCK_THREADS + tid] = acc[i];
+        i4w_cluster_sync();
+        const int C = prm.splits, r = (int)i4w_cluster_rank();
+        const u32 mine = base + 4u * (u32)tid;
+        for (int i = 64 * r / C; i < 64 * (r + 1) / C; i++) {
+            float v = 0.f;
+            for (int q = 0; q < C; q++) v += i4w_ld_cluster(mine + 4u * (u32)(i * BLOCK_THREADS), (u32)q);
+            const int c = i & 3, row = brow + r0 + 8 * (c >> 1), bb = b0 + 8 * (i >> 2) + 2 * t + (c & 1);
+            if (row < n && bb < b) p.y[(size_t)bb * n + row] = __float2bfloat16(v);
+        }
+        // No block leaves while another reads its shared memory.
+        i4w_cluster_sync();
+    }
 #endif
 }
 
-// gemm_int4_wgmma_{s,p}{XST}[c{WST}][_w{WGS}]: at least `blocks` blocks an SM; `p`: pipelined
-// (PIPE); without c, WST = XST. wgmma exists only on sm_90a; the host never launches these
-// elsewhere.
-#define INT4_WGMMA(name, xst, wst, wgs, pipe, blocks)                                                    \
+// gemm_int4_wgmma_{s,p}{XST}[c{WST}][_w{WGS}][d]: at least `blocks` blocks an SM; `p`: pipelined
+// (PIPE); without c, WST = XST; d: DSMEM reduction of the splits (DSM). wgmma exists only on
+// sm_90a; the host never launches these elsewhere.
+#define INT4_WGMMA(name, xst, wst, wgs, pipe, dsm, blocks)                                               \
     extern "C" __global__ void __launch_bounds__(128 * wgs, blocks) name(GemmInt4Params p) {             \
-        gemm_int4_wgmma_impl<xst, wst, wgs, pipe>(p);                                                    \
+        gemm_int4_wgmma_impl<xst, wst, wgs, pipe, dsm>(p);                                               \
     }
-INT4_WGMMA(gemm_int4_wgmma_s3, 3, 3, 2, false, 2)
-INT4_WGMMA(gemm_int4_wgmma_s4, 4, 4, 2, false, 2)
-INT4_WGMMA(gemm_int4_wgmma_s6, 6, 6, 2, false, 1)
-INT4_WGMMA(gemm_int4_wgmma_s4_w4, 4, 4, 4, false, 1)
-INT4_WGMMA(gemm_int4_wgmma_s6_w4, 6, 6, 4, false, 1)
-INT4_WGMMA(gemm_int4_wgmma_p3, 3, 3, 2, true, 2)
-INT4_WGMMA(gemm_int4_wgmma_p4, 4, 4, 2, true, 2)
-INT4_WGMMA(gemm_int4_wgmma_p4_w4, 4, 4, 4, true, 1)
-INT4_WGMMA(gemm_int4_wgmma_p3c6, 3, 6, 2, true, 2)
-INT4_WGMMA(gemm_int4_wgmma_p3c8, 3, 8, 2, true, 2)
-INT4_WGMMA(gemm_int4_wgmma_p4c8, 4, 8, 2, true, 2)
+INT4_WGMMA(gemm_int4_wgmma_s3, 3, 3, 2, false, false, 2)
+INT4_WGMMA(gemm_int4_wgmma_s4, 4, 4, 2, false, false, 2)
+INT4_WGMMA(gemm_int4_wgmma_s6, 6, 6, 2, false, false, 1)
+INT4_WGMMA(gemm_int4_wgmma_s4_w4, 4, 4, 4, false, false, 1)
+INT4_WGMMA(gemm_int4_wgmma_s6_w4, 6, 6, 4, false, false, 1)
+INT4_WGMMA(gemm_int4_wgmma_p3, 3, 3, 2, true, false, 2)
+INT4_WGMMA(gemm_int4_wgmma_p4, 4, 4, 2, true, false, 2)
+INT4_WGMMA(gemm_int4_wgmma_p4_w4, 4, 4, 4, true, false, 1)
+INT4_WGMMA(gemm_int4_wgmma_p3c6, 3, 6, 2, true, false, 2)
+INT4_WGMMA(gemm_int4_wgmma_p3c8, 3, 8, 2, true, false, 2)
+INT4_WGMMA(gemm_int4_wgmma_p4c8, 4, 8, 2, true, false, 2)
+INT4_WGMMA(gemm_int4_wgmma_p3d, 3, 3, 2, true, true, 2)
+INT4_WGMMA(gemm_int4_wgmma_p3c6d, 3, 6, 2, true, true, 2)
