@@ -3,9 +3,10 @@
 # than activations (gemm_int4_wgmma_p3c6 / p3c8 / p4c8), the splits of a tile added up through
 # distributed shared memory (p3d, p3c6d), and session 54's unrun checks.
 # .gpu54/a.tar.xz: ringserve, cuda_bench, cuda_int4 of the build (--features cuda, stripped).
-#   a: cuda_bench int4 at 128 rows (every product alone, every kernel); ncu of
-#      gemm_int4_wgmma_p3 on gate/up and down at 128 rows, p3d on o; bench engine on the
-#      random 8B AWQ model at 128 x 512 with RINGSERVE_CUDA_INT4_WGMMA p3 / p3d / p3c6 / p3c6d / p3 / p3d
+#   a: cuda_bench int4 at 128 rows (every product alone, every kernel); the INT4 kernel test
+#      (every kernel at odd shapes); bench engine on the random 8B AWQ model at 128 x 512 with
+#      RINGSERVE_CUDA_INT4_WGMMA p3 / p3d / p3c6d / p3 / p3d; ncu of gemm_int4_wgmma_p3 on
+#      gate/up and p3d on o at 128 rows
 #   b: every cuda_int4 test (the model tests with the default, the kernel test with every kernel)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
@@ -24,18 +25,20 @@ a)
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
   ( [ -f $A/config.json ] || python3 scripts/make_random_awq8b.py $A > $OUT/make_awq.log 2>&1 ) &
   MK=$!
-  timeout 150 $B/cuda_bench int4 $OUT/a_int4_alone.json 128 2>&1 | grep -E "^int4" > $OUT/a_int4_alone.txt
-  sed -E 's/, (per-weight|tiles|mma_)[^,]*//g; s/gemm_int4_//g; s/ \([0-9]+ TFLOP\/s\)//g' $OUT/a_int4_alone.txt | cut -c1-700
+  timeout 150 $B/cuda_bench int4 $OUT/a_int4_alone.json 128 2>&1 | grep -E "^int4|rror" > $OUT/a_int4_alone.txt
+  sed -E 's/, (per-weight|tiles|mma_)[^,]*//g; s/gemm_int4_//g; s/ \([0-9]+ TFLOP\/s\)//g' $OUT/a_int4_alone.txt | cut -c1-800
+  timeout 170 $B/cuda_int4 --include-ignored --test-threads 1 --nocapture int4_kernels > $OUT/a_int4.log 2>&1
+  echo "cuda_int4 int4_kernels rc $?"; grep -E "^test |panicked|test result" $OUT/a_int4.log | tail -3
+  wait $MK
+  for x in p3 p3d p3c6d p3 p3d; do RINGSERVE_CUDA_INT4_WGMMA=$x engine w_$x $A 128; done
   echo "ncu: ${NCU:-none}"
-  S="--section SpeedOfLight --section Occupancy --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section ComputeWorkloadAnalysis --section InstructionStats --section SchedulerStats"
-  for sk in "gate_up gemm_int4_wgmma_p3" "down gemm_int4_wgmma_p3" "o gemm_int4_wgmma_p3d"; do
+  S="--section SpeedOfLight --section Occupancy --section MemoryWorkloadAnalysis --section WarpStateStats --section ComputeWorkloadAnalysis --section SchedulerStats"
+  for sk in "gate_up gemm_int4_wgmma_p3" "o gemm_int4_wgmma_p3d"; do
     set -- $sk
     echo "=== ncu $1 128 $2" >> $OUT/a_ncu.txt
-    [ -n "$NCU" ] && timeout 60 $NCU --clock-control none -k regex:$2 -s 1 -c 1 $S $B/cuda_bench int4one $1 128 $2 >> $OUT/a_ncu.txt 2>&1
+    [ -n "$NCU" ] && timeout 45 $NCU --clock-control none -k regex:$2 -s 1 -c 1 $S $B/cuda_bench int4one $1 128 $2 >> $OUT/a_ncu.txt 2>&1
   done
-  grep -vE "^\s*$|^==PROF==|----" $OUT/a_ncu.txt | grep -E "===|Throughput|Pipe|Stall|Issue|Eligible|Active Warps|Duration|Bank|Hit Rate|Registers|Warp Cycles|Executed Ipc|Occupancy" | cut -c1-110 | head -90
-  wait $MK
-  for x in p3 p3d p3c6 p3c6d p3 p3d; do RINGSERVE_CUDA_INT4_WGMMA=$x engine w_$x $A 128; done ;;
+  grep -vE "^\s*$|^==PROF==|----" $OUT/a_ncu.txt | grep -E "===|Throughput|Pipe|Stall|Issue|Eligible|Active Warps|Duration|Bank|Hit Rate|Warp Cycles|Executed Ipc|Occupancy" | cut -c1-110 | head -70 ;;
 b)
   timeout 540 $B/cuda_int4 --include-ignored --test-threads 1 --nocapture > $OUT/b_int4.log 2>&1
   echo "cuda_int4 rc $?"; grep -E "^test |panicked|test result" $OUT/b_int4.log | tail -5 ;;
