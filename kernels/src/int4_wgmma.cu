@@ -8,13 +8,11 @@
 // the wgmma's A operand, dequantized into registers), activation rows [128 by, +128) (its B
 // operand, in shared memory, read by every warpgroup) and k-steps of 64 [steps bz, +steps). Each
 // step, a warpgroup issues four wgmma.m64n128k16 (A from registers, B through a matrix descriptor)
-// into 64 f32 accumulators a thread. Activations and codes go through two rings filled by
-// cp.async: XST slots of x [128 rows][64 bf16] in the 128-byte swizzle layout wgmma reads (row r at
+// into 64 f32 accumulators a thread. Activations and codes go through one ring of STAGES steps by
+// cp.async: a stage is x [128 rows][64 bf16] in the 128-byte swizzle layout wgmma reads (row r at
 // r * 128, its 16-byte chunk c at (c ^ (r & 7)) * 16; 8-row groups 1024 bytes apart: SBO), then
-// WST slots of codes [64 WGS rows][32 bytes] (row r's words 8 s .. 8 s + 7, its two 16-byte halves
-// swapped on rows r with bit 2 set, so that a warp's reads of 8 rows hit 32 banks). With WST = XST
-// a step's codes are asked for with its x; with WST > XST they come WST - 1 steps ahead (from
-// DRAM; x, from L2, AHEAD_X steps ahead).
+// the codes [64 WGS rows][32 bytes] (row r's words 8 s .. 8 s + 7, its two 16-byte halves swapped
+// on rows r with bit 2 set, so that a warp's reads of 8 rows hit 32 banks).
 //
 // A's k order is wgmma's own (register a0 of k-step kk holds k 16 kk + 2t, +1 of row g), so lane t
 // of a quad needs codes 2t, 2t + 1 of every packed word of its rows: it reads all eight words of
@@ -26,57 +24,31 @@
 // Without PIPE a warpgroup dequantizes a whole step, issues its four wgmmas as one group and waits
 // for them before the next step; the tensor cores stay busy with the SM's other warpgroups (WGS = 2:
 // two blocks an SM for rings of up to 4 stages; WGS = 4: one block, each stage of x read by four
-// warpgroups, half the shared-memory traffic from L2 per weight). An x slot is refilled one step
+// warpgroups, half the shared-memory traffic from L2 per weight). A ring slot is refilled one step
 // after its last read. With PIPE each k-step's wgmma is its own group and the next k-step's A is
 // dequantized into other registers while it runs (ptxas serialises wgmmas only when a register
 // operand is written by another instruction within their group); at a step's end, a wait for all
-// but the last three groups frees the registers of its first k-step and the x slot of the step
-// before, which is refilled then (the x ring keeps one step of slack). Codes are read into
-// registers, so a codes slot is free at the next step's barrier.
+// but the last three groups frees the registers of its first k-step and the ring slot of the step
+// before, which is refilled then (the ring keeps one step of slack).
 //
 // Rows past n read row n - 1 and x rows past b read row b - 1: their products land only in outputs
 // never stored. With splits > 1 block bz writes its f32 sums to part[bz] and gemm_int4_reduce adds
-// them up; otherwise it writes y (i4m_store, as gemm_int4_mma does). The DSMEM kernels (DSM) are
-// launched in clusters of the splits of one tile (1 x 1 x splits, at most 8): each block leaves its
-// sums in its own shared memory, and block r of the cluster adds up accumulators [64 r / C, 64 (r
-// + 1) / C) of every thread over the C blocks through distributed shared memory, in the order of
-// gemm_int4_reduce (split 0 first, from 0), and stores them to y: no partial sums in global memory,
-// no reduce launch.
+// them up; otherwise it writes y (i4m_store, as gemm_int4_mma does).
 #include "common.cuh"
-
-// Cluster helpers (sm_90): a barrier of every thread of the cluster, release / acquire; this
-// block's rank; an f32 at a shared-memory address of this block read from block `rank`'s.
-__device__ __forceinline__ void i4w_cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-__device__ __forceinline__ u32 i4w_cluster_rank() {
-    u32 r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ float i4w_ld_cluster(u32 addr, u32 rank) {
-    u32 remote;
-    float v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-    return v;
-}
 
 #define I4W_BATCH INT4_WGMMA_BATCH
 #define I4W_X_BYTES (I4W_BATCH * 128)
 static_assert(I4W_BATCH == 128, "gemm_int4_wgmma: wgmma's n is 128");
 
-template <int XST, int WST, int WGS, bool PIPE, bool DSM>
-__device__ __forceinline__ void gemm_int4_wgmma_impl(const GemmInt4Params& prm) {
+template <int STAGES, int WGS, bool PIPE> __device__ __forceinline__ void gemm_int4_wgmma_impl(const GemmInt4Params& prm) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BLOCK_ROWS = 64 * WGS, BLOCK_THREADS = 128 * WGS;
-    // The rings (int4_wgmma_smem_bytes in lib.rs: the same formula), x 1024-byte aligned.
-    constexpr int CODE_BYTES = BLOCK_ROWS * 32, CODES_AT = XST * I4W_X_BYTES;
-    static_assert(I4W_X_BYTES % 1024 == 0, "gemm_int4_wgmma: x must stay 1024-byte aligned");
+    // A stage (int4_wgmma_smem_bytes in lib.rs: the same formula), x 1024-byte aligned in each.
+    constexpr int STAGE_BYTES = I4W_X_BYTES + BLOCK_ROWS * 32;
+    static_assert(STAGE_BYTES % 1024 == 0, "gemm_int4_wgmma: x must stay 1024-byte aligned");
     constexpr int XC = I4W_BATCH * 8 / BLOCK_THREADS; // x chunks a thread copies a step
-    constexpr int AHEAD_X = PIPE ? XST - 2 : XST - 1; // steps of x in flight in its ring
-    constexpr int AHEAD_W = WST > XST ? WST - 1 : AHEAD_X; // steps of codes in flight
-    static_assert(AHEAD_X >= 1 && WST >= XST, "gemm_int4_wgmma: too few stages");
+    constexpr int AHEAD = PIPE ? STAGES - 2 : STAGES - 1; // steps in flight in the ring
+    static_assert(AHEAD >= 1, "gemm_int4_wgmma: too few stages");
     const GemvInt4Params& p = prm.g;
     extern __shared__ __align__(1024) unsigned char i4w_smem[];
     const u32 raw_base = (u32)__cvta_generic_to_shared(i4w_smem);
@@ -100,16 +72,14 @@ __device__ __forceinline__ void gemm_int4_wgmma_impl(const GemmInt4Params& prm) 
     for (int i = 0; i < XC; i++)
         xsrc[i] = p.x + (size_t)min(b0 + xr + BLOCK_THREADS / 8 * i, b - 1) * k + 64 * s_begin + 8 * xc;
     const int wr = tid >> 1, wh = tid & 1;
-    const u32 wdst = (u32)(CODES_AT + wr * 32 + ((wh ^ ((wr >> 2) & 1)) << 4));
+    const u32 wdst = (u32)(I4W_X_BYTES + wr * 32 + ((wh ^ ((wr >> 2) & 1)) << 4));
     const u32* wsrc = p.w + (size_t)min(brow + wr, n - 1) * kw + 8 * s_begin + 4 * wh;
-    auto load_x = [&](int j) { // step s_begin + j's x into its slot; j < steps
-        const u32 st = base + (u32)((j % XST) * I4W_X_BYTES);
+    auto load = [&](int j, int slot) { // step s_begin + j into ring slot `slot`; j < steps
+        const u32 st = base + (u32)(slot * STAGE_BYTES);
 #pragma unroll
         for (int i = 0; i < XC; i++)
             pf_cp_async16(st + xdst + BLOCK_THREADS / 8 * 128 * i, xsrc[i] + 64 * j, true);
-    };
-    auto load_codes = [&](int j) { // step s_begin + j's codes into their slot; j < steps
-        pf_cp_async16(base + (u32)((j % WST) * CODE_BYTES) + wdst, wsrc + 8 * j, true);
+        pf_cp_async16(st + wdst, wsrc + 8 * j, true);
     };
 
     // The thread's A rows: R and R + 8 of the block (warpgroup warp / 4, warp warp % 4), their
@@ -117,7 +87,7 @@ __device__ __forceinline__ void gemm_int4_wgmma_impl(const GemmInt4Params& prm) 
     const int wg = warp >> 2, wl = warp & 3;
     const int r0 = 64 * wg + 16 * wl + g;
     const u32 sw = (u32)(((g >> 2) & 1) << 4);
-    const u32 woff[2] = {(u32)(CODES_AT + r0 * 32), (u32)(CODES_AT + (r0 + 8) * 32)};
+    const u32 woff[2] = {(u32)(I4W_X_BYTES + r0 * 32), (u32)(I4W_X_BYTES + (r0 + 8) * 32)};
     u32 go[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) go[h] = (u32)min(brow + r0 + 8 * h, n - 1) * (u32)p.groups;
@@ -133,20 +103,16 @@ __device__ __forceinline__ void gemm_int4_wgmma_impl(const GemmInt4Params& prm) 
     float acc[64];
 #pragma unroll
     for (int i = 0; i < 64; i++) acc[i] = 0.f;
-    // Group st of the prologue: step st's codes, and its x for st < AHEAD_X; arrive(j)'s group:
-    // step j + AHEAD_X's x and step j + AHEAD_W's codes. Step j's x is then in group AHEAD_W + j
-    // - AHEAD_X and its codes in an earlier one, so all but the last AHEAD_X - 1 groups it waits.
 #pragma unroll
-    for (int st = 0; st < AHEAD_W; st++) {
-        if (st < AHEAD_X && st < steps) load_x(st);
-        if (st < steps) load_codes(st);
+    for (int st = 0; st < AHEAD; st++) {
+        if (st < steps) load(st, st);
         cp_async_commit();
     }
     I4mRaw raw[2] = {{0u, 0u}, {0u, 0u}};
     if (steps > 0) load_raw(0, raw);
     // The thread's codes of step j: pair t of each of its rows' eight words, shifted down.
     auto read_codes = [&](int j, u32 (&wv)[2][8]) {
-        const u32 slot = (u32)((j % WST) * CODE_BYTES);
+        const u32 slot = (u32)((j % STAGES) * STAGE_BYTES);
 #pragma unroll
         for (int h = 0; h < 2; h++)
 #pragma unroll
@@ -163,16 +129,14 @@ __device__ __forceinline__ void gemm_int4_wgmma_impl(const GemmInt4Params& prm) 
 #pragma unroll
         for (int e = 0; e < 4; e++) a[e] = int4_pair_of(wv[e & 1][2 * kk + (e >> 1)], 0, gr[e & 1]);
     };
-    // Step j's x and codes are in their slots for everyone: this thread's copies waited for and
-    // fenced for the async proxy, then the block's barrier; then the x slot read last at step
-    // j - 1 (PIPE: j - 2) is refilled, and the codes slot read (into registers) at step
-    // j + AHEAD_W - WST <= j - 1.
+    // Step j's x and codes are in its slot for everyone: this thread's copies waited for and
+    // fenced for the async proxy, then the block's barrier; then the slot read last at step
+    // j - 1 (PIPE: j - 2) is refilled.
     auto arrive = [&](int j) {
-        cp_async_wait<AHEAD_X - 1>();
+        cp_async_wait<AHEAD - 1>();
         pw_fence_proxy();
         __syncthreads();
-        if (j + AHEAD_X < steps) load_x(j + AHEAD_X);
-        if (j + AHEAD_W < steps) load_codes(j + AHEAD_W);
+        if (j + AHEAD < steps) load(j + AHEAD, (j + AHEAD) % STAGES);
         cp_async_commit();
     };
     u32 wv[2][8], a[16];
@@ -185,7 +149,7 @@ __device__ __forceinline__ void gemm_int4_wgmma_impl(const GemmInt4Params& prm) 
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) dequant(kk, wv, gr, a + 4 * kk);
             pw_wgmma_fence();
-            const u64 dx = pw_desc(base + (u32)((j % XST) * I4W_X_BYTES), 16, 1024);
+            const u64 dx = pw_desc(base + (u32)((j % STAGES) * STAGE_BYTES), 16, 1024);
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) pw_mma_rs<false>(acc, a + 4 * kk, dx + (u64)(2 * kk));
             pw_wgmma_commit();
@@ -202,7 +166,7 @@ __device__ __forceinline__ void gemm_int4_wgmma_impl(const GemmInt4Params& prm) 
         read_codes(0, wv);
         dequant(0, wv, gr, a);
         for (int j = 0; j < steps; j++) { // block-uniform
-            const u64 dx = pw_desc(base + (u32)((j % XST) * I4W_X_BYTES), 16, 1024);
+            const u64 dx = pw_desc(base + (u32)((j % STAGES) * STAGE_BYTES), 16, 1024);
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
                 pw_wgmma_fence();
@@ -226,50 +190,21 @@ __device__ __forceinline__ void gemm_int4_wgmma_impl(const GemmInt4Params& prm) 
     cp_async_wait<0>();
     // Accumulator i = 4 nb + c is (row r0 + 8 (c >> 1), x row 8 nb + 2t + (c & 1)): i4m_store's
     // [1][16][4] layout.
-    if (!DSM || prm.splits == 1) { // grid-uniform
-        i4m_store<1, 16>(prm, *reinterpret_cast<const float(*)[1][16][4]>(acc), brow + 64 * wg + 16 * wl, b0, g, t);
-        return;
-    }
-    if constexpr (DSM) {
-        // The rings are free (every wgmma waited for, every copy landed, once all threads are
-        // past this barrier): accumulator i of thread tid at f32 i * BLOCK_THREADS + tid
-        // (int4_wgmma_smem_bytes gives DSM kernels room for 64 f32 a thread).
-        __syncthreads();
-        float* red = (float*)(i4w_smem + (base - raw_base));
-#pragma unroll
-        for (int i = 0; i < 64; i++) red[i * BLOCK_THREADS + tid] = acc[i];
-        i4w_cluster_sync();
-        const int C = prm.splits, r = (int)i4w_cluster_rank();
-        const u32 mine = base + 4u * (u32)tid;
-        for (int i = 64 * r / C; i < 64 * (r + 1) / C; i++) {
-            float v = 0.f;
-            for (int q = 0; q < C; q++) v += i4w_ld_cluster(mine + 4u * (u32)(i * BLOCK_THREADS), (u32)q);
-            const int c = i & 3, row = brow + r0 + 8 * (c >> 1), bb = b0 + 8 * (i >> 2) + 2 * t + (c & 1);
-            if (row < n && bb < b) p.y[(size_t)bb * n + row] = __float2bfloat16(v);
-        }
-        // No block leaves while another reads its shared memory.
-        i4w_cluster_sync();
-    }
+    i4m_store<1, 16>(prm, *reinterpret_cast<const float(*)[1][16][4]>(acc), brow + 64 * wg + 16 * wl, b0, g, t);
 #endif
 }
 
-// gemm_int4_wgmma_{s,p}{XST}[c{WST}][_w{WGS}][d]: at least `blocks` blocks an SM; `p`: pipelined
-// (PIPE); without c, WST = XST; d: DSMEM reduction of the splits (DSM). wgmma exists only on
-// sm_90a; the host never launches these elsewhere.
-#define INT4_WGMMA(name, xst, wst, wgs, pipe, dsm, blocks)                                               \
+// gemm_int4_wgmma_{s,p}{STAGES}[_w{WGS}]: at least `blocks` blocks an SM; `p`: pipelined (PIPE).
+// wgmma exists only on sm_90a; the host never launches these elsewhere.
+#define INT4_WGMMA(name, stages, wgs, pipe, blocks)                                                      \
     extern "C" __global__ void __launch_bounds__(128 * wgs, blocks) name(GemmInt4Params p) {             \
-        gemm_int4_wgmma_impl<xst, wst, wgs, pipe, dsm>(p);                                               \
+        gemm_int4_wgmma_impl<stages, wgs, pipe>(p);                                                      \
     }
-INT4_WGMMA(gemm_int4_wgmma_s3, 3, 3, 2, false, false, 2)
-INT4_WGMMA(gemm_int4_wgmma_s4, 4, 4, 2, false, false, 2)
-INT4_WGMMA(gemm_int4_wgmma_s6, 6, 6, 2, false, false, 1)
-INT4_WGMMA(gemm_int4_wgmma_s4_w4, 4, 4, 4, false, false, 1)
-INT4_WGMMA(gemm_int4_wgmma_s6_w4, 6, 6, 4, false, false, 1)
-INT4_WGMMA(gemm_int4_wgmma_p3, 3, 3, 2, true, false, 2)
-INT4_WGMMA(gemm_int4_wgmma_p4, 4, 4, 2, true, false, 2)
-INT4_WGMMA(gemm_int4_wgmma_p4_w4, 4, 4, 4, true, false, 1)
-INT4_WGMMA(gemm_int4_wgmma_p3c6, 3, 6, 2, true, false, 2)
-INT4_WGMMA(gemm_int4_wgmma_p3c8, 3, 8, 2, true, false, 2)
-INT4_WGMMA(gemm_int4_wgmma_p4c8, 4, 8, 2, true, false, 2)
-INT4_WGMMA(gemm_int4_wgmma_p3d, 3, 3, 2, true, true, 2)
-INT4_WGMMA(gemm_int4_wgmma_p3c6d, 3, 6, 2, true, true, 2)
+INT4_WGMMA(gemm_int4_wgmma_s3, 3, 2, false, 2)
+INT4_WGMMA(gemm_int4_wgmma_s4, 4, 2, false, 2)
+INT4_WGMMA(gemm_int4_wgmma_s6, 6, 2, false, 1)
+INT4_WGMMA(gemm_int4_wgmma_s4_w4, 4, 4, false, 1)
+INT4_WGMMA(gemm_int4_wgmma_s6_w4, 6, 4, false, 1)
+INT4_WGMMA(gemm_int4_wgmma_p3, 3, 2, true, 2)
+INT4_WGMMA(gemm_int4_wgmma_p4, 4, 2, true, 2)
+INT4_WGMMA(gemm_int4_wgmma_p4_w4, 4, 4, true, 1)

@@ -193,11 +193,6 @@ pub const KERNELS: &[&str] = &[
     "gemm_int4_wgmma_p3",
     "gemm_int4_wgmma_p4",
     "gemm_int4_wgmma_p4_w4",
-    "gemm_int4_wgmma_p3c6",
-    "gemm_int4_wgmma_p3c8",
-    "gemm_int4_wgmma_p4c8",
-    "gemm_int4_wgmma_p3d",
-    "gemm_int4_wgmma_p3c6d",
     "gemm_int4_reduce",
     "permute_cols_bf16",
     "sample_f32",
@@ -348,20 +343,12 @@ pub const fn int4_mmas_smem_bytes(rows: usize) -> usize {
 /// the wgmma's n (more rows: more blocks along y). A block of `wgs` warpgroups (128 threads each)
 /// takes 64 `wgs` weight rows, the wgmma's m each.
 pub const INT4_WGMMA_BATCH: usize = 128;
-/// Dynamic shared memory of a `gemm_int4_wgmma_*` kernel of `wgs` warpgroups whose rings hold
-/// `x_stages` k-steps of activations ([`INT4_WGMMA_BATCH`] rows of 64 bf16) and `code_stages` of
-/// codes (64 `wgs` rows of 64 codes, 32 bytes), the formula `int4_wgmma.cu` uses; with `dsmem`
-/// (the kernels that add up their splits through distributed shared memory) at least 64 f32 a
-/// thread; + 1 KiB to align the base to the 1,024-byte swizzle atom.
-pub const fn int4_wgmma_smem_bytes(
-    x_stages: usize,
-    code_stages: usize,
-    wgs: usize,
-    dsmem: bool,
-) -> usize {
-    let rings = x_stages * INT4_WGMMA_BATCH * 128 + code_stages * 64 * wgs * 32;
-    let sums = if dsmem { 64 * 128 * wgs * 4 } else { 0 };
-    (if rings > sums { rings } else { sums }) + 1024
+/// Dynamic shared memory of a `gemm_int4_wgmma_*` kernel of `stages` stages and `wgs`
+/// warpgroups: a stage holds [`INT4_WGMMA_BATCH`] activation rows of 64 bf16 and 64 `wgs` rows of
+/// 64 codes (32 bytes), the formula `int4_wgmma.cu` uses; + 1 KiB to align the base to the
+/// 1,024-byte swizzle atom.
+pub const fn int4_wgmma_smem_bytes(stages: usize, wgs: usize) -> usize {
+    stages * (INT4_WGMMA_BATCH * 128 + 64 * wgs * 32) + 1024
 }
 /// Most activation rows the CUDA backend gives the INT4 tensor-core products; larger products
 /// dequantize the whole matrix to bf16 for cuBLAS. At the 8B shapes on an H100 (run 51a), the

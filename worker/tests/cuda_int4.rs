@@ -293,29 +293,6 @@ fn int4_kernels_match_the_reference_at_odd_shapes() {
                         );
                     }
                 }
-                // The DSMEM kernels give the bits of the kernel whose pipeline they share, split
-                // as often (the scratch holds 8 splits, their most) and reduced through global
-                // memory: the same sums in the same order.
-                if let Kernel::Wgmma { v, split: true } = kernel
-                    && !WGMMA_KERNELS[v].dsmem
-                {
-                    let base = &WGMMA_KERNELS[v];
-                    for d in WGMMA_KERNELS.iter().filter(|d| {
-                        d.dsmem && d.x_stages == base.x_stages && d.code_stages == base.code_stages
-                    }) {
-                        launch_wgmma(&g, &l, d, &no_scratch).expect("gemm_int4_wgmma dsmem");
-                        let again = bf16s(&g.download_bytes(&y, m * n).expect("download"));
-                        assert!(
-                            again
-                                .iter()
-                                .map(|v| v.to_bits())
-                                .eq(got.iter().map(|v| v.to_bits())),
-                            "{n}x{k} (groups of {gs}) m {m}: {} differs from {}",
-                            d.name,
-                            base.name
-                        );
-                    }
-                }
                 // The tile kernel's variants (cuda_bench's) give its bits: the same steps in the
                 // same order, whatever the ring holds.
                 if kernel == Kernel::Tiles && m <= 8 && tile_step(&scales, k) == Some(128) {

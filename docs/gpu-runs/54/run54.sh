@@ -2,12 +2,15 @@
 # Run 54: where the wgmma INT4 product's time goes at 128 rows, codes prefetched further ahead
 # than activations (gemm_int4_wgmma_p3c6 / p3c8 / p4c8), the splits of a tile added up through
 # distributed shared memory (p3d, p3c6d), and session 54's unrun checks.
-# .gpu54/a.tar.xz: ringserve, cuda_bench, cuda_int4 of the build (--features cuda, stripped).
+# .gpu54/a.tar.xz: ringserve, cuda_bench, cuda_int4 of the build (--features cuda, stripped) of
+# commit 6f720cf: its p3c6 / p3c8 / p4c8 / p3d / p3c6d kernels were reverted after this run, so
+# build that commit to run these calls again.
 #   a: cuda_bench int4 at 128 rows (every product alone, every kernel); the INT4 kernel test
 #      (every kernel at odd shapes); bench engine on the random 8B AWQ model at 128 x 512 with
 #      RINGSERVE_CUDA_INT4_WGMMA p3 / p3d / p3c6d / p3 / p3d; ncu of gemm_int4_wgmma_p3 on
 #      gate/up and p3d on o at 128 rows
-#   b: every cuda_int4 test (the model tests with the default, the kernel test with every kernel)
+#   b: (same machine) the INT4 model test (the default p3 in eager mode and in graphs)
+#   c: (same machine) the GGUF Q4 layer test, then the INT4 kernel test again with time to finish
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 B=/tmp/b54; A=/tmp/awq8b
@@ -40,6 +43,11 @@ a)
   done
   grep -vE "^\s*$|^==PROF==|----" $OUT/a_ncu.txt | grep -E "===|Throughput|Pipe|Stall|Issue|Eligible|Active Warps|Duration|Bank|Hit Rate|Warp Cycles|Executed Ipc|Occupancy" | cut -c1-110 | head -70 ;;
 b)
-  timeout 540 $B/cuda_int4 --include-ignored --test-threads 1 --nocapture > $OUT/b_int4.log 2>&1
-  echo "cuda_int4 rc $?"; grep -E "^test |panicked|test result" $OUT/b_int4.log | tail -5 ;;
+  timeout 270 $B/cuda_int4 --include-ignored --test-threads 1 --nocapture int4_models > $OUT/b_models.log 2>&1
+  echo "cuda_int4 int4_models rc $?"; grep -E "^test |panicked|test result|rel" $OUT/b_models.log | tail -30 ;;
+c)
+  timeout 25 $B/cuda_int4 --include-ignored --test-threads 1 gguf > $OUT/c_gguf.log 2>&1
+  echo "gguf rc $?"; grep -E "test result" $OUT/c_gguf.log
+  timeout 255 $B/cuda_int4 --include-ignored --test-threads 1 --nocapture int4_kernels > $OUT/c_int4.log 2>&1
+  echo "cuda_int4 int4_kernels rc $?"; grep -E "^test |panicked|test result" $OUT/c_int4.log | tail -3 ;;
 esac

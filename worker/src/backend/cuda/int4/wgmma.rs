@@ -18,22 +18,13 @@ pub struct WgmmaKernel {
     pub name: &'static str,
     /// The name `RINGSERVE_CUDA_INT4_WGMMA` takes (the kernel's, less `gemm_int4_wgmma_`).
     pub short: &'static str,
-    /// k-steps of 64 its shared-memory ring of activations holds.
-    pub x_stages: usize,
-    /// k-steps of 64 its ring of codes holds (at least `x_stages`).
-    pub code_stages: usize,
+    /// k-steps of 64 its shared-memory ring holds.
+    pub stages: usize,
     /// Warpgroups (128 threads) a block.
     pub warpgroups: usize,
     /// Blocks an SM (its launch bounds).
     pub blocks_per_sm: usize,
-    /// Launched in clusters of a tile's splits, which add up their sums through distributed
-    /// shared memory (no partial sums in global memory, no reduce launch; at most
-    /// [`DSMEM_MAX_SPLITS`] splits).
-    pub dsmem: bool,
 }
-
-/// Most splits of a DSMEM kernel: the portable cluster size.
-pub const DSMEM_MAX_SPLITS: usize = 8;
 
 impl WgmmaKernel {
     /// Weight rows a block.
@@ -43,41 +34,34 @@ impl WgmmaKernel {
 
     /// Dynamic shared memory a block.
     pub const fn smem_bytes(&self) -> usize {
-        kernels::int4_wgmma_smem_bytes(self.x_stages, self.code_stages, self.warpgroups, self.dsmem)
+        kernels::int4_wgmma_smem_bytes(self.stages, self.warpgroups)
     }
 }
 
 const fn wgmma(
     name: &'static str,
     short: &'static str,
-    (x_stages, code_stages, warpgroups, blocks_per_sm, dsmem): (usize, usize, usize, usize, bool),
+    (stages, warpgroups, blocks_per_sm): (usize, usize, usize),
 ) -> WgmmaKernel {
     WgmmaKernel {
         name,
         short,
-        x_stages,
-        code_stages,
+        stages,
         warpgroups,
         blocks_per_sm,
-        dsmem,
     }
 }
 
 /// The Hopper kernels, one per name of [`crate::backend::switches::INT4_WGMMA_KERNELS`].
-pub const WGMMA_KERNELS: [WgmmaKernel; 13] = [
-    wgmma("gemm_int4_wgmma_s3", "s3", (3, 3, 2, 2, false)),
-    wgmma("gemm_int4_wgmma_s4", "s4", (4, 4, 2, 2, false)),
-    wgmma("gemm_int4_wgmma_s6", "s6", (6, 6, 2, 1, false)),
-    wgmma("gemm_int4_wgmma_s4_w4", "s4_w4", (4, 4, 4, 1, false)),
-    wgmma("gemm_int4_wgmma_s6_w4", "s6_w4", (6, 6, 4, 1, false)),
-    wgmma("gemm_int4_wgmma_p3", "p3", (3, 3, 2, 2, false)),
-    wgmma("gemm_int4_wgmma_p4", "p4", (4, 4, 2, 2, false)),
-    wgmma("gemm_int4_wgmma_p4_w4", "p4_w4", (4, 4, 4, 1, false)),
-    wgmma("gemm_int4_wgmma_p3c6", "p3c6", (3, 6, 2, 2, false)),
-    wgmma("gemm_int4_wgmma_p3c8", "p3c8", (3, 8, 2, 2, false)),
-    wgmma("gemm_int4_wgmma_p4c8", "p4c8", (4, 8, 2, 2, false)),
-    wgmma("gemm_int4_wgmma_p3d", "p3d", (3, 3, 2, 2, true)),
-    wgmma("gemm_int4_wgmma_p3c6d", "p3c6d", (3, 6, 2, 2, true)),
+pub const WGMMA_KERNELS: [WgmmaKernel; 8] = [
+    wgmma("gemm_int4_wgmma_s3", "s3", (3, 2, 2)),
+    wgmma("gemm_int4_wgmma_s4", "s4", (4, 2, 2)),
+    wgmma("gemm_int4_wgmma_s6", "s6", (6, 2, 1)),
+    wgmma("gemm_int4_wgmma_s4_w4", "s4_w4", (4, 4, 1)),
+    wgmma("gemm_int4_wgmma_s6_w4", "s6_w4", (6, 4, 1)),
+    wgmma("gemm_int4_wgmma_p3", "p3", (3, 2, 2)),
+    wgmma("gemm_int4_wgmma_p4", "p4", (4, 2, 2)),
+    wgmma("gemm_int4_wgmma_p4_w4", "p4_w4", (4, 4, 1)),
 ];
 
 /// The kernel of [`WGMMA_KERNELS`] named `short`.
@@ -117,27 +101,24 @@ pub fn wgmma_fits(l: &Int4Linear<'_>) -> bool {
 
 /// How many ranges [`launch_wgmma`] splits the k-steps of an `m x n x k` product into on blocks
 /// of `rows` weight rows: as many as keep every block in `slots` resident blocks (one wave), at
-/// least 8 steps a range, at most `max_splits`, and no more partial sums than `scratch_bytes`
-/// holds (f32 `[splits, m, n]`; pass `usize::MAX` where none go to memory).
+/// least 8 steps a range, and no more partial sums than `scratch_bytes` holds (f32 `[splits, m,
+/// n]`).
 pub fn wgmma_splits(
     (m, n, k): (usize, usize, usize),
     rows: usize,
     slots: usize,
-    max_splits: usize,
     scratch_bytes: usize,
 ) -> usize {
     let blocks = n.div_ceil(rows) * m.div_ceil(kernels::INT4_WGMMA_BATCH);
     let fit = scratch_bytes / (4 * m * n).max(1);
     (slots / blocks.max(1))
         .min(k.div_ceil(64) / 8)
-        .min(max_splits)
         .min(fit)
         .max(1)
 }
 
 /// `y = x · wᵀ` on the Hopper kernel `kernel`; with k split ([`wgmma_splits`]), the f32 partial
-/// sums go to `scratch` and `gemm_int4_reduce` adds them into `y`, or on a DSMEM kernel the
-/// splits of a tile run as one cluster and add them up on chip.
+/// sums go to `scratch` and `gemm_int4_reduce` adds them into `y`.
 pub fn launch_wgmma(
     gpu: &Gpu,
     l: &Int4Linear<'_>,
@@ -172,35 +153,15 @@ pub fn launch_wgmma(
         return Err(BackendError::InvalidBatch("int4: unaligned scratch".into()));
     }
     let slots = kernel.blocks_per_sm * gpu.sms;
-    let splits = if kernel.dsmem {
-        wgmma_splits(
-            (l.m, l.n, l.k),
-            kernel.rows(),
-            slots,
-            DSMEM_MAX_SPLITS,
-            usize::MAX,
-        )
-    } else {
-        wgmma_splits(
-            (l.m, l.n, l.k),
-            kernel.rows(),
-            slots,
-            usize::MAX,
-            scratch.bytes(),
-        )
-    };
-    let (mut p, splits) = split_params(l, splits, scratch)?;
-    if kernel.dsmem {
-        p.part = 0;
-    }
+    let splits = wgmma_splits((l.m, l.n, l.k), kernel.rows(), slots, scratch.bytes());
+    let (p, splits) = split_params(l, splits, scratch)?;
     let grid = (
         dim(l.n.div_ceil(kernel.rows()), "n")?,
         dim(l.m.div_ceil(kernels::INT4_WGMMA_BATCH), "m")?,
         dim(splits, "splits")?,
     );
-    let smem = kernel.smem_bytes();
-    let block = 128 * kernel.warpgroups as u32;
-    let func = gpu.func(kernel.name)?;
+    let mut b = gpu.stream.launch_builder(gpu.func(kernel.name)?);
+    b.arg(&p);
     // SAFETY: check() gave words >= n*k/8 u32 (16-byte aligned; k a multiple of 64, so every
     // row's step of 8 words is 16-byte aligned), scales and zeros >= n*groups with groups =
     // ceil(k / group_size), x >= m*k and y >= m*n bf16 (x 16-byte aligned); n*k/8 fits in u32
@@ -210,83 +171,21 @@ pub fn launch_wgmma(
     // at words 8 s .. 8 s + 7 and their group constants, and x rows min(X by + r, m - 1) at
     // elements 64 s .. 64 s + 63, for s in [bz*steps, +steps) clipped to k / 64; it stores
     // y[bb, r] for bb < m, r < n, or with splits > 1 the f32 part[bz, bb, r], where scratch
-    // holds splits*m*n f32 (wgmma_splits caps splits by its bytes) and is 16-byte aligned; a
-    // DSMEM kernel with splits > 1 stores y only, and is launched (launch_clustered) in
-    // clusters of 1 x 1 x splits (the whole grid's z, at most DSMEM_MAX_SPLITS), every block of
-    // which reaches both cluster barriers (the same uniform path) and reads the other blocks'
-    // shared memory only between them, below 64 f32 a thread (smem_bytes() holds them).
+    // holds splits*m*n f32 (wgmma_splits caps splits by its bytes) and is 16-byte aligned.
     // Every thread reaches each step's barrier and every warpgroup issues each wgmma whole (the
     // step loop is the same for the whole block). The kernel was compiled for sm_90a (checked
     // above: elsewhere its body is empty), assumes 128 threads per warpgroup, and its dynamic
     // shared memory, smem_bytes(), is what Gpu::new allowed it.
     unsafe {
-        if kernel.dsmem && splits > 1 {
-            launch_clustered(gpu, func, grid, block, smem, &p)?;
-        } else {
-            let mut b = gpu.stream.launch_builder(func);
-            b.arg(&p);
-            b.launch(cfg(grid, block, smem))?;
-        }
-    }
-    if splits > 1 && !kernel.dsmem {
+        b.launch(cfg(
+            grid,
+            128 * kernel.warpgroups as u32,
+            kernel.smem_bytes(),
+        ))
+    }?;
+    if splits > 1 {
         reduce_splits(gpu, l, &p)?;
     }
-    Ok(())
-}
-
-/// Launches `func(p)` on `gpu.stream` in clusters of 1 x 1 x `grid.2` blocks (the driver's
-/// `cuLaunchKernelEx`; cudarc's launch builder sets no cluster dimension).
-///
-/// # Safety
-/// As for any launch of `func` with `p`: the kernel's reads and writes through `p` in bounds,
-/// `smem` what it was allowed, and it must be a kernel that may run in such clusters.
-unsafe fn launch_clustered(
-    gpu: &Gpu,
-    func: &cudarc::driver::CudaFunction,
-    grid: (u32, u32, u32),
-    block: u32,
-    smem: usize,
-    p: &kernels::params::GemmInt4Params,
-) -> Result<(), BackendError> {
-    use cudarc::driver::sys;
-    gpu.stream.context().bind_to_thread()?;
-    let mut attr = sys::CUlaunchAttribute {
-        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
-        pad: [0; 4],
-        value: sys::CUlaunchAttributeValue {
-            clusterDim: sys::CUlaunchAttributeValue_union__bindgen_ty_1 {
-                x: 1,
-                y: 1,
-                z: grid.2,
-            },
-        },
-    };
-    let config = sys::CUlaunchConfig {
-        gridDimX: grid.0,
-        gridDimY: grid.1,
-        gridDimZ: grid.2,
-        blockDimX: block,
-        blockDimY: 1,
-        blockDimZ: 1,
-        sharedMemBytes: smem as u32,
-        hStream: gpu.stream.cu_stream(),
-        attrs: &mut attr,
-        numAttrs: 1,
-    };
-    let mut args = [p as *const kernels::params::GemmInt4Params as *mut std::ffi::c_void];
-    // SAFETY: config and attr live across the call, which copies them; args holds one pointer
-    // to p, the kernel's one parameter (GemmInt4Params, its layout asserted against the CUDA
-    // struct), which the driver copies before returning; the context is current (bound above)
-    // and the stream belongs to it. What the kernel does with p is the caller's contract.
-    unsafe {
-        sys::cuLaunchKernelEx(
-            &config,
-            func.cu_function(),
-            args.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
-    }
-    .result()?;
     Ok(())
 }
 
@@ -304,10 +203,8 @@ mod tests {
             let chosen = wgmma_select("sm_90a", Int4WgmmaChoice::Kernel(short)).unwrap();
             assert_eq!(chosen, Some(k));
             assert!(wgmma_select("sm_89", Int4WgmmaChoice::Kernel(short)).is_err());
-            // Its blocks an SM fit Hopper's 227 KiB of shared memory, and its codes ring is
-            // at least its x ring (the kernel's static_assert).
+            // Its blocks an SM fit Hopper's 227 KiB of shared memory.
             assert!(k.blocks_per_sm * k.smem_bytes() <= 227 * 1024, "{}", k.name);
-            assert!(k.code_stages >= k.x_stages, "{}", k.name);
         }
         assert_eq!(WGMMA_KERNELS.len(), INT4_WGMMA_KERNELS.len());
         let auto = wgmma_select("sm_90a", Int4WgmmaChoice::Auto).unwrap();
@@ -321,44 +218,18 @@ mod tests {
         // The 8B shapes at 128 rows on 132 SMs, two blocks an SM: q/k/v 48 blocks of 128 rows
         // x 5 splits, o 32 x 8, down 32 x 8 (of 28 steps), gate/up 224 blocks unsplit.
         let scratch = 1 << 30;
-        assert_eq!(
-            wgmma_splits((128, 6144, 4096), 128, 264, usize::MAX, scratch),
-            5
-        );
-        assert_eq!(
-            wgmma_splits((128, 4096, 4096), 128, 264, usize::MAX, scratch),
-            8
-        );
-        assert_eq!(
-            wgmma_splits((128, 4096, 14336), 128, 264, usize::MAX, scratch),
-            8
-        );
-        assert_eq!(
-            wgmma_splits((128, 28672, 4096), 128, 264, usize::MAX, scratch),
-            1
-        );
+        assert_eq!(wgmma_splits((128, 6144, 4096), 128, 264, scratch), 5);
+        assert_eq!(wgmma_splits((128, 4096, 4096), 128, 264, scratch), 8);
+        assert_eq!(wgmma_splits((128, 4096, 14336), 128, 264, scratch), 8);
+        assert_eq!(wgmma_splits((128, 28672, 4096), 128, 264, scratch), 1);
         // One block an SM of 256 rows: q/k/v 24 x 5, gate/up 112 unsplit.
-        assert_eq!(
-            wgmma_splits((128, 6144, 4096), 256, 132, usize::MAX, scratch),
-            5
-        );
-        assert_eq!(
-            wgmma_splits((128, 28672, 4096), 256, 132, usize::MAX, scratch),
-            1
-        );
+        assert_eq!(wgmma_splits((128, 6144, 4096), 256, 132, scratch), 5);
+        assert_eq!(wgmma_splits((128, 28672, 4096), 256, 132, scratch), 1);
         // At least 8 steps a range, and no more partial sums than the scratch holds.
+        assert_eq!(wgmma_splits((128, 4096, 1024), 128, 264, scratch), 2);
         assert_eq!(
-            wgmma_splits((128, 4096, 1024), 128, 264, usize::MAX, scratch),
-            2
-        );
-        assert_eq!(
-            wgmma_splits((128, 4096, 4096), 128, 264, usize::MAX, 3 * 4 * 128 * 4096),
+            wgmma_splits((128, 4096, 4096), 128, 264, 3 * 4 * 128 * 4096),
             3
-        );
-        // A DSMEM kernel: at most a portable cluster's blocks, whatever the scratch.
-        assert_eq!(
-            wgmma_splits((128, 1024, 14336), 128, 264, DSMEM_MAX_SPLITS, usize::MAX),
-            8
         );
     }
 }
