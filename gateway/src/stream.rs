@@ -2,7 +2,7 @@
 //! and stop-string-checked `GenerateResponse` messages out, until the request finishes, the client
 //! goes away, or its deadline passes.
 //!
-//! When its worker dies the request is resumed on a live worker (see [`failover`]): the prompt plus
+//! When its worker dies the request is resumed on a live worker (see `failover` below): the prompt plus
 //! every token already streamed, the remaining budget, and `prior_output_len` so penalties and the
 //! seeded random stream continue where they were. The client sees one unbroken stream.
 //!

@@ -118,7 +118,7 @@ impl ValidRequest {
     }
 }
 
-/// The `structured_output` that asks for `spec` (the inverse of [`check_structured_output`]).
+/// The `structured_output` that asks for `spec` (the inverse of `check_structured_output`).
 pub fn structured_output_of(spec: GrammarSpec) -> StructuredOutput {
     use structured_output::Kind;
     StructuredOutput {

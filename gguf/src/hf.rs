@@ -281,7 +281,7 @@ impl GgufFile {
 
     /// The model's `tokenizer.json`, for the `tokenizers` crate: GPT-2-style byte-level BPE
     /// vocabularies (`tokenizer.ggml.model = gpt2`, with their merges) and SentencePiece-style ones
-    /// (`llama`, with their scores; [`crate::spm`]).
+    /// (`llama`, with their scores; `spm.rs`).
     pub fn hf_tokenizer(&self) -> Result<Json, GgufError> {
         let model_key = "tokenizer.ggml.model";
         let model = self

@@ -243,7 +243,7 @@ pub struct KernelSwitches {
     /// not batch-invariant); off: every weight dequantized to the compute type at load.
     pub gguf_int4: bool,
     /// INT4 products of more rows than the GEMVs take (up to
-    /// [`kernels::INT4_MMA_MAX_ROWS`], no GGUF offsets) run
+    /// `kernels::INT4_MMA_MAX_ROWS`, no GGUF offsets) run
     /// the tensor-core product with weights dequantized in registers (`gemm_int4_mma_*`); off: the
     /// whole matrix is dequantized to bf16 for cuBLAS, as larger batches always are.
     pub int4_mma: bool,

@@ -3,7 +3,7 @@
 //!
 //! The loop attaches to (or creates) its two rings, claims the consumer end of the request ring and
 //! the producer end of the response ring, announces readiness with a [`Hello`] record, then repeats:
-//! drain [`Submit`] and [`Cancel`] records, run one engine step, and write one [`Tokens`] record
+//! drain [`Submit`] and [`Cancel`] records, run one engine step, and write one [`Tokens`](RecordKind::Tokens) record
 //! holding every sequence's new tokens (split in several only if it would not fit in one) together
 //! with the engine's gauges. Idle, it sleeps on the request ring's futex and burns no CPU.
 //!

@@ -228,7 +228,7 @@ pub struct Gpu {
     /// Whether the kernels came from the disk cache.
     pub kernels_from_cache: bool,
     /// The disk cache the kernels came from or went to (also where cuBLASLt tuning choices are
-    /// kept, [`super::lt_cache`]); `None` without one.
+    /// kept, `lt_cache.rs`); `None` without one.
     pub cache_dir: Option<std::path::PathBuf>,
     /// The device's name, as the driver reports it.
     pub name: String,

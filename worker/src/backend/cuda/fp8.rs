@@ -461,7 +461,7 @@ pub fn gemv_fp8(gpu: &Gpu, l: &Fp8Linear<'_>, rows_per_block: usize) -> Result<(
 /// `CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F`: `CUBLAS_STATUS_INVALID_VALUE`.) One description per
 /// shape, its algorithm cuBLASLt's first heuristic choice, or for the shapes of a decode graph
 /// ([`Self::tune`]) the fastest of its first [`CANDIDATES`] timed on the real weights, kept on
-/// disk with bf16's choices ([`super::lt_cache`]) for later processes.
+/// disk with bf16's choices (`lt_cache.rs`) for later processes.
 pub struct Fp8Gemm {
     handle: lt_sys::cublasLtHandle_t,
     workspace: Buf,

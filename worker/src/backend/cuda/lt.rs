@@ -9,7 +9,7 @@
 //! [`CANDIDATES`] heuristic algorithms on the real weights, before the graph is captured, and
 //! keeps a cuBLASLt plan only where it beats `cublasGemmEx` by [`MIN_GAIN`]. Products of shapes
 //! never tuned (prefill, eager batches of other sizes) and f32 weights stay on `cublasGemmEx`.
-//! Choices are kept on disk ([`super::lt_cache`]): a later process on the same GPU model and
+//! Choices are kept on disk (`lt_cache.rs`): a later process on the same GPU model and
 //! cuBLASLt takes them without timing again.
 
 use std::cell::RefCell;

@@ -109,7 +109,7 @@ impl StepInputs {
     }
 
     /// The step's sequences as backend inputs; pass them to [`ForwardBatch`] with
-    /// [`StepInputs::token_ids`] and [`StepInputs::positions`].
+    /// `StepInputs::token_ids` and `StepInputs::positions`.
     pub fn seq_inputs(&self) -> Vec<SeqInput<'_>> {
         self.seqs
             .iter()
