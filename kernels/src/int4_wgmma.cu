@@ -31,6 +31,10 @@
 // but the last three groups frees the registers of its first k-step and the ring slot of the step
 // before, which is refilled then (the ring keeps one step of slack).
 //
+// With ROT a block takes its steps rotated, from step bx mod steps on (wrapping), so that the
+// blocks of a product read different k-steps of x at any one time rather than all the same 16
+// KiB from the same L2 slices; the sums come in another order (y is the same product up to it).
+//
 // Rows past n read row n - 1 and x rows past b read row b - 1: their products land only in outputs
 // never stored. With splits > 1 block bz writes its f32 sums to part[bz] and gemm_int4_reduce adds
 // them up; otherwise it writes y (i4m_store, as gemm_int4_mma does).
@@ -40,7 +44,8 @@
 #define I4W_X_BYTES (I4W_BATCH * 128)
 static_assert(I4W_BATCH == 128, "gemm_int4_wgmma: wgmma's n is 128");
 
-template <int STAGES, int WGS, bool PIPE> __device__ __forceinline__ void gemm_int4_wgmma_impl(const GemmInt4Params& prm) {
+template <int STAGES, int WGS, bool PIPE, bool ROT>
+__device__ __forceinline__ void gemm_int4_wgmma_impl(const GemmInt4Params& prm) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BLOCK_ROWS = 64 * WGS, BLOCK_THREADS = 128 * WGS;
     // A stage (int4_wgmma_smem_bytes in lib.rs: the same formula), x 1024-byte aligned in each.
@@ -62,6 +67,9 @@ template <int STAGES, int WGS, bool PIPE> __device__ __forceinline__ void gemm_i
     const int s_begin = min(total, (int)blockIdx.z * prm.steps);
     const int steps = min(total, s_begin + prm.steps) - s_begin;
     const u32 kw = (u32)(k >> 3);
+    // The block's j-th step, relative to s_begin (ROT: rotated by bx mod steps).
+    const int rot = ROT && steps > 0 ? (int)(blockIdx.x % (unsigned)steps) : 0;
+    auto kstep = [&](int j) { return j + rot < steps ? j + rot : j + rot - steps; };
 
     // Copies: x chunks (row xr + BLOCK_THREADS / 8 i, chunk xc), i < XC, all with the swizzle of
     // row xr; one codes chunk (row tid / 2, half tid % 2).
@@ -74,12 +82,13 @@ template <int STAGES, int WGS, bool PIPE> __device__ __forceinline__ void gemm_i
     const int wr = tid >> 1, wh = tid & 1;
     const u32 wdst = (u32)(I4W_X_BYTES + wr * 32 + ((wh ^ ((wr >> 2) & 1)) << 4));
     const u32* wsrc = p.w + (size_t)min(brow + wr, n - 1) * kw + 8 * s_begin + 4 * wh;
-    auto load = [&](int j, int slot) { // step s_begin + j into ring slot `slot`; j < steps
+    auto load = [&](int j, int slot) { // step s_begin + kstep(j) into ring slot `slot`; j < steps
         const u32 st = base + (u32)(slot * STAGE_BYTES);
+        const int q = kstep(j);
 #pragma unroll
         for (int i = 0; i < XC; i++)
-            pf_cp_async16(st + xdst + BLOCK_THREADS / 8 * 128 * i, xsrc[i] + 64 * j, true);
-        pf_cp_async16(st + wdst, wsrc + 8 * j, true);
+            pf_cp_async16(st + xdst + BLOCK_THREADS / 8 * 128 * i, xsrc[i] + 64 * q, true);
+        pf_cp_async16(st + wdst, wsrc + 8 * q, true);
     };
 
     // The thread's A rows: R and R + 8 of the block (warpgroup warp / 4, warp warp % 4), their
@@ -92,7 +101,7 @@ template <int STAGES, int WGS, bool PIPE> __device__ __forceinline__ void gemm_i
 #pragma unroll
     for (int h = 0; h < 2; h++) go[h] = (u32)min(brow + r0 + 8 * h, n - 1) * (u32)p.groups;
     auto load_raw = [&](int j, I4mRaw (&raw)[2]) {
-        const u32 grp = (u32)((64 * (s_begin + j)) / p.group_size);
+        const u32 grp = (u32)((64 * (s_begin + kstep(j))) / p.group_size);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             raw[h].sz = __ldg(p.sz + go[h] + grp);
@@ -194,17 +203,19 @@ template <int STAGES, int WGS, bool PIPE> __device__ __forceinline__ void gemm_i
 #endif
 }
 
-// gemm_int4_wgmma_{s,p}{STAGES}[_w{WGS}]: at least `blocks` blocks an SM; `p`: pipelined (PIPE).
-// wgmma exists only on sm_90a; the host never launches these elsewhere.
-#define INT4_WGMMA(name, stages, wgs, pipe, blocks)                                                      \
+// gemm_int4_wgmma_{s,p}{STAGES}[_w{WGS}][r]: at least `blocks` blocks an SM; `p`: pipelined (PIPE);
+// `r`: steps rotated (ROT). wgmma exists only on sm_90a; the host never launches these elsewhere.
+#define INT4_WGMMA(name, stages, wgs, pipe, rot, blocks)                                                 \
     extern "C" __global__ void __launch_bounds__(128 * wgs, blocks) name(GemmInt4Params p) {             \
-        gemm_int4_wgmma_impl<stages, wgs, pipe>(p);                                                      \
+        gemm_int4_wgmma_impl<stages, wgs, pipe, rot>(p);                                                 \
     }
-INT4_WGMMA(gemm_int4_wgmma_s3, 3, 2, false, 2)
-INT4_WGMMA(gemm_int4_wgmma_s4, 4, 2, false, 2)
-INT4_WGMMA(gemm_int4_wgmma_s6, 6, 2, false, 1)
-INT4_WGMMA(gemm_int4_wgmma_s4_w4, 4, 4, false, 1)
-INT4_WGMMA(gemm_int4_wgmma_s6_w4, 6, 4, false, 1)
-INT4_WGMMA(gemm_int4_wgmma_p3, 3, 2, true, 2)
-INT4_WGMMA(gemm_int4_wgmma_p4, 4, 2, true, 2)
-INT4_WGMMA(gemm_int4_wgmma_p4_w4, 4, 4, true, 1)
+INT4_WGMMA(gemm_int4_wgmma_s3, 3, 2, false, false, 2)
+INT4_WGMMA(gemm_int4_wgmma_s4, 4, 2, false, false, 2)
+INT4_WGMMA(gemm_int4_wgmma_s6, 6, 2, false, false, 1)
+INT4_WGMMA(gemm_int4_wgmma_s4_w4, 4, 4, false, false, 1)
+INT4_WGMMA(gemm_int4_wgmma_s6_w4, 6, 4, false, false, 1)
+INT4_WGMMA(gemm_int4_wgmma_p3, 3, 2, true, false, 2)
+INT4_WGMMA(gemm_int4_wgmma_p4, 4, 2, true, false, 2)
+INT4_WGMMA(gemm_int4_wgmma_p4_w4, 4, 4, true, false, 1)
+INT4_WGMMA(gemm_int4_wgmma_p3r, 3, 2, true, true, 2)
+INT4_WGMMA(gemm_int4_wgmma_p4r, 4, 2, true, true, 2)

@@ -193,6 +193,8 @@ pub const KERNELS: &[&str] = &[
     "gemm_int4_wgmma_p3",
     "gemm_int4_wgmma_p4",
     "gemm_int4_wgmma_p4_w4",
+    "gemm_int4_wgmma_p3r",
+    "gemm_int4_wgmma_p4r",
     "gemm_int4_reduce",
     "permute_cols_bf16",
     "sample_f32",

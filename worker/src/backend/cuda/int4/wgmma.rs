@@ -53,7 +53,7 @@ const fn wgmma(
 }
 
 /// The Hopper kernels, one per name of [`crate::backend::switches::INT4_WGMMA_KERNELS`].
-pub const WGMMA_KERNELS: [WgmmaKernel; 8] = [
+pub const WGMMA_KERNELS: [WgmmaKernel; 10] = [
     wgmma("gemm_int4_wgmma_s3", "s3", (3, 2, 2)),
     wgmma("gemm_int4_wgmma_s4", "s4", (4, 2, 2)),
     wgmma("gemm_int4_wgmma_s6", "s6", (6, 2, 1)),
@@ -62,6 +62,8 @@ pub const WGMMA_KERNELS: [WgmmaKernel; 8] = [
     wgmma("gemm_int4_wgmma_p3", "p3", (3, 2, 2)),
     wgmma("gemm_int4_wgmma_p4", "p4", (4, 2, 2)),
     wgmma("gemm_int4_wgmma_p4_w4", "p4_w4", (4, 4, 1)),
+    wgmma("gemm_int4_wgmma_p3r", "p3r", (3, 2, 2)),
+    wgmma("gemm_int4_wgmma_p4r", "p4r", (4, 2, 2)),
 ];
 
 /// The kernel of [`WGMMA_KERNELS`] named `short`.

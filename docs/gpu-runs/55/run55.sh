@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Run 55 (prepared 2026-12-07, not yet run): the wgmma INT4 product with its k-steps rotated by
+# block (gemm_int4_wgmma_p3r / p4r: the blocks of a product read different k-steps of x at any one
+# time, not all the same 16 KiB from the same L2 slices), and where p3's warps stall (ncu's warp
+# stall sampling).
+# .gpu55/a.tar.xz: ringserve, cuda_bench, cuda_int4 of the build (--features cuda, stripped).
+#   a: cuda_bench int4 at 128 rows (every product alone, every kernel); the INT4 kernel test (every
+#      kernel at odd shapes, p3r / p4r among them); bench engine on the random 8B AWQ model at
+#      128 x 512 with RINGSERVE_CUDA_INT4_WGMMA p3 / p3r / p4r / p3 / p3r; ncu of p3 and p3r on
+#      gate/up at 128 rows with the warp-state and source-counter sections (stall reasons)
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+B=/tmp/b55; A=/tmp/awq8b
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" $B
+[ -f .gpu55/a.tar.xz ] && [ ! -f $B/cuda_int4 ] && tar xJf .gpu55/a.tar.xz -C $B
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64 RINGSERVE_KERNEL_CACHE=/tmp/kc-55 FIXTURES_DIR=$PWD/tests/fixtures
+NCU=$(ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+engine() {  # tag model batches [flags]
+  local tag=$1 m=$2 b=$3; shift 3
+  timeout 200 $B/ringserve bench engine --model $m --device cuda --batch-sizes $b --prompt-lens 512 \
+    --output-len 64 "$@" 2>>$OUT/bench.err | grep -E "^\| [0-9]" | sed "s/^/$tag /" | tee -a $OUT/bench.txt
+}
+case "$1" in
+a)
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+  ( [ -f $A/config.json ] || python3 scripts/make_random_awq8b.py $A > $OUT/make_awq.log 2>&1 ) &
+  MK=$!
+  timeout 150 $B/cuda_bench int4 $OUT/a_int4_alone.json 128 2>&1 | grep -E "^int4|rror" > $OUT/a_int4_alone.txt
+  sed -E 's/, (per-weight|tiles|mma_)[^,]*//g; s/gemm_int4_//g; s/ \([0-9]+ TFLOP\/s\)//g' $OUT/a_int4_alone.txt | cut -c1-800
+  timeout 200 $B/cuda_int4 --include-ignored --test-threads 1 --nocapture int4_kernels > $OUT/a_int4.log 2>&1
+  echo "cuda_int4 int4_kernels rc $?"; grep -E "^test |panicked|test result" $OUT/a_int4.log | tail -3
+  wait $MK
+  for x in p3 p3r p4r p3 p3r; do RINGSERVE_CUDA_INT4_WGMMA=$x engine w_$x $A 128; done
+  echo "ncu: ${NCU:-none}"
+  S="--section SpeedOfLight --section WarpStateStats --section SourceCounters --section SchedulerStats"
+  for kern in gemm_int4_wgmma_p3 gemm_int4_wgmma_p3r; do
+    echo "=== ncu gate_up 128 $kern" >> $OUT/a_ncu.txt
+    [ -n "$NCU" ] && timeout 60 $NCU --clock-control none -k regex:$kern -s 1 -c 1 $S $B/cuda_bench int4one gate_up 128 $kern >> $OUT/a_ncu.txt 2>&1
+  done
+  grep -vE "^\s*$|^==PROF==|----" $OUT/a_ncu.txt | grep -iE "===|Duration|Throughput|stall|Eligible|Issue" | cut -c1-120 | head -60 ;;
+esac
