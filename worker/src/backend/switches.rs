@@ -109,7 +109,8 @@ pub const FP8_TILE_SMALL_MAX: usize = 1 << 25;
 
 /// The Hopper INT4 products `gemm_int4_wgmma_<name>` (sm_90a only), by the name
 /// `RINGSERVE_CUDA_INT4_WGMMA` takes: `s` and the stages of its ring (`p`: the next k-step's
-/// weights dequantized while a wgmma runs), `_w4` for blocks of four warpgroups (else two).
+/// weights dequantized while a wgmma runs), `_w4` for blocks of four warpgroups (else two), `r`
+/// for each block's k-steps rotated by its index.
 pub const INT4_WGMMA_KERNELS: [&str; 10] = [
     "s3", "s4", "s6", "s4_w4", "s6_w4", "p3", "p4", "p4_w4", "p3r", "p4r",
 ];
