@@ -23,8 +23,8 @@
 //
 // Without PIPE a warpgroup dequantizes a whole step, issues its four wgmmas as one group and waits
 // for them before the next step; the tensor cores stay busy with the SM's other warpgroups (WGS = 2:
-// two blocks an SM for rings of up to 4 stages; WGS = 4: one block, each stage of x read by four
-// warpgroups, half the shared-memory traffic from L2 per weight). A ring slot is refilled one step
+// two blocks an SM for rings of up to 4 stages; WGS = 4, one block each stage of x read by four
+// warpgroups, measured slower in runs 52–54 and built no more). A ring slot is refilled one step
 // after its last read. With PIPE each k-step's wgmma is its own group and the next k-step's A is
 // dequantized into other registers while it runs (ptxas serialises wgmmas only when a register
 // operand is written by another instruction within their group); at a step's end, a wait for all
@@ -210,12 +210,7 @@ __device__ __forceinline__ void gemm_int4_wgmma_impl(const GemmInt4Params& prm) 
         gemm_int4_wgmma_impl<stages, wgs, pipe, rot>(p);                                                 \
     }
 INT4_WGMMA(gemm_int4_wgmma_s3, 3, 2, false, false, 2)
-INT4_WGMMA(gemm_int4_wgmma_s4, 4, 2, false, false, 2)
-INT4_WGMMA(gemm_int4_wgmma_s6, 6, 2, false, false, 1)
-INT4_WGMMA(gemm_int4_wgmma_s4_w4, 4, 4, false, false, 1)
-INT4_WGMMA(gemm_int4_wgmma_s6_w4, 6, 4, false, false, 1)
 INT4_WGMMA(gemm_int4_wgmma_p3, 3, 2, true, false, 2)
 INT4_WGMMA(gemm_int4_wgmma_p4, 4, 2, true, false, 2)
-INT4_WGMMA(gemm_int4_wgmma_p4_w4, 4, 4, true, false, 1)
 INT4_WGMMA(gemm_int4_wgmma_p3r, 3, 2, true, true, 2)
 INT4_WGMMA(gemm_int4_wgmma_p4r, 4, 2, true, true, 2)

@@ -26,7 +26,7 @@ pub const KERNEL_SWITCH_VARS: [(&str, &str); 16] = [
     ("RINGSERVE_CUDA_INT4_MMA_SCALED", "0 or 1"),
     (
         "RINGSERVE_CUDA_INT4_WGMMA",
-        "0, 1 or a kernel's name (s3, s4_w4, ...)",
+        "0, 1 or a kernel's name (s3, p3, ...)",
     ),
     (
         "RINGSERVE_CUDA_FP8_GEMV",
@@ -109,11 +109,10 @@ pub const FP8_TILE_SMALL_MAX: usize = 1 << 25;
 
 /// The Hopper INT4 products `gemm_int4_wgmma_<name>` (sm_90a only), by the name
 /// `RINGSERVE_CUDA_INT4_WGMMA` takes: `s` and the stages of its ring (`p`: the next k-step's
-/// weights dequantized while a wgmma runs), `_w4` for blocks of four warpgroups (else two), `r`
-/// for each block's k-steps rotated by its index.
-pub const INT4_WGMMA_KERNELS: [&str; 10] = [
-    "s3", "s4", "s6", "s4_w4", "s6_w4", "p3", "p4", "p4_w4", "p3r", "p4r",
-];
+/// weights dequantized while a wgmma runs), `r` for each block's k-steps rotated by its index.
+/// (`s4`, `s6` and the four-warpgroup `_w4` kernels of runs 52–54, none faster than `p3` on a
+/// layer's products, are built no more.)
+pub const INT4_WGMMA_KERNELS: [&str; 5] = ["s3", "p3", "p4", "p3r", "p4r"];
 /// The one [`Int4WgmmaChoice::Auto`] runs: run 53 (H100) timed it fastest on every 8B product at
 /// 128 rows (a layer's four 188 µs, `s3` 200) and the 128 × 512 AWQ step at 10.46–10.49 ms (`s3`
 /// 10.81–10.83).
@@ -438,11 +437,11 @@ mod tests {
             ("RINGSERVE_CUDA_GGUF_INT4", "0"),
             ("RINGSERVE_CUDA_INT4_MMA", "0"),
             ("RINGSERVE_CUDA_INT4_MMA_SCALED", "0"),
-            ("RINGSERVE_CUDA_INT4_WGMMA", "s4_w4"),
+            ("RINGSERVE_CUDA_INT4_WGMMA", "p4"),
             ("RINGSERVE_CUDA_FP8_GEMV", "r16"),
         ])
         .unwrap();
-        assert_eq!(s.int4_wgmma, Int4WgmmaChoice::Kernel("s4_w4"));
+        assert_eq!(s.int4_wgmma, Int4WgmmaChoice::Kernel("p4"));
         assert_eq!(
             parse(&[("RINGSERVE_CUDA_INT4_WGMMA", "0")])
                 .unwrap()

@@ -53,15 +53,10 @@ const fn wgmma(
 }
 
 /// The Hopper kernels, one per name of [`crate::backend::switches::INT4_WGMMA_KERNELS`].
-pub const WGMMA_KERNELS: [WgmmaKernel; 10] = [
+pub const WGMMA_KERNELS: [WgmmaKernel; 5] = [
     wgmma("gemm_int4_wgmma_s3", "s3", (3, 2, 2)),
-    wgmma("gemm_int4_wgmma_s4", "s4", (4, 2, 2)),
-    wgmma("gemm_int4_wgmma_s6", "s6", (6, 2, 1)),
-    wgmma("gemm_int4_wgmma_s4_w4", "s4_w4", (4, 4, 1)),
-    wgmma("gemm_int4_wgmma_s6_w4", "s6_w4", (6, 4, 1)),
     wgmma("gemm_int4_wgmma_p3", "p3", (3, 2, 2)),
     wgmma("gemm_int4_wgmma_p4", "p4", (4, 2, 2)),
-    wgmma("gemm_int4_wgmma_p4_w4", "p4_w4", (4, 4, 1)),
     wgmma("gemm_int4_wgmma_p3r", "p3r", (3, 2, 2)),
     wgmma("gemm_int4_wgmma_p4r", "p4r", (4, 2, 2)),
 ];
