@@ -544,15 +544,7 @@ pub fn launch_mma(
     if l.n == 0 || l.m == 0 {
         return Ok(());
     }
-    if l.n * (l.k / 8) > u32::MAX as usize {
-        return Err(BackendError::InvalidBatch(format!(
-            "gemm_int4_mma: {} x {} weights pass its 32-bit word offsets",
-            l.n, l.k
-        )));
-    }
-    if !scratch.ptr().is_multiple_of(16) {
-        return Err(BackendError::InvalidBatch("int4: unaligned scratch".into()));
-    }
+    check_words_and_scratch(l, scratch, "gemm_int4_mma")?;
     if kernel.scaled && tile_step(l.s, l.k).is_none() {
         return Err(BackendError::InvalidBatch(format!(
             "{}: no tile scales, or groups of {} over k = {} do not hold whole 64-wide k-steps",
@@ -597,6 +589,26 @@ pub fn launch_mma(
     unsafe { b.launch(cfg(grid, 32 * kernel.warps, smem)) }?;
     if splits > 1 {
         reduce_splits(gpu, l, &p)?;
+    }
+    Ok(())
+}
+
+/// What both tensor-core products ask of a launch: word offsets (`n * k / 8`) that fit their u32
+/// arithmetic, and a 16-byte-aligned scratch for split sums. `kernel` names the product in the
+/// error.
+fn check_words_and_scratch(
+    l: &Int4Linear<'_>,
+    scratch: &Buf,
+    kernel: &str,
+) -> Result<(), BackendError> {
+    if l.n * (l.k / 8) > u32::MAX as usize {
+        return Err(BackendError::InvalidBatch(format!(
+            "{kernel}: {} x {} weights pass its 32-bit word offsets",
+            l.n, l.k
+        )));
+    }
+    if !scratch.ptr().is_multiple_of(16) {
+        return Err(BackendError::InvalidBatch("int4: unaligned scratch".into()));
     }
     Ok(())
 }

@@ -6,7 +6,7 @@ use cudarc::driver::PushKernelArg;
 
 use super::super::device::{Buf, Gpu};
 use super::super::ops::{cfg, dim};
-use super::{Int4Linear, reduce_splits, split_params};
+use super::{Int4Linear, check_words_and_scratch, reduce_splits, split_params};
 use crate::backend::BackendError;
 use crate::backend::switches::{INT4_WGMMA_DEFAULT, Int4WgmmaChoice};
 
@@ -140,15 +140,7 @@ pub fn launch_wgmma(
     if l.n == 0 || l.m == 0 {
         return Ok(());
     }
-    if l.n * (l.k / 8) > u32::MAX as usize {
-        return Err(BackendError::InvalidBatch(format!(
-            "{}: {} x {} weights pass its 32-bit word offsets",
-            kernel.name, l.n, l.k
-        )));
-    }
-    if !scratch.ptr().is_multiple_of(16) {
-        return Err(BackendError::InvalidBatch("int4: unaligned scratch".into()));
-    }
+    check_words_and_scratch(l, scratch, kernel.name)?;
     let slots = kernel.blocks_per_sm * gpu.sms;
     let splits = wgmma_splits((l.m, l.n, l.k), kernel.rows(), slots, scratch.bytes());
     let (p, splits) = split_params(l, splits, scratch)?;
