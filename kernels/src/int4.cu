@@ -300,8 +300,12 @@ __device__ __forceinline__ void gemv_int4_t16_impl(const GemvInt4Params& p) {
     u32 wo[2], so, wn[2], sn;
     rows_of(tile, wo, so);
     rows_of(min(tile + (int)gridDim.x, ntiles - 1), wn, sn);
+    // The ring's first codes and scales are loaded before pdl_wait() (no kernel writes them), so
+    // that in a decode graph they stream while the kernel before finishes; x is read after it.
 #pragma unroll
     for (int d = 0; d < D; d++) load(wo, so, d, true, d);
+    pdl_wait();
+    pdl_trigger();
     for (int parity = 0; tile < ntiles; tile += gridDim.x, parity ^= 1) { // block-uniform
         const bool next_ok = tile + (int)gridDim.x < ntiles;
         float acc[NB][4];
@@ -396,7 +400,7 @@ __device__ __forceinline__ void gemv_int4_t16_impl(const GemvInt4Params& p) {
 // most the blocks that fit at once (each block loops over tiles blockIdx.x + i gridDim.x).
 #define INT4_T16(name, ks, nb, d, blocks)                                                                \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS, blocks) name(GemvInt4Params p) {          \
-        gemv_int4_t16_impl<ks, nb, d>(p);                                                                \
+        gemv_int4_t16_impl<ks, nb, d>(p); /* pdl_wait() after the ring fill (PDL_KERNELS) */             \
     }
 INT4_T16(gemv_int4_t16_k128_b8, 128, 1, 2, 3)
 INT4_T16(gemv_int4_t16_k128_b16, 128, 2, 2, 2)

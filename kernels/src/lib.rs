@@ -96,6 +96,13 @@ pub const PDL_KERNELS: &[&str] = &[
     "gemv_fp8_xq_t16_d4x_b2",
     "attn_combine_quant_fp8_bf16",
     "scale_fp8_out_bf16",
+    "gemv_int4_t16_k128_b8",
+    "gemv_int4_t16_k128_b16",
+    "gemv_int4_t16_k128_b32",
+    "gemv_int4_t16_k64_b8",
+    "gemv_int4_t16_k64_b16",
+    "gemv_int4_t16_k64_b32",
+    "gemv_int4_t16x_d4_k128_b8",
 ];
 
 /// Every kernel the sources define.

@@ -10,17 +10,13 @@
 
 mod common;
 
-use common::{fixture, last_logits, rel_l2};
+use common::{fixture, greedy_of, last_logits, rel_l2};
 use worker::backend::Backend;
 use worker::backend::cpu::{CpuBackend, CpuOptions};
 use worker::backend::cuda::{CudaBackend, CudaOptions, DType};
 use worker::backend::switches::KernelSwitches;
 use worker::checkpoint::Checkpoint;
-use worker::engine::{Engine, EngineConfig};
-use worker::kv::SeqId;
 use worker::quant::Quantization;
-use worker::request::Request;
-use worker::sampler::SamplingParams;
 
 fn prompts() -> Vec<Vec<u32>> {
     let text = std::fs::read_to_string(fixture("tiny-llama/expected.json")).expect("expected");
@@ -59,28 +55,6 @@ fn cuda_options(eager: bool, quantization: Option<Quantization>) -> CudaOptions 
 /// 24 greedy tokens of every prompt, all batched together.
 fn greedy(backend: Box<dyn Backend>, config: &worker::config::ModelConfig) -> Vec<Vec<u32>> {
     greedy_of(backend, config, &prompts())
-}
-
-/// 24 greedy tokens of each of `prompts`, batched together.
-fn greedy_of(
-    backend: Box<dyn Backend>,
-    config: &worker::config::ModelConfig,
-    prompts: &[Vec<u32>],
-) -> Vec<Vec<u32>> {
-    let mut engine = Engine::new(backend, config, EngineConfig::default()).expect("engine");
-    for (i, p) in prompts.iter().enumerate() {
-        let mut req = Request::new(SeqId(i as u64), p.clone(), 24);
-        req.params = SamplingParams::greedy();
-        req.ignore_eos = true;
-        engine.add_request(req).expect("request");
-    }
-    let mut out = vec![Vec::new(); prompts.len()];
-    while engine.has_unfinished() {
-        for ev in engine.step().expect("step") {
-            out[ev.id.0 as usize].push(ev.token);
-        }
-    }
-    out
 }
 
 fn cpu(

@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{fixture, last_logits, rel_l2};
+use common::{fixture, greedy_of, last_logits, rel_l2};
 use half::bf16;
 use worker::backend::cpu::{CpuBackend, CpuOptions};
 use worker::backend::cuda::int4::{
@@ -450,4 +450,49 @@ fn gguf_q4_layers_on_cuda_match_the_cpu_reference() {
         bytes[0].1 < bytes[2].1,
         "INT4 layers are not smaller: {bytes:?}"
     );
+}
+
+/// Decode graphs whose kernels launch early (programmatic dependent launch, sm_90+, graphs of one
+/// sequence: each prompt alone) give an INT4 model the tokens the plain graphs give: the INT4
+/// tile GEMV loads its first codes and scales before its wait and reads x only after it.
+#[test]
+#[ignore = "requires a CUDA device"]
+fn int4_decode_graphs_with_pdl_give_the_same_tokens() {
+    use worker::backend::switches::PdlChoice;
+    const { assert!(worker::backend::cuda::PDL_MAX_ROWS >= 1) };
+    let prompts: [Vec<u32>; 3] = [
+        vec![1, 17, 42, 99, 3],
+        (1..=40).collect(),
+        (0..100).map(|i| (i * 11 + 1) % 256).collect(),
+    ];
+    for name in ["int4-awq", "int4-gptq"] {
+        let (config, ckpt) = Checkpoint::load(&fixture(name)).expect("fixture");
+        let tokens = |pdl: PdlChoice, prompt: &[u32]| {
+            let opts = CudaOptions {
+                ordinal: 0,
+                dtype: DType::Bf16,
+                block_size: 16,
+                num_kv_blocks: Some(64),
+                gpu_memory_utilization: 0.9,
+                enforce_eager: false,
+                max_batch_tokens: 512,
+                batch_invariant: false,
+                kernels: KernelSwitches {
+                    pdl,
+                    ..KernelSwitches::default()
+                },
+                quantization: None,
+                kv_cache_dtype: worker::quant::kv::KvCacheDtype::Auto,
+            };
+            let b = CudaBackend::new(&config, &ckpt, &opts)
+                .unwrap_or_else(|e| panic!("CUDA backend on {name}: {e}"));
+            greedy_of(Box::new(b), &config, &[prompt.to_vec()]).remove(0)
+        };
+        for p in &prompts {
+            let (with, without) = (tokens(PdlChoice::All, p), tokens(PdlChoice::Off, p));
+            println!("{name} prompt of {}: {with:?}", p.len());
+            assert_eq!(with.len(), 24);
+            assert_eq!(with, without, "{name}: PDL changed the tokens");
+        }
+    }
 }

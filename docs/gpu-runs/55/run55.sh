@@ -3,11 +3,16 @@
 # block (gemm_int4_wgmma_p3r / p4r: the blocks of a product read different k-steps of x at any one
 # time, not all the same 16 KiB from the same L2 slices), and where p3's warps stall (ncu's warp
 # stall sampling).
+# Also: the INT4 tile GEMV as a programmatic dependent (its first codes and scales loaded before
+# its wait) in one-sequence decode graphs.
 # .gpu55/a.tar.xz: ringserve, cuda_bench, cuda_int4 of the build (--features cuda, stripped).
-#   a: cuda_bench int4 at 128 rows (every product alone, every kernel); the INT4 kernel test (every
-#      kernel at odd shapes, p3r / p4r among them); bench engine on the random 8B AWQ model at
-#      128 x 512 with RINGSERVE_CUDA_INT4_WGMMA p3 / p3r / p4r / p3 / p3r; ncu of p3 and p3r on
-#      gate/up at 128 rows with the warp-state and source-counter sections (stall reasons)
+#   a: cuda_bench int4 at 128 rows (every product alone, every kernel); bench engine on the random
+#      8B AWQ model at 128 x 512 with RINGSERVE_CUDA_INT4_WGMMA p3 / p3r / p4r / p3 / p3r; ncu of
+#      p3 and p3r on gate/up at 128 rows with the warp-state and source-counter sections (stall
+#      reasons)
+#   b: the INT4 tests (every kernel at odd shapes, p3r / p4r among them; the PDL token test);
+#      batch-1 decode of the 8B AWQ model with RINGSERVE_CUDA_PDL 0 / 1 alternating (cuda_bench
+#      decode, three rounds; bench engine, one)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 B=/tmp/b55; A=/tmp/awq8b
@@ -27,8 +32,6 @@ a)
   MK=$!
   timeout 150 $B/cuda_bench int4 $OUT/a_int4_alone.json 128 2>&1 | grep -E "^int4|rror" > $OUT/a_int4_alone.txt
   sed -E 's/, (per-weight|tiles|mma_)[^,]*//g; s/gemm_int4_//g; s/ \([0-9]+ TFLOP\/s\)//g' $OUT/a_int4_alone.txt | cut -c1-800
-  timeout 200 $B/cuda_int4 --include-ignored --test-threads 1 --nocapture int4_kernels > $OUT/a_int4.log 2>&1
-  echo "cuda_int4 int4_kernels rc $?"; grep -E "^test |panicked|test result" $OUT/a_int4.log | tail -3
   wait $MK
   for x in p3 p3r p4r p3 p3r; do RINGSERVE_CUDA_INT4_WGMMA=$x engine w_$x $A 128; done
   echo "ncu: ${NCU:-none}"
@@ -38,4 +41,16 @@ a)
     [ -n "$NCU" ] && timeout 60 $NCU --clock-control none -k regex:$kern -s 1 -c 1 $S $B/cuda_bench int4one gate_up 128 $kern >> $OUT/a_ncu.txt 2>&1
   done
   grep -vE "^\s*$|^==PROF==|----" $OUT/a_ncu.txt | grep -iE "===|Duration|Throughput|stall|Eligible|Issue" | cut -c1-120 | head -60 ;;
+b)
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+  ( [ -f $A/config.json ] || python3 scripts/make_random_awq8b.py $A > $OUT/make_awq.log 2>&1 ) &
+  MK=$!
+  timeout 280 $B/cuda_int4 --include-ignored --test-threads 1 --nocapture > $OUT/b_int4.log 2>&1
+  echo "cuda_int4 rc $?"; grep -E "^test |panicked|test result" $OUT/b_int4.log | tail -8
+  grep -E "prompt of .*: \[" $OUT/b_int4.log | cut -c1-100 | head -6
+  wait $MK
+  for r in 1 2 3; do for pdl in 0 1; do
+    RINGSERVE_CUDA_PDL=$pdl timeout 100 $B/cuda_bench decode $A 1 512 40 2>&1 | grep 'decode batch' | sed "s/^/pdl=$pdl /" | tee -a $OUT/b_decode.txt
+  done; done
+  for pdl in 0 1; do RINGSERVE_CUDA_PDL=$pdl engine pdl$pdl $A 1; done ;;
 esac

@@ -1,5 +1,6 @@
 //! Helpers the quantization tests share (`mod common;` in each): fixture paths, one prompt's
-//! last-position logits, relative L2, and edited copies of a fixture.
+//! last-position logits, greedy tokens through the engine, relative L2, and edited copies of a
+//! fixture.
 // Each test crate uses its own subset.
 #![allow(dead_code)]
 
@@ -10,6 +11,10 @@ use safetensors::Dtype as StDtype;
 use safetensors::tensor::TensorView as StView;
 use serde_json::Value;
 use worker::backend::{Backend, ForwardBatch, SeqInput};
+use worker::engine::{Engine, EngineConfig};
+use worker::kv::SeqId;
+use worker::request::Request;
+use worker::sampler::SamplingParams;
 
 /// `tests/fixtures/NAME`, or `$FIXTURES_DIR/NAME` where the fixtures are not at their source path
 /// (the GPU machine).
@@ -39,6 +44,29 @@ pub fn last_logits(b: &mut dyn Backend, prompt: &[u32]) -> Vec<f32> {
         seqs: &seqs,
     };
     b.forward(&batch).expect("forward").data
+}
+
+/// 24 greedy tokens of each of `prompts`, batched together through the engine (its decode
+/// steps, and their graphs where the backend captures them).
+pub fn greedy_of(
+    backend: Box<dyn Backend>,
+    config: &worker::config::ModelConfig,
+    prompts: &[Vec<u32>],
+) -> Vec<Vec<u32>> {
+    let mut engine = Engine::new(backend, config, EngineConfig::default()).expect("engine");
+    for (i, p) in prompts.iter().enumerate() {
+        let mut req = Request::new(SeqId(i as u64), p.clone(), 24);
+        req.params = SamplingParams::greedy();
+        req.ignore_eos = true;
+        engine.add_request(req).expect("request");
+    }
+    let mut out = vec![Vec::new(); prompts.len()];
+    while engine.has_unfinished() {
+        for ev in engine.step().expect("step") {
+            out[ev.id.0 as usize].push(ev.token);
+        }
+    }
+    out
 }
 
 /// `‖a − b‖ / ‖b‖`.
