@@ -23,8 +23,9 @@
 //
 // Without PIPE a warpgroup dequantizes a whole step, issues its four wgmmas as one group and waits
 // for them before the next step; the tensor cores stay busy with the SM's other warpgroups (WGS = 2:
-// two blocks an SM for rings of up to 4 stages; WGS = 4, one block each stage of x read by four
-// warpgroups, measured slower in runs 52–54 and built no more). A ring slot is refilled one step
+// two blocks an SM for rings of up to 4 stages; WGS = 1, four blocks an SM, each warpgroup on its
+// own and reading x from L2 itself; WGS = 4, one block each stage of x read by four warpgroups,
+// measured slower in runs 52–54 and built no more). A ring slot is refilled one step
 // after its last read. With PIPE each k-step's wgmma is its own group and the next k-step's A is
 // dequantized into other registers while it runs (ptxas serialises wgmmas only when a register
 // operand is written by another instruction within their group); at a step's end, a wait for all
@@ -75,10 +76,11 @@ __device__ __forceinline__ void gemm_int4_wgmma_impl(const GemmInt4Params& prm) 
     // row xr; one codes chunk (row tid / 2, half tid % 2).
     const int xr = tid >> 3, xc = tid & 7;
     const u32 xdst = (u32)(xr * 128 + ((xc ^ (xr & 7)) << 4));
-    const bf16* xsrc[XC];
+    // x element offsets (32-bit: the host checks b k fits), half the registers of pointers.
+    u32 xsrc[XC];
 #pragma unroll
     for (int i = 0; i < XC; i++)
-        xsrc[i] = p.x + (size_t)min(b0 + xr + BLOCK_THREADS / 8 * i, b - 1) * k + 64 * s_begin + 8 * xc;
+        xsrc[i] = (u32)min(b0 + xr + BLOCK_THREADS / 8 * i, b - 1) * (u32)k + (u32)(64 * s_begin + 8 * xc);
     const int wr = tid >> 1, wh = tid & 1;
     const u32 wdst = (u32)(I4W_X_BYTES + wr * 32 + ((wh ^ ((wr >> 2) & 1)) << 4));
     const u32* wsrc = p.w + (size_t)min(brow + wr, n - 1) * kw + 8 * s_begin + 4 * wh;
@@ -87,7 +89,7 @@ __device__ __forceinline__ void gemm_int4_wgmma_impl(const GemmInt4Params& prm) 
         const int q = kstep(j);
 #pragma unroll
         for (int i = 0; i < XC; i++)
-            pf_cp_async16(st + xdst + BLOCK_THREADS / 8 * 128 * i, xsrc[i] + 64 * q, true);
+            pf_cp_async16(st + xdst + BLOCK_THREADS / 8 * 128 * i, p.x + (xsrc[i] + 64u * (u32)q), true);
         pf_cp_async16(st + wdst, wsrc + 8 * q, true);
     };
 
@@ -214,3 +216,5 @@ INT4_WGMMA(gemm_int4_wgmma_p3, 3, 2, true, false, 2)
 INT4_WGMMA(gemm_int4_wgmma_p4, 4, 2, true, false, 2)
 INT4_WGMMA(gemm_int4_wgmma_p3r, 3, 2, true, true, 2)
 INT4_WGMMA(gemm_int4_wgmma_p4r, 4, 2, true, true, 2)
+// One warpgroup a block, four an SM: no barrier between warpgroups, each reads x from L2 itself.
+INT4_WGMMA(gemm_int4_wgmma_p3_w1, 3, 1, true, false, 4)

@@ -197,6 +197,7 @@ pub const KERNELS: &[&str] = &[
     "gemm_int4_wgmma_p4",
     "gemm_int4_wgmma_p3r",
     "gemm_int4_wgmma_p4r",
+    "gemm_int4_wgmma_p3_w1",
     "gemm_int4_reduce",
     "permute_cols_bf16",
     "sample_f32",

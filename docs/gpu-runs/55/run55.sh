@@ -7,9 +7,9 @@
 # its wait) in one-sequence decode graphs.
 # .gpu55/a.tar.xz: ringserve, cuda_bench, cuda_int4 of the build (--features cuda, stripped).
 #   a: cuda_bench int4 at 128 rows (every product alone, every kernel); bench engine on the random
-#      8B AWQ model at 128 x 512 with RINGSERVE_CUDA_INT4_WGMMA p3 / p3r / p4r / p3 / p3r; ncu of
-#      p3 and p3r on gate/up at 128 rows with the warp-state and source-counter sections (stall
-#      reasons)
+#      8B AWQ model at 128 x 512 with RINGSERVE_CUDA_INT4_WGMMA p3 / p3r / p4r / p3_w1 / p3 /
+#      p3_w1 (p3_w1: one warpgroup a block, four blocks an SM); ncu of p3 and p3_w1 on gate/up at
+#      128 rows with the warp-state and source-counter sections (stall reasons)
 #   b: the INT4 tests (every kernel at odd shapes, p3r / p4r among them; the PDL token test);
 #      batch-1 decode of the 8B AWQ model with RINGSERVE_CUDA_PDL 0 / 1 alternating (cuda_bench
 #      decode, three rounds; bench engine, one)
@@ -33,10 +33,10 @@ a)
   timeout 150 $B/cuda_bench int4 $OUT/a_int4_alone.json 128 2>&1 | grep -E "^int4|rror" > $OUT/a_int4_alone.txt
   sed -E 's/, (per-weight|tiles|mma_)[^,]*//g; s/gemm_int4_//g; s/ \([0-9]+ TFLOP\/s\)//g' $OUT/a_int4_alone.txt | cut -c1-800
   wait $MK
-  for x in p3 p3r p4r p3 p3r; do RINGSERVE_CUDA_INT4_WGMMA=$x engine w_$x $A 128; done
+  for x in p3 p3r p4r p3_w1 p3 p3_w1; do RINGSERVE_CUDA_INT4_WGMMA=$x engine w_$x $A 128; done
   echo "ncu: ${NCU:-none}"
   S="--section SpeedOfLight --section WarpStateStats --section SourceCounters --section SchedulerStats"
-  for kern in gemm_int4_wgmma_p3 gemm_int4_wgmma_p3r; do
+  for kern in gemm_int4_wgmma_p3 gemm_int4_wgmma_p3_w1; do
     echo "=== ncu gate_up 128 $kern" >> $OUT/a_ncu.txt
     [ -n "$NCU" ] && timeout 60 $NCU --clock-control none -k regex:$kern -s 1 -c 1 $S $B/cuda_bench int4one gate_up 128 $kern >> $OUT/a_ncu.txt 2>&1
   done

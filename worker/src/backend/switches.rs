@@ -109,10 +109,11 @@ pub const FP8_TILE_SMALL_MAX: usize = 1 << 25;
 
 /// The Hopper INT4 products `gemm_int4_wgmma_<name>` (sm_90a only), by the name
 /// `RINGSERVE_CUDA_INT4_WGMMA` takes: `s` and the stages of its ring (`p`: the next k-step's
-/// weights dequantized while a wgmma runs), `r` for each block's k-steps rotated by its index.
+/// weights dequantized while a wgmma runs), `r` for each block's k-steps rotated by its index,
+/// `_w1` one warpgroup a block (four blocks an SM) where the others have two (two an SM).
 /// (`s4`, `s6` and the four-warpgroup `_w4` kernels of runs 52–54, none faster than `p3` on a
 /// layer's products, are built no more.)
-pub const INT4_WGMMA_KERNELS: [&str; 5] = ["s3", "p3", "p4", "p3r", "p4r"];
+pub const INT4_WGMMA_KERNELS: [&str; 6] = ["s3", "p3", "p4", "p3r", "p4r", "p3_w1"];
 /// The one [`Int4WgmmaChoice::Auto`] runs: run 53 (H100) timed it fastest on every 8B product at
 /// 128 rows (a layer's four 188 µs, `s3` 200) and the 128 × 512 AWQ step at 10.46–10.49 ms (`s3`
 /// 10.81–10.83).

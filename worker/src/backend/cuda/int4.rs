@@ -607,6 +607,12 @@ fn check_words_and_scratch(
             l.n, l.k
         )));
     }
+    if l.m * l.k > u32::MAX as usize {
+        return Err(BackendError::InvalidBatch(format!(
+            "{kernel}: {} x {} activations pass its 32-bit element offsets",
+            l.m, l.k
+        )));
+    }
     if !scratch.ptr().is_multiple_of(16) {
         return Err(BackendError::InvalidBatch("int4: unaligned scratch".into()));
     }

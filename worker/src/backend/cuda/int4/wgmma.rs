@@ -53,12 +53,13 @@ const fn wgmma(
 }
 
 /// The Hopper kernels, one per name of [`crate::backend::switches::INT4_WGMMA_KERNELS`].
-pub const WGMMA_KERNELS: [WgmmaKernel; 5] = [
+pub const WGMMA_KERNELS: [WgmmaKernel; 6] = [
     wgmma("gemm_int4_wgmma_s3", "s3", (3, 2, 2)),
     wgmma("gemm_int4_wgmma_p3", "p3", (3, 2, 2)),
     wgmma("gemm_int4_wgmma_p4", "p4", (4, 2, 2)),
     wgmma("gemm_int4_wgmma_p3r", "p3r", (3, 2, 2)),
     wgmma("gemm_int4_wgmma_p4r", "p4r", (4, 2, 2)),
+    wgmma("gemm_int4_wgmma_p3_w1", "p3_w1", (3, 1, 4)),
 ];
 
 /// The kernel of [`WGMMA_KERNELS`] named `short`.
