@@ -13,6 +13,9 @@
 #   b: the INT4 tests (every kernel at odd shapes, p3r / p4r among them; the PDL token test);
 #      batch-1 decode of the 8B AWQ model with RINGSERVE_CUDA_PDL 0 / 1 alternating (cuda_bench
 #      decode, three rounds; bench engine, one)
+#   c: a and b in one call, most wanted first (for a session with one lease): the PDL token test;
+#      batch-1 decode PDL 0 / 1, two rounds; bench engine 128 x 512 with p3 / p3_w1 / p3r / p3 /
+#      p3_w1; the INT4 kernel test with the time left
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 B=/tmp/b55; A=/tmp/awq8b
@@ -53,4 +56,19 @@ b)
     RINGSERVE_CUDA_PDL=$pdl timeout 100 $B/cuda_bench decode $A 1 512 40 2>&1 | grep 'decode batch' | sed "s/^/pdl=$pdl /" | tee -a $OUT/b_decode.txt
   done; done
   for pdl in 0 1; do RINGSERVE_CUDA_PDL=$pdl engine pdl$pdl $A 1; done ;;
+c)
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+  ( [ -f $A/config.json ] || python3 scripts/make_random_awq8b.py $A > $OUT/make_awq.log 2>&1 ) &
+  MK=$!
+  timeout 90 $B/cuda_int4 --include-ignored --test-threads 1 --nocapture pdl > $OUT/c_pdl.log 2>&1
+  echo "cuda_int4 pdl rc $?"; grep -E "^test |panicked|test result|prompt of" $OUT/c_pdl.log | cut -c1-110 | tail -9
+  wait $MK; echo "model ready at ${SECONDS} s"
+  for r in 1 2; do for pdl in 0 1; do
+    RINGSERVE_CUDA_PDL=$pdl timeout 100 $B/cuda_bench decode $A 1 512 40 2>&1 | grep 'decode batch' | sed "s/^/pdl=$pdl /" | tee -a $OUT/c_decode.txt
+  done; done
+  echo "decode done at ${SECONDS} s"
+  for x in p3 p3_w1 p3r p3 p3_w1; do RINGSERVE_CUDA_INT4_WGMMA=$x engine w_$x $A 128; done
+  left=$((575 - SECONDS)); echo "engine done at ${SECONDS} s; kernel test gets ${left} s"
+  [ $left -gt 30 ] && timeout $left $B/cuda_int4 --include-ignored --test-threads 1 --nocapture int4_kernels > $OUT/c_int4.log 2>&1
+  echo "cuda_int4 int4_kernels rc $?"; grep -E "^test |panicked|test result" $OUT/c_int4.log | tail -3 ;;
 esac
