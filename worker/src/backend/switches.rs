@@ -13,7 +13,7 @@ pub const KERNEL_SWITCH_VARS: [(&str, &str); 16] = [
     ("RINGSERVE_CUDA_PREFILL", "mma or wgmma"),
     ("RINGSERVE_CUDA_DECODE_MMA", "0 or 1"),
     ("RINGSERVE_CUDA_DECODE_SHARE", "0 or 1"),
-    ("RINGSERVE_CUDA_PDL", "0, fp8 or 1"),
+    ("RINGSERVE_CUDA_PDL", "0, quantized (or fp8) or 1"),
     ("RINGSERVE_CUDA_GEMV", "0, 1, or a weight size in elements"),
     ("RINGSERVE_CUDA_FUSE_ROPE", "0 or 1"),
     ("RINGSERVE_CUDA_FUSE_O_QUANT", "0 or 1"),
@@ -77,11 +77,12 @@ impl Default for GemvChoice {
 pub enum PdlChoice {
     /// None.
     Off,
-    /// Those of models with FP8 linear layers: on the H200 (run 42) batch 1 3.4–3.8 % faster on
-    /// two machines. bf16's batch 1 (whose GEMVs wait on entry, where the FP8 tile GEMV first
-    /// loads weights) was 1.9 % faster on one machine and 3.4 % slower on another.
+    /// Those of models with quantized linear layers, FP8 or AWQ / GPTQ INT4 (whose tile GEMVs load
+    /// their first weights before they wait): batch 1 3.4–3.8 % faster with FP8 on two H200s
+    /// (run 42), 2.1–2.5 % with INT4 on an H100 (run 55). bf16's batch 1 (whose GEMVs wait on
+    /// entry) was 1.9 % faster on one machine and 3.4 % slower on another.
     #[default]
-    Fp8,
+    Quantized,
     /// Every model's (for measuring, and for testing the kernels under it).
     All,
 }
@@ -268,7 +269,7 @@ impl Default for KernelSwitches {
             prefill: PrefillChoice::Auto,
             decode_mma: true,
             decode_share: true,
-            pdl: PdlChoice::Fp8,
+            pdl: PdlChoice::Quantized,
             gemv: GemvChoice::default(),
             fuse_rope: true,
             fuse_o_quant: true,
@@ -329,7 +330,7 @@ impl KernelSwitches {
                 "RINGSERVE_CUDA_PDL" => {
                     s.pdl = match value.trim() {
                         "0" => PdlChoice::Off,
-                        "fp8" => PdlChoice::Fp8,
+                        "quantized" | "fp8" => PdlChoice::Quantized,
                         "1" => PdlChoice::All,
                         _ => return Err(bad()),
                     }
@@ -414,7 +415,7 @@ mod tests {
         assert!(s.gguf_int4 && s.int4_mma && s.decode_share && s.fuse_o_quant && s.fuse_silu);
         assert!(s.int4_mma_scaled);
         assert_eq!(s.int4_wgmma, Int4WgmmaChoice::Auto);
-        assert_eq!(s.pdl, PdlChoice::Fp8);
+        assert_eq!(s.pdl, PdlChoice::Quantized);
         assert_eq!(s.gemv, GemvChoice::UpTo(GEMV_MAX_WEIGHT));
         assert_eq!(s.fp8_gemv, Fp8GemvChoice::Auto);
         assert_eq!(s.fp8_gemv.tile_for(4096 * 6144), Some(FP8_TILE_SMALL));
@@ -472,6 +473,12 @@ mod tests {
             parse(&[("RINGSERVE_CUDA_PDL", "1")]).unwrap().pdl,
             PdlChoice::All
         );
+        for quantized in ["quantized", "fp8"] {
+            assert_eq!(
+                parse(&[("RINGSERVE_CUDA_PDL", quantized)]).unwrap().pdl,
+                PdlChoice::Quantized
+            );
+        }
         assert!(parse(&[("RINGSERVE_CUDA_PDL", "yes")]).is_err());
         assert_eq!(s.prefill, PrefillChoice::Mma);
         assert!(!s.decode_mma && !s.fuse_rope && !s.l2_prefetch && !s.gemm_tune);

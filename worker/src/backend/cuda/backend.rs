@@ -433,7 +433,7 @@ impl CudaBackend {
         let fp8_gemm = fp8.then(|| Fp8Gemm::new(&gpu)).transpose()?;
         let pdl_graphs = match opts.kernels.pdl {
             PdlChoice::Off => false,
-            PdlChoice::Fp8 => fp8,
+            PdlChoice::Quantized => fp8 || quant.int4().is_some(),
             PdlChoice::All => true,
         };
         // Not inside a tensor-parallel group: its graphs' NCCL kernels were never measured or
