@@ -195,9 +195,6 @@ pub const KERNELS: &[&str] = &[
     "gemm_int4_wgmma_s3",
     "gemm_int4_wgmma_p3",
     "gemm_int4_wgmma_p4",
-    "gemm_int4_wgmma_p3r",
-    "gemm_int4_wgmma_p4r",
-    "gemm_int4_wgmma_p3_w1",
     "gemm_int4_reduce",
     "permute_cols_bf16",
     "sample_f32",
@@ -350,10 +347,10 @@ pub const fn int4_mmas_smem_bytes(rows: usize) -> usize {
 pub const INT4_WGMMA_BATCH: usize = 128;
 /// Dynamic shared memory of a `gemm_int4_wgmma_*` kernel of `stages` stages and `wgs`
 /// warpgroups: a stage holds [`INT4_WGMMA_BATCH`] activation rows of 64 bf16 and 64 `wgs` rows of
-/// 64 codes (32 bytes), the formula `int4_wgmma.cu` uses; + 1 KiB to align the base to the
-/// 1,024-byte swizzle atom.
+/// 64 codes (32 bytes), and the stages' group constants (a 4-byte word a row) follow them, the
+/// formula `int4_wgmma.cu` uses; + 1 KiB to align the base to the 1,024-byte swizzle atom.
 pub const fn int4_wgmma_smem_bytes(stages: usize, wgs: usize) -> usize {
-    stages * (INT4_WGMMA_BATCH * 128 + 64 * wgs * 32) + 1024
+    stages * (INT4_WGMMA_BATCH * 128 + 64 * wgs * 32 + 64 * wgs * 4) + 1024
 }
 /// Most activation rows the CUDA backend gives the INT4 tensor-core products; larger products
 /// dequantize the whole matrix to bf16 for cuBLAS. At the 8B shapes on an H100 (run 51a), the
@@ -361,6 +358,11 @@ pub const fn int4_wgmma_smem_bytes(stages: usize, wgs: usize) -> usize {
 /// products in 0.14 ms at 64 rows and 0.23 at 128 against 0.37 and 0.38 dequantized + cuBLAS; at
 /// 256 rows its q/k/v and o are slower (0.054 / 0.039 against 0.048 / 0.032 ms).
 pub const INT4_MMA_MAX_ROWS: usize = 128;
+/// Most activation rows the CUDA backend gives the Hopper INT4 product (`gemm_int4_wgmma_*`) where
+/// it applies; larger products dequantize for cuBLAS. At 256 rows on an H100 (run 56e) it takes a
+/// layer's four 8B products in 0.26 ms against 0.40 dequantized + cuBLAS (gate/up 0.132 against
+/// 0.209).
+pub const INT4_WGMMA_MAX_ROWS: usize = 256;
 /// Bytes one thread of `l2_prefetch_u8` asks for at a time (`PREFETCH_PIECE`).
 pub const PREFETCH_PIECE: usize = 16384;
 

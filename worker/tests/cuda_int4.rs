@@ -318,7 +318,8 @@ fn int4_kernels_match_the_reference_at_odd_shapes() {
 #[ignore = "requires a CUDA device"]
 fn int4_models_on_cuda_match_the_cpu_reference() {
     // 5 tokens: the GEMV path; 40 and 100: the tensor-core product (its two shape rules;
-    // dequantization + cuBLAS with it off); 200 and 300: dequantization + cuBLAS (past
+    // dequantization + cuBLAS with it off); 200: the Hopper product where it runs (up to
+    // kernels::INT4_WGMMA_MAX_ROWS), else dequantization + cuBLAS, as 300 always (past
     // kernels::INT4_MMA_MAX_ROWS).
     let prompts: [Vec<u32>; 5] = [
         vec![1, 17, 42, 99, 3],

@@ -110,15 +110,13 @@ pub const FP8_TILE_SMALL_MAX: usize = 1 << 25;
 
 /// The Hopper INT4 products `gemm_int4_wgmma_<name>` (sm_90a only), by the name
 /// `RINGSERVE_CUDA_INT4_WGMMA` takes: `s` and the stages of its ring (`p`: the next k-step's
-/// weights dequantized while a wgmma runs), `r` for each block's k-steps rotated by its index,
-/// `_w1` one warpgroup a block (four blocks an SM) where the others have two (two an SM).
-/// (`s4`, `s6` and the four-warpgroup `_w4` kernels of runs 52–54, none faster than `p3` on a
-/// layer's products, are built no more.)
-pub const INT4_WGMMA_KERNELS: [&str; 6] = ["s3", "p3", "p4", "p3r", "p4r", "p3_w1"];
-/// The one [`Int4WgmmaChoice::Auto`] runs: run 53 (H100) timed it fastest on every 8B product at
-/// 128 rows (a layer's four 188 µs, `s3` 200) and the 128 × 512 AWQ step at 10.46–10.49 ms (`s3`
-/// 10.81–10.83).
-pub const INT4_WGMMA_DEFAULT: &str = "p3";
+/// weights dequantized while a wgmma runs). (`s4`, `s6`, the four-warpgroup `_w4` kernels of runs
+/// 52–54, and run 55's rotated k-steps (`p3r`, `p4r`) and one-warpgroup blocks (`p3_w1`), none
+/// faster than `p3`, are built no more.)
+pub const INT4_WGMMA_KERNELS: [&str; 3] = ["s3", "p3", "p4"];
+/// The one [`Int4WgmmaChoice::Auto`] runs: with the group constants staged in the ring (run 56e,
+/// H100), the 128 × 512 AWQ step takes 9.21–9.22 ms against `p3`'s 9.28 and `s3`'s 9.29–9.32.
+pub const INT4_WGMMA_DEFAULT: &str = "p4";
 
 /// Whether INT4 products of more than `kernels::INT4_MMA_BATCH` rows whose groups hold whole
 /// 64-wide k-steps run on Hopper's wgmma (`gemm_int4_wgmma_*`, on compute capability 9.0 only;
@@ -246,8 +244,8 @@ pub struct KernelSwitches {
     /// A GGUF file's layers whose linears are all `Q4_0` / `Q4_1` run on the INT4 kernels (bf16,
     /// not batch-invariant); off: every weight dequantized to the compute type at load.
     pub gguf_int4: bool,
-    /// INT4 products of more rows than the GEMVs take (up to
-    /// `kernels::INT4_MMA_MAX_ROWS`, no GGUF offsets) run
+    /// INT4 products of more rows than the GEMVs take (up to `kernels::INT4_MMA_MAX_ROWS`, or
+    /// `kernels::INT4_WGMMA_MAX_ROWS` where the Hopper kernel takes them; no GGUF offsets) run
     /// the tensor-core product with weights dequantized in registers (`gemm_int4_mma_*`); off: the
     /// whole matrix is dequantized to bf16 for cuBLAS, as larger batches always are.
     pub int4_mma: bool,

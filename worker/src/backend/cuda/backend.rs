@@ -782,8 +782,9 @@ impl CudaBackend {
 
     /// An INT4 product: its input permuted first for act order; the GEMV kernel up to
     /// [`INT4_GEMV_MAX_ROWS`] rows, the tensor-core product up to
-    /// [`kernels::INT4_MMA_MAX_ROWS`] (its split-k partial sums in the dequantization
-    /// workspace), else the weights dequantized into the workspace and [`Self::linear`].
+    /// [`kernels::INT4_MMA_MAX_ROWS`] ([`kernels::INT4_WGMMA_MAX_ROWS`] where the Hopper kernel
+    /// takes it; its split-k partial sums in the dequantization workspace), else the weights
+    /// dequantized into the workspace and [`Self::linear`].
     fn product_int4(&self, l: &Linear<'_>, s: &Int4Scales) -> Result<(), BackendError> {
         let (g, ws) = (&self.gpu, &self.ws);
         let x = match &s.perm {
@@ -806,12 +807,19 @@ impl CudaBackend {
             let rows = if l.n >= ops::GEMV_TALL_ROWS { 32 } else { 16 };
             return super::int4::gemv_int4(g, &q, rows, self.int4_tiles);
         }
-        if self.int4_mma && l.m <= kernels::INT4_MMA_MAX_ROWS && s.mins.is_none() {
-            let choice = super::int4::MmaChoice {
-                scaled: self.int4_mma_scaled,
-                wgmma: self.int4_wgmma,
+        if self.int4_mma && s.mins.is_none() {
+            let wgmma = self.int4_wgmma.filter(|_| super::int4::wgmma_fits(&q));
+            let max_rows = match wgmma {
+                Some(_) => kernels::INT4_WGMMA_MAX_ROWS,
+                None => kernels::INT4_MMA_MAX_ROWS,
             };
-            return super::int4::gemm_int4(g, &q, choice, &ws.wdq);
+            if l.m <= max_rows {
+                let choice = super::int4::MmaChoice {
+                    scaled: self.int4_mma_scaled,
+                    wgmma,
+                };
+                return super::int4::gemm_int4(g, &q, choice, &ws.wdq);
+            }
         }
         super::int4::dequant_int4(g, &q, &ws.wdq)?;
         self.linear(&Linear {

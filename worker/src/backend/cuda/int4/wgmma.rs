@@ -53,13 +53,10 @@ const fn wgmma(
 }
 
 /// The Hopper kernels, one per name of [`crate::backend::switches::INT4_WGMMA_KERNELS`].
-pub const WGMMA_KERNELS: [WgmmaKernel; 6] = [
+pub const WGMMA_KERNELS: [WgmmaKernel; 3] = [
     wgmma("gemm_int4_wgmma_s3", "s3", (3, 2, 2)),
     wgmma("gemm_int4_wgmma_p3", "p3", (3, 2, 2)),
     wgmma("gemm_int4_wgmma_p4", "p4", (4, 2, 2)),
-    wgmma("gemm_int4_wgmma_p3r", "p3r", (3, 2, 2)),
-    wgmma("gemm_int4_wgmma_p4r", "p4r", (4, 2, 2)),
-    wgmma("gemm_int4_wgmma_p3_w1", "p3_w1", (3, 1, 4)),
 ];
 
 /// The kernel of [`WGMMA_KERNELS`] named `short`.
@@ -91,10 +88,15 @@ pub fn wgmma_select(
 }
 
 /// Whether the Hopper kernels take this product: k a multiple of 64, every 64-wide k-step in
-/// one group (groups of a multiple of 64, or one group a row), no GGUF offsets.
+/// one group (groups of a multiple of 64, or one group a row), no GGUF offsets, and the tile
+/// kernels' scale | zero words ([`super::Int4Scales::tile`]), which the kernels stage with the
+/// codes.
 pub fn wgmma_fits(l: &Int4Linear<'_>) -> bool {
     let gs = l.s.group_size;
-    l.k.is_multiple_of(64) && (gs.is_multiple_of(64) || gs >= l.k) && l.s.mins.is_none()
+    l.k.is_multiple_of(64)
+        && (gs.is_multiple_of(64) || gs >= l.k)
+        && l.s.mins.is_none()
+        && l.s.tile.is_some()
 }
 
 /// How many ranges [`launch_wgmma`] splits the k-steps of an `m x n x k` product into on blocks
@@ -134,7 +136,7 @@ pub fn launch_wgmma(
     if !wgmma_fits(l) {
         return Err(BackendError::InvalidBatch(format!(
             "{}: k {} with groups of {} (k must be a multiple of 64 and each 64-wide step in one \
-             group, without GGUF offsets)",
+             group, without GGUF offsets, with the tile kernels' scale words)",
             kernel.name, l.k, l.s.group_size
         )));
     }
@@ -153,13 +155,16 @@ pub fn launch_wgmma(
     let mut b = gpu.stream.launch_builder(gpu.func(kernel.name)?);
     b.arg(&p);
     // SAFETY: check() gave words >= n*k/8 u32 (16-byte aligned; k a multiple of 64, so every
-    // row's step of 8 words is 16-byte aligned), scales and zeros >= n*groups with groups =
-    // ceil(k / group_size), x >= m*k and y >= m*n bf16 (x 16-byte aligned); n*k/8 fits in u32
-    // (tested above). wgmma_fits gave k a multiple of 64 and each step s < k / 64 in group
-    // 64 s / group_size < groups. With R = kernel.rows() (64 per warpgroup) and X =
+    // row's step of 8 words is 16-byte aligned), the tile words (present: wgmma_fits) >=
+    // ceil(n/16)*groups*16 u32 with groups = ceil(k / group_size) (a device allocation, so 16-byte
+    // aligned, as is each tile's 16 words of a group), x >= m*k and y >= m*n bf16 (x 16-byte
+    // aligned); n*k/8 fits in u32 (tested above). wgmma_fits gave k a multiple of 64 and each step
+    // s < k / 64 in group s / (group_size / 64) = 64 s / group_size < groups (group_size >= 64:
+    // a multiple of 64, or >= k >= 64). With R = kernel.rows() (64 per warpgroup) and X =
     // INT4_WGMMA_BATCH (the kernel's own), block (bx, by, bz) reads weight rows min(R bx + r, n - 1)
-    // at words 8 s .. 8 s + 7 and their group constants, and x rows min(X by + r, m - 1) at
-    // elements 64 s .. 64 s + 63, for s in [bz*steps, +steps) clipped to k / 64; it stores
+    // at words 8 s .. 8 s + 7, the tile words of tiles min(R bx / 16 + i, ceil(n/16) - 1), i < R /
+    // 16, at that group, and x rows min(X by + r, m - 1) at elements 64 s .. 64 s + 63, for s
+    // in [bz*steps, +steps) clipped to k / 64; it stores
     // y[bb, r] for bb < m, r < n, or with splits > 1 the f32 part[bz, bb, r], where scratch
     // holds splits*m*n f32 (wgmma_splits caps splits by its bytes) and is 16-byte aligned.
     // Every thread reaches each step's barrier and every warpgroup issues each wgmma whole (the
