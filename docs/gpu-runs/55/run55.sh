@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run 55 (prepared 2026-12-07, not yet run): the wgmma INT4 product with its k-steps rotated by
+# Run 55 (2026-12-07; call c ran, a and b did not — see README.md): the wgmma INT4 product with its k-steps rotated by
 # block (gemm_int4_wgmma_p3r / p4r: the blocks of a product read different k-steps of x at any one
 # time, not all the same 16 KiB from the same L2 slices), and where p3's warps stall (ncu's warp
 # stall sampling).

@@ -14,14 +14,32 @@
 # .gpu55/c.tar.xz: the build after e (the Hopper product up to 256 rows, p4 the default).
 #   f: the INT4 model test (its 200-token prompt on the Hopper product now); bench engine AWQ at
 #      256 x 512 and 128 x 512, b and c alternating; bf16 at 256 x 512
+#   g (carry .gpu55/peer: vLLM's install.sh, bench_vllm.py and extra wheels; and
+#      .peer-vllm/carry/vllm-site.tar.xz.part00): part 00 stashed; the AWQ model written
+#   h (the next call on that machine, carry .gpu55/peer and part01): vLLM 0.26 installed;
+#      bench_vllm.py on the same AWQ checkpoint (Machete) at 128 and 256
+#   i (the next, carry .gpu55/g.tar.xz: ringserve of c alone; a call carries at most 64 MiB, the
+#      tree and a part leave no room for it): ringserve on the AWQ model at 1, 128, 256 x 512,
+#      engine steps and vLLM's method (--peer-decode)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 A=/tmp/awq8b
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/old /tmp/new
 [ -f /tmp/old/cuda_int4 ] || [ ! -f .gpu55/a.tar.xz ] || tar xJf .gpu55/a.tar.xz -C /tmp/old
-[ -f /tmp/new/cuda_int4 ] || tar xJf .gpu55/b.tar.xz -C /tmp/new
+[ -f /tmp/new/cuda_int4 ] || [ ! -f .gpu55/b.tar.xz ] || tar xJf .gpu55/b.tar.xz -C /tmp/new
 mkdir -p /tmp/c; [ -f /tmp/c/cuda_int4 ] || [ ! -f .gpu55/c.tar.xz ] || tar xJf .gpu55/c.tar.xz -C /tmp/c
+[ -f /tmp/c/ringserve ] || [ ! -f .gpu55/g.tar.xz ] || tar xJf .gpu55/g.tar.xz -C /tmp/c
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64 RINGSERVE_KERNEL_CACHE=/tmp/kc-56 FIXTURES_DIR=$PWD/tests/fixtures
+export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+P=/tmp/peer56; [ -d $P ] || { [ -d .gpu55/peer ] && cp -r .gpu55/peer $P; }
+install_vllm() {
+  (mkdir -p /tmp/vllm_parts; cp .peer-vllm/carry/vllm-site.tar.xz.part* /tmp/vllm_parts/ 2>/dev/null; bash $P/install.sh) > "$OUT/install_$1.log" 2>&1
+  echo "vllm install rc=$? ($(tail -1 "$OUT/install_$1.log"))"
+}
+peer() {  # tag bindir model batches: decode as vLLM's script measures it
+  timeout 150 $2/ringserve bench engine --model $3 --device cuda --batch-sizes $4 --prompt-lens 512 \
+    --output-len 65 --peer-decode 2>>$OUT/bench.err | grep -E "^\| [0-9]" | sed "s/^/$1 /" | tee -a $OUT/bench.txt
+}
 engine() {  # tag bindir model batches [flags]
   local tag=$1 b=$2 m=$3 n=$4; shift 4
   timeout 200 $b/ringserve bench engine --model $m --device cuda --batch-sizes $n --prompt-lens 512 \
@@ -74,4 +92,17 @@ f)
   for r in 1 2; do engine b256 /tmp/new $A 256; engine c256 /tmp/c $A 256; done
   engine b128 /tmp/new $A 128; engine c128 /tmp/c $A 128
   engine bf16_256 /tmp/c $M 256 ;;
+g)
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+  install_vllm g
+  [ -f $A/config.json ] || python3 scripts/make_random_awq8b.py $A > $OUT/make_awq.log 2>&1
+  tail -1 $OUT/make_awq.log ;;
+h)
+  install_vllm h
+  PYTHONPATH=/tmp/site timeout 280 python3 $P/bench_vllm.py $A $OUT/vllm_awq.json > $OUT/vllm_awq.log 2>&1
+  echo "== vllm awq rc=$?"; grep -E "Using .* for" $OUT/vllm_awq.log | head -2; grep -hE "prefill|decode|batch1" $OUT/vllm_awq.log | grep -v Warn | tail -5 ;;
+i)
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+  engine c /tmp/c $A 1,128,256
+  peer c_peer /tmp/c $A 128,256 ;;
 esac
