@@ -164,9 +164,9 @@ pub fn launch_wgmma(
     // INT4_WGMMA_BATCH (the kernel's own), block (bx, by, bz) reads weight rows min(R bx + r, n - 1)
     // at words 8 s .. 8 s + 7, the tile words of tiles min(R bx / 16 + i, ceil(n/16) - 1), i < R /
     // 16, at that group, and x rows min(X by + r, m - 1) at elements 64 s .. 64 s + 63, for s
-    // in [bz*steps, +steps) clipped to k / 64; it stores
-    // y[bb, r] for bb < m, r < n, or with splits > 1 the f32 part[bz, bb, r], where scratch
-    // holds splits*m*n f32 (wgmma_splits caps splits by its bytes) and is 16-byte aligned.
+    // in [bz*steps, +steps) clipped to k / 64; it stores y[bb, r] for bb < m, r < n, or with
+    // splits > 1 the f32 part[bz, bb, r], where scratch holds splits*m*n f32 (wgmma_splits caps
+    // splits by its bytes) and is 16-byte aligned.
     // Every thread reaches each step's barrier and every warpgroup issues each wgmma whole (the
     // step loop is the same for the whole block). The kernel was compiled for sm_90a (checked
     // above: elsewhere its body is empty), assumes 128 threads per warpgroup, and its dynamic
