@@ -115,6 +115,23 @@ fn upload_bf16(g: &Gpu, x: &[f32]) -> worker::backend::cuda::Buf {
     g.upload_bytes(&bytes, DType::Bf16).expect("upload")
 }
 
+/// The CUDA backend's options for the model tests: bf16, 64 blocks of 16 tokens, `kernels`.
+fn cuda_options(enforce_eager: bool, kernels: KernelSwitches) -> CudaOptions {
+    CudaOptions {
+        ordinal: 0,
+        dtype: DType::Bf16,
+        block_size: 16,
+        num_kv_blocks: Some(64),
+        gpu_memory_utilization: 0.9,
+        enforce_eager,
+        max_batch_tokens: 512,
+        batch_invariant: false,
+        kernels,
+        quantization: None,
+        kv_cache_dtype: worker::quant::kv::KvCacheDtype::Auto,
+    }
+}
+
 #[test]
 #[ignore = "requires a CUDA device"]
 fn int4_kernels_match_the_reference_at_odd_shapes() {
@@ -358,25 +375,16 @@ fn int4_models_on_cuda_match_the_cpu_reference() {
             (true, false, false, false, off),
             (false, false, false, false, off),
         ] {
-            let opts = CudaOptions {
-                ordinal: 0,
-                dtype: DType::Bf16,
-                block_size: 16,
-                num_kv_blocks: Some(64),
-                gpu_memory_utilization: 0.9,
-                enforce_eager: eager,
-                max_batch_tokens: 512,
-                batch_invariant: false,
-                kernels: KernelSwitches {
+            let opts = cuda_options(
+                eager,
+                KernelSwitches {
                     int4_tiles,
                     int4_mma,
                     int4_mma_scaled,
                     int4_wgmma,
                     ..KernelSwitches::default()
                 },
-                quantization: None,
-                kv_cache_dtype: worker::quant::kv::KvCacheDtype::Auto,
-            };
+            );
             let mut cuda = CudaBackend::new(&config, &ckpt, &opts)
                 .unwrap_or_else(|e| panic!("CUDA backend on {name}: {e}"));
             for p in &prompts {
@@ -416,22 +424,13 @@ fn gguf_q4_layers_on_cuda_match_the_cpu_reference() {
     let mut bytes = Vec::new();
     for gguf_int4 in [true, false] {
         for eager in [true, false] {
-            let opts = CudaOptions {
-                ordinal: 0,
-                dtype: DType::Bf16,
-                block_size: 16,
-                num_kv_blocks: Some(64),
-                gpu_memory_utilization: 0.9,
-                enforce_eager: eager,
-                max_batch_tokens: 512,
-                batch_invariant: false,
-                kernels: KernelSwitches {
+            let opts = cuda_options(
+                eager,
+                KernelSwitches {
                     gguf_int4,
                     ..KernelSwitches::default()
                 },
-                quantization: None,
-                kv_cache_dtype: worker::quant::kv::KvCacheDtype::Auto,
-            };
+            );
             let mut cuda = CudaBackend::new(&config, &ckpt, &opts)
                 .unwrap_or_else(|e| panic!("CUDA backend on gguf-q4: {e}"));
             bytes.push((gguf_int4, cuda.weight_bytes()));
@@ -469,22 +468,13 @@ fn int4_decode_graphs_with_pdl_give_the_same_tokens() {
     for name in ["int4-awq", "int4-gptq"] {
         let (config, ckpt) = Checkpoint::load(&fixture(name)).expect("fixture");
         let tokens = |pdl: PdlChoice, prompt: &[u32]| {
-            let opts = CudaOptions {
-                ordinal: 0,
-                dtype: DType::Bf16,
-                block_size: 16,
-                num_kv_blocks: Some(64),
-                gpu_memory_utilization: 0.9,
-                enforce_eager: false,
-                max_batch_tokens: 512,
-                batch_invariant: false,
-                kernels: KernelSwitches {
+            let opts = cuda_options(
+                false,
+                KernelSwitches {
                     pdl,
                     ..KernelSwitches::default()
                 },
-                quantization: None,
-                kv_cache_dtype: worker::quant::kv::KvCacheDtype::Auto,
-            };
+            );
             let b = CudaBackend::new(&config, &ckpt, &opts)
                 .unwrap_or_else(|e| panic!("CUDA backend on {name}: {e}"));
             greedy_of(Box::new(b), &config, &[prompt.to_vec()]).remove(0)
