@@ -21,6 +21,8 @@
 #   i (the next, carry .gpu55/g.tar.xz: ringserve of c alone; a call carries at most 64 MiB, the
 #      tree and a part leave no room for it): ringserve on the AWQ model at 1, 128, 256 x 512,
 #      engine steps and vLLM's method (--peer-decode)
+#   j (not run yet; carry .gpu55/c.tar.xz): ncu's full set with source counters of the default p4
+#      on gate/up at 128 and 256 rows (where its warps wait now)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 A=/tmp/awq8b
@@ -105,4 +107,13 @@ i)
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
   engine c /tmp/c $A 1,128,256
   peer c_peer /tmp/c $A 128,256 ;;
+j)
+  NCU=$(ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  for m in 128 256; do
+    timeout 100 $NCU --clock-control none -k regex:gemm_int4_wgmma_p4\$ -s 1 -c 1 --set full --import-source no \
+      -o /tmp/r$m /tmp/c/cuda_bench int4one gate_up $m gemm_int4_wgmma_p4 > $OUT/j_ncu$m.log 2>&1
+    $NCU -i /tmp/r$m.ncu-rep --page source --csv --print-source sass > $OUT/j_p4_$m.csv 2>&1
+    $NCU -i /tmp/r$m.ncu-rep --page details --print-details all > $OUT/j_p4_$m.txt 2>&1
+    echo "== $m rows"; grep -E "^    (Duration|Compute \(SM\) Throughput|Stall (Long|Wait|Barrier|GMMA|Math|Short|Dispatch))" $OUT/j_p4_$m.txt | head -10
+  done ;;
 esac
