@@ -10,11 +10,10 @@
 
 mod common;
 
-use common::{fixture, greedy_of, last_logits, rel_l2};
+use common::{cuda_options, fixture, greedy_of, last_logits, rel_l2};
 use worker::backend::Backend;
 use worker::backend::cpu::{CpuBackend, CpuOptions};
 use worker::backend::cuda::{CudaBackend, CudaOptions, DType};
-use worker::backend::switches::KernelSwitches;
 use worker::checkpoint::Checkpoint;
 use worker::quant::Quantization;
 
@@ -34,22 +33,6 @@ fn prompts() -> Vec<Vec<u32>> {
                 .collect()
         })
         .collect()
-}
-
-fn cuda_options(eager: bool, quantization: Option<Quantization>) -> CudaOptions {
-    CudaOptions {
-        ordinal: 0,
-        dtype: DType::Bf16,
-        block_size: 16,
-        num_kv_blocks: Some(64),
-        gpu_memory_utilization: 0.9,
-        enforce_eager: eager,
-        max_batch_tokens: 512,
-        batch_invariant: false,
-        kernels: KernelSwitches::default(),
-        quantization,
-        kv_cache_dtype: worker::quant::kv::KvCacheDtype::Auto,
-    }
 }
 
 /// 24 greedy tokens of every prompt, all batched together.

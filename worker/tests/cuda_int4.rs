@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{fixture, greedy_of, last_logits, rel_l2};
+use common::{cuda_options, fixture, greedy_of, last_logits, rel_l2};
 use half::bf16;
 use worker::backend::cpu::{CpuBackend, CpuOptions};
 use worker::backend::cuda::int4::{
@@ -113,23 +113,6 @@ fn upload_bf16(g: &Gpu, x: &[f32]) -> worker::backend::cuda::Buf {
         .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
         .collect();
     g.upload_bytes(&bytes, DType::Bf16).expect("upload")
-}
-
-/// The CUDA backend's options for the model tests: bf16, 64 blocks of 16 tokens, `kernels`.
-fn cuda_options(enforce_eager: bool, kernels: KernelSwitches) -> CudaOptions {
-    CudaOptions {
-        ordinal: 0,
-        dtype: DType::Bf16,
-        block_size: 16,
-        num_kv_blocks: Some(64),
-        gpu_memory_utilization: 0.9,
-        enforce_eager,
-        max_batch_tokens: 512,
-        batch_invariant: false,
-        kernels,
-        quantization: None,
-        kv_cache_dtype: worker::quant::kv::KvCacheDtype::Auto,
-    }
 }
 
 #[test]
@@ -375,16 +358,16 @@ fn int4_models_on_cuda_match_the_cpu_reference() {
             (true, false, false, false, off),
             (false, false, false, false, off),
         ] {
-            let opts = cuda_options(
-                eager,
-                KernelSwitches {
+            let opts = CudaOptions {
+                kernels: KernelSwitches {
                     int4_tiles,
                     int4_mma,
                     int4_mma_scaled,
                     int4_wgmma,
                     ..KernelSwitches::default()
                 },
-            );
+                ..cuda_options(eager, None)
+            };
             let mut cuda = CudaBackend::new(&config, &ckpt, &opts)
                 .unwrap_or_else(|e| panic!("CUDA backend on {name}: {e}"));
             for p in &prompts {
@@ -424,13 +407,13 @@ fn gguf_q4_layers_on_cuda_match_the_cpu_reference() {
     let mut bytes = Vec::new();
     for gguf_int4 in [true, false] {
         for eager in [true, false] {
-            let opts = cuda_options(
-                eager,
-                KernelSwitches {
+            let opts = CudaOptions {
+                kernels: KernelSwitches {
                     gguf_int4,
                     ..KernelSwitches::default()
                 },
-            );
+                ..cuda_options(eager, None)
+            };
             let mut cuda = CudaBackend::new(&config, &ckpt, &opts)
                 .unwrap_or_else(|e| panic!("CUDA backend on gguf-q4: {e}"));
             bytes.push((gguf_int4, cuda.weight_bytes()));
@@ -468,13 +451,13 @@ fn int4_decode_graphs_with_pdl_give_the_same_tokens() {
     for name in ["int4-awq", "int4-gptq"] {
         let (config, ckpt) = Checkpoint::load(&fixture(name)).expect("fixture");
         let tokens = |pdl: PdlChoice, prompt: &[u32]| {
-            let opts = cuda_options(
-                false,
-                KernelSwitches {
+            let opts = CudaOptions {
+                kernels: KernelSwitches {
                     pdl,
                     ..KernelSwitches::default()
                 },
-            );
+                ..cuda_options(false, None)
+            };
             let b = CudaBackend::new(&config, &ckpt, &opts)
                 .unwrap_or_else(|e| panic!("CUDA backend on {name}: {e}"));
             greedy_of(Box::new(b), &config, &[prompt.to_vec()]).remove(0)

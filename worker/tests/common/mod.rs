@@ -101,3 +101,25 @@ pub fn edited(name: &str, edit: impl FnOnce(&mut Value, &mut Tensors)) -> tempfi
     safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
     dir
 }
+
+/// The CUDA backend's options the quantization tests start from: bf16, 64 blocks of 16 tokens,
+/// every kernel switch at its default, `quantization` (set `kernels` over it to vary switches).
+#[cfg(feature = "cuda")]
+pub fn cuda_options(
+    enforce_eager: bool,
+    quantization: Option<worker::quant::Quantization>,
+) -> worker::backend::cuda::CudaOptions {
+    worker::backend::cuda::CudaOptions {
+        ordinal: 0,
+        dtype: worker::backend::cuda::DType::Bf16,
+        block_size: 16,
+        num_kv_blocks: Some(64),
+        gpu_memory_utilization: 0.9,
+        enforce_eager,
+        max_batch_tokens: 512,
+        batch_invariant: false,
+        kernels: worker::backend::switches::KernelSwitches::default(),
+        quantization,
+        kv_cache_dtype: worker::quant::kv::KvCacheDtype::Auto,
+    }
+}
