@@ -193,6 +193,19 @@ __device__ __forceinline__ void gemv_int4_impl(const GemvInt4Params& p) {
 // as f32 bits, whose low 8 bits are free for the zero point). The codes and scales of D steps are
 // in flight per lane (a register ring refilled as each step is consumed). The warps' sums meet in
 // shared memory in warp order, so y[b, n] does not depend on the batch size or on NB.
+// With ROPE (P = GemvInt4RopeParams: the fused q/k/v product, n = (hq + 2 hkv) d, d a multiple of
+// 16) tile i takes head i / (d / 16) and its rotation pairs j0 .. j0 + 7, j0 = 8 (i % (d / 16)) —
+// row g the head's dim j0 + g, row g + 8 the dim j0 + g + d/2 it rotates with — and the epilogue
+// finishes each pair as rope_kv_write_bf16 does (rope_pair_store_at) from the two bf16 values y
+// would hold: that kernel's bits without its launch. With SILU (P = GemvInt4SiluParams: gate/up,
+// n = 2 inter, gate rows then up rows) tile i takes gate rows 8i .. 8i + 7 and up rows inter + 8i ..
+// + 7, and the epilogue stores silu_mul_bf16's h = bf16(silu(gate) * up) from the two bf16 values.
+// Either way a lane's two rows lie in different 16-row tiles of p.tsz: two 4-byte scale loads.
+enum Int4TileMode { INT4_TILE_PLAIN, INT4_TILE_ROPE, INT4_TILE_SILU };
+__device__ __forceinline__ const GemvInt4Params& int4_gemv_of(const GemvInt4Params& p) { return p; }
+__device__ __forceinline__ const GemvInt4Params& int4_gemv_of(const GemvInt4RopeParams& p) { return p.g; }
+__device__ __forceinline__ const GemvInt4Params& int4_gemv_of(const GemvInt4SiluParams& p) { return p.g; }
+
 template <int WPL> struct Int4Words {
     u32 v[WPL];
 };
@@ -210,6 +223,9 @@ __device__ __forceinline__ void ld_words_if(Int4Words<2>& r, const u32* p, bool 
     asm("{\n.reg .pred q;\nsetp.ne.b32 q, %3, 0;\n@q ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n}\n"
         : "+r"(r.v[0]), "+r"(r.v[1])
         : "l"(p), "r"((int)ok));
+}
+__device__ __forceinline__ void ld_u32_if(u32& r, const u32* p, bool ok) {
+    asm("{\n.reg .pred q;\nsetp.ne.b32 q, %2, 0;\n@q ld.global.nc.u32 %0, [%1];\n}\n" : "+r"(r) : "l"(p), "r"((int)ok));
 }
 __device__ __forceinline__ void ld_u32x2_if(u32 (&r)[2], const u32* p, bool ok) {
     asm("{\n.reg .pred q;\nsetp.ne.b32 q, %3, 0;\n@q ld.global.nc.v2.u32 {%0, %1}, [%2];\n}\n"
@@ -245,14 +261,17 @@ __device__ __forceinline__ u32 int4_less_zero(u32 word, int i, u32 zz) {
 // slots with the next tile's first. Rows past n are read as row n - 1 (clamped) and x rows past b
 // as row b - 1: their products land only in outputs never stored (an mma's D[row][col] depends
 // on A's row and B's column alone). k is a multiple of KS, so every step is whole.
-template <int KS, int NB, int D>
-__device__ __forceinline__ void gemv_int4_t16_impl(const GemvInt4Params& p) {
+template <int KS, int NB, int D, int MODE = INT4_TILE_PLAIN, typename P = GemvInt4Params>
+__device__ __forceinline__ void gemv_int4_t16_impl(const P& pp) {
+    constexpr bool ROPE = MODE == INT4_TILE_ROPE, SILU = MODE == INT4_TILE_SILU;
+    const GemvInt4Params& p = int4_gemv_of(pp);
     constexpr int WPL = KS / 32; // words a lane reads of each of its two rows per step
     // [tile parity][warp][nb][row 16][batch 8]: the warps' sums of the last two tiles.
     __shared__ __align__(16) float red[2][GEMV_WARPS * NB * 128];
     const int n = p.n, k = p.k;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
+    // ROPE and SILU: n is a multiple of 16 (the host checks), every tile whole.
     const int ntiles = (n + 15) >> 4, nsteps = (k + KS - 1) / KS;
     // Warp w takes steps [s_begin, s_begin + cnt) of every tile as its items j < per_warp (a
     // multiple of D, so that item j of any tile lives in ring slot j % D). Items j >= cnt are
@@ -265,12 +284,34 @@ __device__ __forceinline__ void gemv_int4_t16_impl(const GemvInt4Params& p) {
     // A step's group, s >> sh: group_size / KS is a power of two, or one group spans k.
     const int sh = p.group_size >= k ? 31 : __ffs(p.group_size / KS) - 1;
     const u32 kw = (u32)(k >> 3);
-    // Word offsets of the lane's two rows in a tile, and of its (row g, row g + 8) scale pair
-    // in tile group 0 (p.tsz: [tile][group][g][h]).
-    auto rows_of = [&](int tile, u32(&wo)[2], u32& so) {
+    // ROPE: a head's d / 16 tiles of 8 rotation pairs (above). SILU: half = inter.
+    int half = 0, per_head = 1;
+    if constexpr (ROPE) {
+        half = pp.rope.d / 2;
+        per_head = half / 8;
+    }
+    if constexpr (SILU) half = n / 2;
+    // Weight row of the tile's row r (0..15).
+    auto tile_row = [&](int tile, int r) -> int {
+        if constexpr (ROPE) return tile / per_head * pp.rope.d + tile % per_head * 8 + (r & 7) + (r >> 3) * half;
+        if constexpr (SILU) return 8 * tile + (r & 7) + (r >> 3) * half;
+        return min(16 * tile + r, n - 1);
+    };
+    // Word offsets of the lane's two rows in a tile, and of their scale | zero words in group 0
+    // (p.tsz: [16-row tile][group][g][h], row 16 T + 8 h + g at ((T groups) 8 + g) 2 + h). A
+    // plain tile's two rows are one 8-byte pair (so[1] = so[0] + 1; rows past n, clamped for
+    // their codes, read their own tile's padding words: finite, and never stored).
+    auto rows_of = [&](int tile, u32(&wo)[2], u32(&so)[2]) {
 #pragma unroll
-        for (int h = 0; h < 2; h++) wo[h] = (u32)min(16 * tile + g + 8 * h, n - 1) * kw + WPL * t;
-        so = ((u32)tile * (u32)p.groups * 8u + g) * 2u;
+        for (int h = 0; h < 2; h++) {
+            const u32 row = (u32)tile_row(tile, g + 8 * h);
+            wo[h] = row * kw + WPL * t;
+            if constexpr (ROPE || SILU) {
+                so[h] = ((row >> 4) * (u32)p.groups * 8u + (row & 7u)) * 2u + ((row >> 3) & 1u);
+            } else {
+                so[h] = ((u32)tile * (u32)p.groups * 8u + g) * 2u + h;
+            }
+        }
     };
     const bf16* xp[NB];
 #pragma unroll
@@ -287,17 +328,22 @@ __device__ __forceinline__ void gemv_int4_t16_impl(const GemvInt4Params& p) {
             for (int i = 0; i < WPL; i++) wv[d][h].v[i] = 0u;
             sz[d][h] = 0u;
         }
-    auto load = [&](const u32(&wo)[2], u32 so, int j, bool tile_ok, int d) {
+    auto load = [&](const u32(&wo)[2], const u32(&so)[2], int j, bool tile_ok, int d) {
         const int s = s_begin + j;
         const bool real = tile_ok && j < cnt;
         const u32 grp = (u32)s >> sh;
 #pragma unroll
         for (int h = 0; h < 2; h++) ld_words_if(wv[d][h], p.w + (wo[h] + (KS / 8) * s), real);
-        ld_u32x2_if(sz[d], p.tsz + (so + 16u * grp), real);
+        if constexpr (ROPE || SILU) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) ld_u32_if(sz[d][h], p.tsz + (so[h] + 16u * grp), real);
+        } else {
+            ld_u32x2_if(sz[d], p.tsz + (so[0] + 16u * grp), real);
+        }
     };
 
     int tile = blockIdx.x;
-    u32 wo[2], so, wn[2], sn;
+    u32 wo[2], so[2], wn[2], sn[2];
     rows_of(tile, wo, so);
     rows_of(min(tile + (int)gridDim.x, ntiles - 1), wn, sn);
     // The ring's first codes and scales are loaded before pdl_wait() (no kernel writes them), so
@@ -306,6 +352,17 @@ __device__ __forceinline__ void gemv_int4_t16_impl(const GemvInt4Params& p) {
     for (int d = 0; d < D; d++) load(wo, so, d, true, d);
     pdl_wait();
     pdl_trigger();
+    // ROPE: epilogue thread o < NB * 64 finishes pair (o & 7) of batch row o >> 3; its token's
+    // cache slot and position are loaded here, their latency hidden by the k-loop.
+    long long rope_slot = -1;
+    u32 rope_pos = 0u;
+    if constexpr (ROPE) {
+        const int bo = (int)threadIdx.x >> 3;
+        if ((int)threadIdx.x < NB * 64 && bo < p.b) {
+            rope_slot = pp.rope.slots[bo];
+            rope_pos = pp.rope.positions[bo];
+        }
+    }
     for (int parity = 0; tile < ntiles; tile += gridDim.x, parity ^= 1) { // block-uniform
         const bool next_ok = tile + (int)gridDim.x < ntiles;
         float acc[NB][4];
@@ -378,20 +435,37 @@ __device__ __forceinline__ void gemv_int4_t16_impl(const GemvInt4Params& p) {
         // One barrier a tile: red[parity] is written again two tiles on, after the next
         // barrier, which every thread reaches only once done reading it below.
         __syncthreads();
-        for (int o = threadIdx.x; o < NB * 128; o += blockDim.x) {
-            // o = (nb, batch bb, row rr) with the row fastest, so that y's stores are contiguous.
-            const int nb = o >> 7, bb = (o >> 4) & 7, rr = o & 15;
-            const int b = 8 * nb + bb, row = 16 * tile + rr;
-            if (b < p.b && row < n) {
-                float v = rp[nb * 128 + rr * 8 + bb];
+        // The warps' sums of tile row rr for batch row 8 nb + bb, in warp order.
+        auto sum = [&](int nb, int bb, int rr) {
+            float v = rp[nb * 128 + rr * 8 + bb];
 #pragma unroll
-                for (int w = 1; w < GEMV_WARPS; w++) v += rp[(w * NB + nb) * 128 + rr * 8 + bb];
-                p.y[(size_t)b * n + row] = __float2bfloat16(v);
+            for (int w = 1; w < GEMV_WARPS; w++) v += rp[(w * NB + nb) * 128 + rr * 8 + bb];
+            return v;
+        };
+        if constexpr (ROPE || SILU) {
+            // o = (batch row b, pair r): tile rows r and r + 8, rounded to bf16 as y would hold
+            // them. NB * 64 <= GEMV_THREADS: one item a thread at most.
+            const int o = threadIdx.x, b = o >> 3, r = o & 7;
+            if (o < NB * 64 && b < p.b) {
+                const float x1 = __bfloat162float(__float2bfloat16(sum(b >> 3, b & 7, r)));
+                const float x2 = __bfloat162float(__float2bfloat16(sum(b >> 3, b & 7, r + 8)));
+                if constexpr (ROPE) {
+                    rope_pair_store_at<bf16>(pp.rope, b, tile / per_head, tile % per_head * 8 + r, x1, x2,
+                                             rope_slot, rope_pos);
+                } else {
+                    pp.h[(size_t)b * half + 8 * tile + r] = __float2bfloat16(silu_f(x1) * x2);
+                }
+            }
+        } else {
+            for (int o = threadIdx.x; o < NB * 128; o += blockDim.x) {
+                // o = (nb, batch bb, row rr) with the row fastest, so that y's stores are contiguous.
+                const int nb = o >> 7, bb = (o >> 4) & 7, rr = o & 15;
+                const int b = 8 * nb + bb, row = 16 * tile + rr;
+                if (b < p.b && row < n) p.y[(size_t)b * n + row] = __float2bfloat16(sum(nb, bb, rr));
             }
         }
 #pragma unroll
-        for (int h = 0; h < 2; h++) wo[h] = wn[h];
-        so = sn;
+        for (int h = 0; h < 2; h++) wo[h] = wn[h], so[h] = sn[h];
         rows_of(min(tile + 2 * (int)gridDim.x, ntiles - 1), wn, sn);
     }
 }
@@ -408,6 +482,24 @@ INT4_T16(gemv_int4_t16_k128_b32, 128, 4, 2, 1)
 INT4_T16(gemv_int4_t16_k64_b8, 64, 1, 4, 3)
 INT4_T16(gemv_int4_t16_k64_b16, 64, 2, 4, 2)
 INT4_T16(gemv_int4_t16_k64_b32, 64, 4, 4, 1)
+// gemv_int4_rope_kv_t16_* / gemv_int4_silu_t16_*: the same six with RoPE and the KV write, or
+// SiLU·mul, in the epilogue (ROPE and SILU above).
+#define INT4_T16_MODE(name, ks, nb, d, blocks, mode, P)                                                  \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, blocks) name(P p) {                       \
+        gemv_int4_t16_impl<ks, nb, d, mode>(p); /* pdl_wait() after the ring fill (PDL_KERNELS) */       \
+    }
+INT4_T16_MODE(gemv_int4_rope_kv_t16_k128_b8, 128, 1, 2, 3, INT4_TILE_ROPE, GemvInt4RopeParams)
+INT4_T16_MODE(gemv_int4_rope_kv_t16_k128_b16, 128, 2, 2, 2, INT4_TILE_ROPE, GemvInt4RopeParams)
+INT4_T16_MODE(gemv_int4_rope_kv_t16_k128_b32, 128, 4, 2, 1, INT4_TILE_ROPE, GemvInt4RopeParams)
+INT4_T16_MODE(gemv_int4_rope_kv_t16_k64_b8, 64, 1, 4, 3, INT4_TILE_ROPE, GemvInt4RopeParams)
+INT4_T16_MODE(gemv_int4_rope_kv_t16_k64_b16, 64, 2, 4, 2, INT4_TILE_ROPE, GemvInt4RopeParams)
+INT4_T16_MODE(gemv_int4_rope_kv_t16_k64_b32, 64, 4, 4, 1, INT4_TILE_ROPE, GemvInt4RopeParams)
+INT4_T16_MODE(gemv_int4_silu_t16_k128_b8, 128, 1, 2, 3, INT4_TILE_SILU, GemvInt4SiluParams)
+INT4_T16_MODE(gemv_int4_silu_t16_k128_b16, 128, 2, 2, 2, INT4_TILE_SILU, GemvInt4SiluParams)
+INT4_T16_MODE(gemv_int4_silu_t16_k128_b32, 128, 4, 2, 1, INT4_TILE_SILU, GemvInt4SiluParams)
+INT4_T16_MODE(gemv_int4_silu_t16_k64_b8, 64, 1, 4, 3, INT4_TILE_SILU, GemvInt4SiluParams)
+INT4_T16_MODE(gemv_int4_silu_t16_k64_b16, 64, 2, 4, 2, INT4_TILE_SILU, GemvInt4SiluParams)
+INT4_T16_MODE(gemv_int4_silu_t16_k64_b32, 64, 4, 4, 1, INT4_TILE_SILU, GemvInt4SiluParams)
 // A variant timed by `cuda_bench int4` (the same contract as gemv_int4_t16_k128_b8): a ring of 4.
 INT4_T16(gemv_int4_t16x_d4_k128_b8, 128, 1, 4, 2)
 

@@ -176,6 +176,25 @@ RS_CHECK_FIELD(GemvInt4Params, groups);
 RS_CHECK_FIELD(GemvInt4Params, group_size);
 RS_CHECK_FIELD(GemvInt4Params, pad);
 
+// The INT4 q/k/v tile GEMV with RoPE and the KV write in its epilogue (gemv_int4_rope_kv_t16_*).
+struct GemvInt4RopeParams {
+    GemvInt4Params g; // its y is unused
+    RopeParams rope;  // its qkv field is unused
+};
+RS_CHECK_SIZE(GemvInt4RopeParams);
+RS_CHECK_FIELD(GemvInt4RopeParams, g);
+RS_CHECK_FIELD(GemvInt4RopeParams, rope);
+
+// The INT4 gate/up tile GEMV with SiLU·mul in its epilogue (gemv_int4_silu_t16_*): g.n = 2 inter,
+// gate rows then up rows; g.y is unused.
+struct GemvInt4SiluParams {
+    GemvInt4Params g;
+    bf16* h; // [b, inter] silu(gate) * up, rounded to bf16
+};
+RS_CHECK_SIZE(GemvInt4SiluParams);
+RS_CHECK_FIELD(GemvInt4SiluParams, g);
+RS_CHECK_FIELD(GemvInt4SiluParams, h);
+
 // The INT4 product for batches past the GEMVs' (gemm_int4_mma_*) and the sum of its split-k
 // partials (gemm_int4_reduce).
 struct GemmInt4Params {

@@ -176,6 +176,26 @@ pub struct GemvInt4Params {
     pub pad: u32,
 }
 
+/// `GemvInt4RopeParams`: the INT4 q/k/v tile GEMV with RoPE and the KV write in its epilogue.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct GemvInt4RopeParams {
+    /// Its `y` is unused.
+    pub g: GemvInt4Params,
+    /// Its `qkv` field is unused.
+    pub rope: RopeParams,
+}
+
+/// `GemvInt4SiluParams`: the INT4 gate/up tile GEMV with SiLU·mul in its epilogue.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct GemvInt4SiluParams {
+    /// `n` = 2 inter (gate rows, then up rows); its `y` is unused.
+    pub g: GemvInt4Params,
+    /// `bf16[b, inter]`: silu(gate) · up, rounded to bf16.
+    pub h: u64,
+}
+
 /// `GemmInt4Params`: the INT4 product for batches past the GEMVs' (`gemm_int4_mma_*`) and the sum
 /// of its split-k partials (`gemm_int4_reduce`).
 #[repr(C)]
@@ -318,6 +338,10 @@ unsafe impl DeviceRepr for GemvFp8XqParams {}
 unsafe impl DeviceRepr for CombineFp8Params {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for GemvInt4Params {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for GemvInt4RopeParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for GemvInt4SiluParams {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for PermuteColsParams {}
 // SAFETY: as above.
@@ -468,6 +492,8 @@ pub fn layout_defines() -> Vec<(&'static str, usize)> {
             pad
         }
     );
+    layout!(out, GemvInt4RopeParams { g, rope });
+    layout!(out, GemvInt4SiluParams { g, h });
     layout!(out, PermuteColsParams { x, perm, y, m, k });
     layout!(
         out,
@@ -501,8 +527,9 @@ mod tests {
         let defines = layout_defines();
         assert_eq!(
             defines.len(),
-            // + 2: RopeParams' raw-product scales (run 46); + 4 + 6: the fused SiLU·mul pair
-            5 + 19 + 12 + 7 + 5 + 6 + 10 + 10 + 14 + 6 + 4 + 5 + 3 + 6 + 2 + 4 + 6
+            // + 2: RopeParams' raw-product scales (run 46); + 4 + 6: the fused SiLU·mul pair;
+            // + 3 + 3: the INT4 tile GEMV's RoPE and SiLU·mul epilogues
+            5 + 19 + 12 + 7 + 5 + 6 + 10 + 10 + 14 + 6 + 4 + 5 + 3 + 6 + 2 + 4 + 6 + 3 + 3
         );
         let get = |n: &str| defines.iter().find(|(k, _)| *k == n).unwrap().1;
         assert_eq!(get("RS_SIZEOF_AttnParams"), 112);
@@ -531,6 +558,10 @@ mod tests {
         assert_eq!(get("RS_SIZEOF_GemvInt4Params"), 80);
         assert_eq!(get("RS_OFFSETOF_GemvInt4Params_m"), 32);
         assert_eq!(get("RS_OFFSETOF_GemvInt4Params_group_size"), 72);
+        assert_eq!(get("RS_SIZEOF_GemvInt4RopeParams"), 192);
+        assert_eq!(get("RS_OFFSETOF_GemvInt4RopeParams_rope"), 80);
+        assert_eq!(get("RS_SIZEOF_GemvInt4SiluParams"), 88);
+        assert_eq!(get("RS_OFFSETOF_GemvInt4SiluParams_h"), 80);
         assert_eq!(get("RS_SIZEOF_PermuteColsParams"), 32);
         assert_eq!(get("RS_SIZEOF_GemmInt4Params"), 96);
         assert_eq!(get("RS_OFFSETOF_GemmInt4Params_steps"), 92);

@@ -49,21 +49,28 @@ __device__ __forceinline__ void rope_store1(const RopeParams& p, bool kv, bool i
     }
 }
 
-// Finishes and stores rotated pair j of head h of token t (skipped for k and v when the token's
-// slot is negative). Shared by rope_kv_write (two pairs at a time) and the fused q/k/v product
-// (gemv.cu), so both give the same bits.
+// rope_pair_store with token t's slot and position already loaded (the INT4 tile product loads
+// them before its k-loop, so that its epilogue waits on no load but inv_freq's, cached).
 template <typename T>
-__device__ __forceinline__ void rope_pair_store(const RopeParams& p, int t, int h, int j, float x1,
-                                                float x2) {
-    const long long slot = p.slots[t];
+__device__ __forceinline__ void rope_pair_store_at(const RopeParams& p, int t, int h, int j, float x1,
+                                                   float x2, long long slot, u32 position) {
     if (h >= p.hq && slot < 0) return;
     float s, c;
-    sincosf((float)p.positions[t] * p.inv_freq[j], &s, &c);
+    sincosf((float)position * p.inv_freq[j], &s, &c);
     const float2 y = rope_finish<T>(p, h, j, x1, x2, s, c);
     bool kv, is_k;
     const size_t row = rope_dst<T>(p, t, h, slot, kv, is_k);
     rope_store1<T>(p, kv, is_k, row, j, y.x);
     rope_store1<T>(p, kv, is_k, row, j + p.d / 2, y.y);
+}
+
+// Finishes and stores rotated pair j of head h of token t (skipped for k and v when the token's
+// slot is negative). Shared by rope_kv_write (two pairs at a time) and the fused q/k/v products
+// (gemv.cu, fp8.cu, int4.cu), so all give the same bits.
+template <typename T>
+__device__ __forceinline__ void rope_pair_store(const RopeParams& p, int t, int h, int j, float x1,
+                                                float x2) {
+    rope_pair_store_at<T>(p, t, h, j, x1, x2, p.slots[t], p.positions[t]);
 }
 
 // Stores finished values v[0..8) as elements j .. j + 7 of their destination (j a multiple of 8,

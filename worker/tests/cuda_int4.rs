@@ -470,3 +470,76 @@ fn int4_decode_graphs_with_pdl_give_the_same_tokens() {
         }
     }
 }
+
+/// The tile GEMV with RoPE and the KV write (q/k/v) and SiLU·mul (gate/up) in its epilogue
+/// (`KernelSwitches::fuse_rope` and `fuse_silu`, steps of up to `INT4_GEMV_MAX_ROWS` rows) gives
+/// the bits of the plain tile kernel followed by `rope_kv_write` and `silu_mul`: the same logits
+/// after prompts of 2, 5 and 20 tokens (prefill steps on the fused kernels) and the same greedy
+/// tokens decoding each prompt alone and all three together, with CUDA graphs and without, on
+/// the fixtures whose groups the tile kernels take (k-steps of 64 and 128, act order), with a
+/// bf16 and an FP8 KV cache.
+#[test]
+#[ignore = "requires a CUDA device"]
+fn int4_tile_gemv_with_rope_and_silu_in_its_epilogue_gives_the_same_bits() {
+    use worker::backend::cuda::int4::tile_step_for;
+    use worker::quant::StoredQuant;
+    use worker::quant::kv::KvCacheDtype;
+    const { assert!(worker::backend::cuda::INT4_GEMV_MAX_ROWS >= 20) };
+    let prompts: [Vec<u32>; 3] = [vec![1, 17, 42, 99, 3], (1..=20).collect(), vec![7, 8]];
+    for name in ["int4-gptq", "int4-gptq-sym", "int4-ct-asym"] {
+        let (config, ckpt) = Checkpoint::load(&fixture(name)).expect("fixture");
+        // Otherwise both runs would take the per-weight kernels and compare a path with itself.
+        let Some(StoredQuant::Int4(q)) = &config.quantization else {
+            panic!("{name}: not an INT4 checkpoint");
+        };
+        let gs = q.group_size.unwrap_or(usize::MAX);
+        for k in [config.hidden_size, config.intermediate_size] {
+            assert!(
+                tile_step_for(k, gs).is_some(),
+                "{name}: no tile kernel for k {k}"
+            );
+        }
+        for kv_cache_dtype in [KvCacheDtype::Auto, KvCacheDtype::Fp8E4m3] {
+            for eager in [true, false] {
+                let backend = |fused: bool| {
+                    let mut opts = cuda_options(eager, None);
+                    opts.kernels.fuse_rope = fused;
+                    opts.kernels.fuse_silu = fused;
+                    opts.kv_cache_dtype = kv_cache_dtype;
+                    CudaBackend::new(&config, &ckpt, &opts)
+                        .unwrap_or_else(|e| panic!("CUDA backend on {name}: {e}"))
+                };
+                let (mut with, mut without) = (backend(true), backend(false));
+                for p in &prompts {
+                    let (a, b) = (last_logits(&mut with, p), last_logits(&mut without, p));
+                    assert!(
+                        a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "{name} {kv_cache_dtype:?} eager {eager}, prompt of {}: the fused \
+                         epilogues changed the logits",
+                        p.len()
+                    );
+                }
+                drop((with, without));
+                let mut sets: Vec<Vec<Vec<u32>>> =
+                    prompts.iter().map(|p| vec![p.clone()]).collect();
+                sets.push(prompts.to_vec());
+                let tokens = |fused: bool| -> Vec<_> {
+                    sets.iter()
+                        .map(|s| greedy_of(Box::new(backend(fused)), &config, s))
+                        .collect()
+                };
+                let (a, b) = (tokens(true), tokens(false));
+                assert_eq!(
+                    a, b,
+                    "{name} {kv_cache_dtype:?} eager {eager}: tokens changed"
+                );
+                assert!(a.iter().flatten().all(|t| t.len() == 24));
+                println!(
+                    "{name} {kv_cache_dtype:?} eager {eager}: the same logits (3 prompts) and \
+                     tokens ({} runs)",
+                    sets.len()
+                );
+            }
+        }
+    }
+}

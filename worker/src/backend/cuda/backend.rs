@@ -122,6 +122,19 @@ enum ProductQuant<'a> {
     Int4(&'a Int4Scales),
 }
 
+/// INT4 product `l` with its input `x` (`l.x`, or its act-order permutation).
+fn int4_linear<'a>(l: &Linear<'a>, s: &'a Int4Scales, x: &'a Buf) -> Int4Linear<'a> {
+    Int4Linear {
+        x,
+        w: l.w,
+        s,
+        y: l.y,
+        m: l.m,
+        n: l.n,
+        k: l.k,
+    }
+}
+
 /// The CUDA backend.
 pub struct CudaBackend {
     gpu: Gpu,
@@ -721,6 +734,16 @@ impl CudaBackend {
             unsafe { ops::gemv_rope_kv(&self.gpu, l, a) }?;
             return Ok(QkvLeft::Nothing);
         }
+        if let ProductQuant::Int4(s) = scales
+            && self.fuse_rope
+            && self.int4_tiles
+            && super::int4::rope_fits(&int4_linear(l, s, l.x), a)
+        {
+            let q = int4_linear(l, s, self.int4_input(l, s)?);
+            // SAFETY: the caller's promise.
+            unsafe { super::int4::gemv_int4_rope_kv(&self.gpu, &q, a) }?;
+            return Ok(QkvLeft::Nothing);
+        }
         if let ProductQuant::Fp8(s) = scales
             && self.fuse_rope
             && (FP8_ROPE_MIN_ROWS..=kernels::GEMV_MAX_BATCH).contains(&l.m)
@@ -780,6 +803,36 @@ impl CudaBackend {
         fp8_silu::fits(&gu, &dn, self.fp8_gemv).then_some((gu, dn))
     }
 
+    /// The input of INT4 product `l`: `l.x`, or for act order its columns permuted into the
+    /// workspace (launched here).
+    fn int4_input<'s>(&'s self, l: &Linear<'s>, s: &Int4Scales) -> Result<&'s Buf, BackendError> {
+        match &s.perm {
+            Some(perm) => {
+                super::int4::permute_cols(&self.gpu, (l.x, perm, &self.ws.xperm), (l.m, l.k))?;
+                Ok(&self.ws.xperm)
+            }
+            None => Ok(l.x),
+        }
+    }
+
+    /// INT4 gate/up with SiLU·mul in its tile GEMV's epilogue, writing the down product's input
+    /// `ws.act` ([`KernelSwitches::fuse_silu`]); `false`: not taken, nothing launched.
+    fn int4_gate_up_silu(
+        &self,
+        l: &Linear<'_>,
+        scales: ProductQuant<'_>,
+    ) -> Result<bool, BackendError> {
+        let ProductQuant::Int4(s) = scales else {
+            return Ok(false);
+        };
+        if !(self.fuse_silu && self.int4_tiles && super::int4::silu_fits(&int4_linear(l, s, l.x))) {
+            return Ok(false);
+        }
+        let q = int4_linear(l, s, self.int4_input(l, s)?);
+        super::int4::gemv_int4_silu(&self.gpu, &q, &self.ws.act)?;
+        Ok(true)
+    }
+
     /// An INT4 product: its input permuted first for act order; the GEMV kernel up to
     /// [`INT4_GEMV_MAX_ROWS`] rows, the tensor-core product up to
     /// [`kernels::INT4_MMA_MAX_ROWS`] ([`kernels::INT4_WGMMA_MAX_ROWS`] where the Hopper kernel
@@ -787,22 +840,8 @@ impl CudaBackend {
     /// dequantized into the workspace and [`Self::linear`].
     fn product_int4(&self, l: &Linear<'_>, s: &Int4Scales) -> Result<(), BackendError> {
         let (g, ws) = (&self.gpu, &self.ws);
-        let x = match &s.perm {
-            Some(perm) => {
-                super::int4::permute_cols(g, (l.x, perm, &ws.xperm), (l.m, l.k))?;
-                &ws.xperm
-            }
-            None => l.x,
-        };
-        let q = Int4Linear {
-            x,
-            w: l.w,
-            s,
-            y: l.y,
-            m: l.m,
-            n: l.n,
-            k: l.k,
-        };
+        let x = self.int4_input(l, s)?;
+        let q = int4_linear(l, s, x);
         if l.m <= INT4_GEMV_MAX_ROWS {
             let rows = if l.n >= ops::GEMV_TALL_ROWS { 32 } else { 16 };
             return super::int4::gemv_int4(g, &q, rows, self.int4_tiles);
@@ -1131,6 +1170,12 @@ impl CudaBackend {
             if let Some((gu, dn)) = silu_pair {
                 fp8_silu::gemv_fp8_silu(g, &gu, &ws.act, &ws.amax, self.fp8_gemv)?;
                 fp8_silu::gemv_fp8_xq(g, &dn, self.fp8_gemv)?;
+                self.all_reduce(&ws.proj, n * h)?;
+                continue;
+            }
+            // INT4 on the tile GEMV: SiLU·mul in gate/up's epilogue, no launch between.
+            if self.int4_gate_up_silu(&p.gate_up, gate_up)? {
+                self.product(&p.down, down, false)?;
                 self.all_reduce(&ws.proj, n * h)?;
                 continue;
             }

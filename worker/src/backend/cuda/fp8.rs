@@ -14,7 +14,7 @@ use kernels::params::{Fp8QuantParams, GemvFp8Params, GemvFp8RopeParams};
 use super::device::{Buf, DType, Gpu};
 use super::lt::{CANDIDATES, GemmShape, LT_WORKSPACE_BYTES, MIN_GAIN, algo_accepted, time_us};
 use super::lt_cache::{Choice, DiskCache};
-use super::ops::{RopeKv, cfg, dim, int};
+use super::ops::{RopeKv, cfg, dim, int, tile_grid};
 use crate::backend::BackendError;
 use crate::backend::switches::{FP8_TILE_LARGE, FP8_TILE_SMALL, Fp8GemvChoice};
 use crate::config::ModelConfig;
@@ -400,21 +400,6 @@ pub unsafe fn gemv_fp8_rope_kv(
     unsafe { b.launch(cfg(grid, kernels::GEMV_THREADS, 0)) }
         .map(|_| ())
         .map_err(BackendError::from)
-}
-
-/// The grid of a tile kernel over `tiles` tiles: the blocks of `f` (with `smem` bytes of dynamic
-/// shared memory) that fit at once (each loops over its tiles), at least one an SM.
-pub(super) fn tile_grid(
-    gpu: &Gpu,
-    f: &cudarc::driver::CudaFunction,
-    tiles: usize,
-    smem: usize,
-) -> Result<u32, BackendError> {
-    let per_sm = f
-        .occupancy_max_active_blocks_per_multiprocessor(kernels::GEMV_THREADS, smem, None)
-        .map_err(BackendError::from)?
-        .max(1) as usize;
-    dim(tiles.min(per_sm * gpu.sms), "n")
 }
 
 /// Runs `l` with the FP8 GEMV kernel, `rows_per_block` (one of [`GEMV_FP8_ROWS`]) weight rows a

@@ -9,8 +9,8 @@ use cudarc::driver::PushKernelArg;
 use kernels::params::{GemvFp8Params, GemvFp8SiluParams, GemvFp8XqParams};
 
 use super::device::{Buf, DType, Gpu};
-use super::fp8::{Fp8Linear, require_fp8, tile_grid};
-use super::ops::{cfg, int};
+use super::fp8::{Fp8Linear, require_fp8};
+use super::ops::{cfg, int, tile_grid};
 use crate::backend::BackendError;
 use crate::backend::switches::{FP8_TILE_LARGE, FP8_TILE_SMALL, Fp8GemvChoice};
 

@@ -11,11 +11,13 @@ use rayon::prelude::*;
 use super::device::{Buf, DType, Gpu};
 use cudarc::driver::PushKernelArg;
 
-use super::ops::{cfg, dim, int};
+use super::ops::{cfg, dim, int, tile_grid};
 use crate::backend::BackendError;
 use crate::quant::int4::Int4Weight;
 
+mod fused;
 mod wgmma;
+pub use fused::{gemv_int4_rope_kv, gemv_int4_silu, rope_fits, silu_fits};
 pub use wgmma::{
     WGMMA_KERNELS, WgmmaKernel, launch_wgmma, wgmma_fits, wgmma_kernel, wgmma_select, wgmma_splits,
 };
@@ -398,13 +400,7 @@ pub fn launch_tile(
         return Ok(());
     }
     let f = gpu.func(kernel.name)?;
-    let tiles = l.n.div_ceil(16);
-    // The blocks that fit at once (each loops over its tiles), at least one an SM.
-    let per_sm = f
-        .occupancy_max_active_blocks_per_multiprocessor(kernels::GEMV_THREADS, 0, None)
-        .map_err(BackendError::from)?
-        .max(1) as usize;
-    let grid = (dim(tiles.min(per_sm * gpu.sms), "n")?, 1, 1);
+    let grid = (tile_grid(gpu, f, l.n.div_ceil(16), 0)?, 1, 1);
     let p = l.params(l.y, row0, rows)?;
     let mut b = gpu.stream.launch_builder(f);
     b.arg(&p);

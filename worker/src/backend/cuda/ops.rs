@@ -37,6 +37,21 @@ pub(super) fn int(x: usize, what: &str) -> Result<i32, BackendError> {
     i32::try_from(x).map_err(|_| BackendError::InvalidBatch(format!("{what} too large: {x}")))
 }
 
+/// The grid of a tile kernel over `tiles` tiles: the blocks of `f` (with `smem` bytes of dynamic
+/// shared memory) that fit at once (each loops over its tiles), at least one an SM.
+pub(super) fn tile_grid(
+    gpu: &Gpu,
+    f: &cudarc::driver::CudaFunction,
+    tiles: usize,
+    smem: usize,
+) -> Result<u32, BackendError> {
+    let per_sm = f
+        .occupancy_max_active_blocks_per_multiprocessor(kernels::GEMV_THREADS, smem, None)
+        .map_err(BackendError::from)?
+        .max(1) as usize;
+    dim(tiles.min(per_sm * gpu.sms), "n")
+}
+
 /// `out[i] = table[ids[i]]` for `n` rows of `hidden`.
 ///
 /// # Safety
