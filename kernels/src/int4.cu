@@ -196,7 +196,7 @@ __device__ __forceinline__ void gemv_int4_impl(const GemvInt4Params& p) {
 // With ROPE (P = GemvInt4RopeParams: the fused q/k/v product, n = (hq + 2 hkv) d, d a multiple of
 // 16) tile i takes head i / (d / 16) and its rotation pairs j0 .. j0 + 7, j0 = 8 (i % (d / 16)) —
 // row g the head's dim j0 + g, row g + 8 the dim j0 + g + d/2 it rotates with — and the epilogue
-// finishes each pair as rope_kv_write_bf16 does (rope_pair_store_at) from the two bf16 values y
+// finishes each pair as rope_kv_write_bf16 does (rope_pair_store_sc) from the two bf16 values y
 // would hold: that kernel's bits without its launch. With SILU (P = GemvInt4SiluParams: gate/up,
 // n = 2 inter, gate rows then up rows) tile i takes gate rows 8i .. 8i + 7 and up rows inter + 8i ..
 // + 7, and the epilogue stores silu_mul_bf16's h = bf16(silu(gate) * up) from the two bf16 values.
@@ -353,18 +353,24 @@ __device__ __forceinline__ void gemv_int4_t16_impl(const P& pp) {
     pdl_wait();
     pdl_trigger();
     // ROPE: epilogue thread o < NB * 64 finishes pair (o & 7) of batch row o >> 3; its token's
-    // cache slot and position are loaded here, their latency hidden by the k-loop.
+    // cache slot and position are loaded here, and each tile's rotation computed before its
+    // k-loop, so that the epilogue waits on neither.
+    const bool rope_thread = ROPE && (int)threadIdx.x < NB * 64 && ((int)threadIdx.x >> 3) < p.b;
     long long rope_slot = -1;
     u32 rope_pos = 0u;
     if constexpr (ROPE) {
-        const int bo = (int)threadIdx.x >> 3;
-        if ((int)threadIdx.x < NB * 64 && bo < p.b) {
-            rope_slot = pp.rope.slots[bo];
-            rope_pos = pp.rope.positions[bo];
+        if (rope_thread) {
+            rope_slot = pp.rope.slots[threadIdx.x >> 3];
+            rope_pos = pp.rope.positions[threadIdx.x >> 3];
         }
     }
     for (int parity = 0; tile < ntiles; tile += gridDim.x, parity ^= 1) { // block-uniform
         const bool next_ok = tile + (int)gridDim.x < ntiles;
+        float rope_s = 0.f, rope_c = 1.f;
+        if constexpr (ROPE) {
+            if (rope_thread)
+                sincosf((float)rope_pos * pp.rope.inv_freq[tile % per_head * 8 + (threadIdx.x & 7)], &rope_s, &rope_c);
+        }
         float acc[NB][4];
 #pragma unroll
         for (int nb = 0; nb < NB; nb++) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
@@ -450,8 +456,8 @@ __device__ __forceinline__ void gemv_int4_t16_impl(const P& pp) {
                 const float x1 = __bfloat162float(__float2bfloat16(sum(b >> 3, b & 7, r)));
                 const float x2 = __bfloat162float(__float2bfloat16(sum(b >> 3, b & 7, r + 8)));
                 if constexpr (ROPE) {
-                    rope_pair_store_at<bf16>(pp.rope, b, tile / per_head, tile % per_head * 8 + r, x1, x2,
-                                             rope_slot, rope_pos);
+                    rope_pair_store_sc<bf16>(pp.rope, b, tile / per_head, tile % per_head * 8 + r, x1, x2,
+                                             rope_slot, rope_s, rope_c);
                 } else {
                     pp.h[(size_t)b * half + 8 * tile + r] = __float2bfloat16(silu_f(x1) * x2);
                 }

@@ -49,14 +49,13 @@ __device__ __forceinline__ void rope_store1(const RopeParams& p, bool kv, bool i
     }
 }
 
-// rope_pair_store with token t's slot and position already loaded (the INT4 tile product loads
-// them before its k-loop, so that its epilogue waits on no load but inv_freq's, cached).
+// rope_pair_store with token t's slot and the pair's rotation (s, c) = sincosf(position *
+// inv_freq[j]) already computed (the INT4 tile product does so before its k-loop, so that its
+// epilogue waits on neither the loads nor the sine).
 template <typename T>
-__device__ __forceinline__ void rope_pair_store_at(const RopeParams& p, int t, int h, int j, float x1,
-                                                   float x2, long long slot, u32 position) {
+__device__ __forceinline__ void rope_pair_store_sc(const RopeParams& p, int t, int h, int j, float x1,
+                                                   float x2, long long slot, float s, float c) {
     if (h >= p.hq && slot < 0) return;
-    float s, c;
-    sincosf((float)position * p.inv_freq[j], &s, &c);
     const float2 y = rope_finish<T>(p, h, j, x1, x2, s, c);
     bool kv, is_k;
     const size_t row = rope_dst<T>(p, t, h, slot, kv, is_k);
@@ -70,7 +69,11 @@ __device__ __forceinline__ void rope_pair_store_at(const RopeParams& p, int t, i
 template <typename T>
 __device__ __forceinline__ void rope_pair_store(const RopeParams& p, int t, int h, int j, float x1,
                                                 float x2) {
-    rope_pair_store_at<T>(p, t, h, j, x1, x2, p.slots[t], p.positions[t]);
+    const long long slot = p.slots[t];
+    if (h >= p.hq && slot < 0) return;
+    float s, c;
+    sincosf((float)p.positions[t] * p.inv_freq[j], &s, &c);
+    rope_pair_store_sc<T>(p, t, h, j, x1, x2, slot, s, c);
 }
 
 // Stores finished values v[0..8) as elements j .. j + 7 of their destination (j a multiple of 8,

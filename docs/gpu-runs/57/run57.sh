@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Run 57 (2026-12-07): the INT4 tile GEMV with RoPE + the KV write (q/k/v) and SiLU·mul (gate/up)
+# in its epilogue — two launches a layer fewer in steps of up to 32 rows.
+# .gpu55/c.tar.xz: ringserve, cuda_bench, cuda_int4 of the build before (run 56's c);
+# .gpu55/d.tar.xz: the same of this build (--features cuda, stripped).
+#   a: cuda_int4's new test (fused against unfused: the same logits and tokens), the kernel, PDL
+#      and model tests; cuda_bench decode at batch 1 on the random 8B AWQ model with the fused
+#      epilogues on and off (RINGSERVE_CUDA_FUSE_ROPE / _SILU), alternating, and the build before;
+#      bench engine at 8 and 32 x 512, on and off
+#   b: ncu's time of every kernel node of the INT4 batch-1 decode graph (where the step goes now)
+#   g (carry .gpu55/peer: vLLM's install.sh, SHA256SUMS, bench_vllm.py and extra wheels; and
+#      .peer-vllm/carry/vllm-site.tar.xz.part00): part 00 stashed; ringserve's AWQ engine steps
+#   h (the next call on that machine, carry .gpu55/peer and part01): vLLM 0.26 installed;
+#      bench_vllm.py on the same AWQ checkpoint (its Machete kernels) at 1, 128 and 256
+#   i (the next, carry .gpu55/d.tar.xz): ringserve on the AWQ model measured as vLLM's script
+#      measures (--peer-decode) at 128 and 256, and batch 1 by cuda_bench
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+A=/tmp/awq8b
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/c /tmp/d
+[ -f /tmp/c/cuda_int4 ] || [ ! -f .gpu55/c.tar.xz ] || tar xJf .gpu55/c.tar.xz -C /tmp/c
+[ -f /tmp/d/cuda_int4 ] || [ ! -f .gpu55/d.tar.xz ] || tar xJf .gpu55/d.tar.xz -C /tmp/d
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64 RINGSERVE_KERNEL_CACHE=/tmp/kc-57 FIXTURES_DIR=$PWD/tests/fixtures
+export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+P=/tmp/peer57; [ -d $P ] || { [ -d .gpu55/peer ] && cp -r .gpu55/peer $P; }
+install_vllm() {
+  (mkdir -p /tmp/vllm_parts; cp .peer-vllm/carry/vllm-site.tar.xz.part* /tmp/vllm_parts/ 2>/dev/null; bash $P/install.sh) > "$OUT/install_$1.log" 2>&1
+  echo "vllm install rc=$? ($(tail -1 "$OUT/install_$1.log"))"
+}
+peer() {  # tag bindir model batches: decode as vLLM's script measures it
+  timeout 150 $2/ringserve bench engine --model $3 --device cuda --batch-sizes $4 --prompt-lens 512 \
+    --output-len 65 --peer-decode 2>>$OUT/bench.err | grep -E "^\| [0-9]" | sed "s/^/$1 /" | tee -a $OUT/bench.txt
+}
+engine() {  # tag bindir model batches [flags]
+  local tag=$1 b=$2 m=$3 n=$4; shift 4
+  timeout 200 $b/ringserve bench engine --model $m --device cuda --batch-sizes $n --prompt-lens 512 \
+    --output-len 64 "$@" 2>>$OUT/bench.err | grep -E "^\| [0-9]" | sed "s/^/$tag /" | tee -a $OUT/bench.txt
+}
+fused() {  # on|off: the INT4 tile GEMV's RoPE and SiLU·mul epilogues
+  if [ "$1" = on ]; then echo "RINGSERVE_CUDA_FUSE_ROPE=1 RINGSERVE_CUDA_FUSE_SILU=1"; else echo "RINGSERVE_CUDA_FUSE_ROPE=0 RINGSERVE_CUDA_FUSE_SILU=0"; fi
+}
+case "$1" in
+a)
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+  ( [ -f $A/config.json ] || python3 scripts/make_random_awq8b.py $A > $OUT/make_awq.log 2>&1 ) &
+  MK=$!
+  timeout 150 /tmp/d/cuda_int4 --include-ignored --test-threads 1 --nocapture epilogue > $OUT/a_fused.log 2>&1
+  echo "cuda_int4 epilogue rc $? at ${SECONDS} s"; grep -E "^test |panicked|test result|same logits" $OUT/a_fused.log | cut -c1-130 | tail -16
+  timeout 120 /tmp/d/cuda_int4 --include-ignored --test-threads 1 --nocapture pdl > $OUT/a_pdl.log 2>&1
+  echo "cuda_int4 pdl rc $? at ${SECONDS} s"; grep -E "^test |panicked|test result" $OUT/a_pdl.log | tail -2
+  wait $MK; echo "model ready at ${SECONDS} s"
+  for r in 1 2; do for f in off on; do
+    env $(fused $f) timeout 100 /tmp/d/cuda_bench decode $A 1 512 40 2>&1 | grep 'decode batch' | sed "s/^/fused=$f /" | tee -a $OUT/a_decode.txt
+  done; done
+  timeout 100 /tmp/c/cuda_bench decode $A 1 512 40 2>&1 | grep 'decode batch' | sed "s/^/before /" | tee -a $OUT/a_decode.txt
+  echo "decode done at ${SECONDS} s"
+  for f in off on off on; do ( export $(fused $f); engine fused_$f /tmp/d $A 8,32 ); done
+  left=$((560 - SECONDS)); echo "engine done at ${SECONDS} s; model and kernel tests get ${left} s"
+  [ $left -gt 30 ] && timeout $left /tmp/d/cuda_int4 --include-ignored --test-threads 1 --nocapture int4_models int4_kernels > $OUT/a_models.log 2>&1
+  echo "cuda_int4 models+kernels rc $?"; grep -E "^test |panicked|test result" $OUT/a_models.log | tail -4 ;;
+b)
+  ( [ -f $A/config.json ] || python3 scripts/make_random_awq8b.py $A > $OUT/make_awq.log 2>&1 )
+  NCU=$(ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout 300 $NCU --graph-profiling node --cache-control none --clock-control none --csv \
+    --metrics gpu__time_duration.sum -s 1200 -c 1100 \
+    /tmp/d/cuda_bench decode $A 1 512 8 > $OUT/b_ncu.csv 2> $OUT/b_ncu.err
+  echo "ncu rc=$? at ${SECONDS} s"
+  python3 scripts/timeline_summary.py --ncu $OUT/b_ncu.csv "int4 batch 1" | tee $OUT/b_timeline.txt | head -40 ;;
+g)
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+  install_vllm g
+  [ -f $A/config.json ] || python3 scripts/make_random_awq8b.py $A > $OUT/make_awq.log 2>&1
+  engine d /tmp/d $A 128,256 ;;
+h)
+  install_vllm h
+  PYTHONPATH=/tmp/site timeout 330 python3 $P/bench_vllm.py $A $OUT/vllm_awq.json > $OUT/vllm_awq.log 2>&1
+  echo "== vllm awq rc=$?"; grep -E "Using .* for" $OUT/vllm_awq.log | head -2; grep -hE "prefill|decode|batch1" $OUT/vllm_awq.log | grep -v Warn | tail -5 ;;
+i)
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+  for r in 1 2; do timeout 100 /tmp/d/cuda_bench decode $A 1 512 40 2>&1 | grep 'decode batch' | tee -a $OUT/i_decode.txt; done
+  peer d_peer /tmp/d $A 128,256
+  engine d /tmp/d $A 128,256 ;;
+esac
