@@ -3,11 +3,13 @@
 # in its epilogue — two launches a layer fewer in steps of up to 32 rows.
 # .gpu55/c.tar.xz: ringserve, cuda_bench, cuda_int4 of the build before (run 56's c);
 # .gpu55/d.tar.xz: the same of this build (--features cuda, stripped).
-#   a: cuda_int4's new test (fused against unfused: the same logits and tokens), the kernel, PDL
-#      and model tests; cuda_bench decode at batch 1 on the random 8B AWQ model with the fused
-#      epilogues on and off (RINGSERVE_CUDA_FUSE_ROPE / _SILU), alternating, and the build before;
-#      bench engine at 8 and 32 x 512, on and off
-#   b: ncu's time of every kernel node of the INT4 batch-1 decode graph (where the step goes now)
+# This build also leaves x unloaded in the tile GEMVs' lanes of batch rows past b (INT4 and FP8).
+#   a: cuda_int4's new test (fused against unfused: the same logits and tokens) and the PDL test;
+#      cuda_bench decode at batch 1 on the random 8B AWQ model — the build before, this build with
+#      the fused epilogues off and on (RINGSERVE_CUDA_FUSE_ROPE / _SILU), alternating — and on the
+#      bf16 model with --quantization fp8, before and now; bench engine INT4 at 8 and 32 x 512
+#   b: ncu's time of every kernel node of the INT4 batch-1 decode graph (where the step goes now);
+#      the FP8 kernel and model tests (cuda_kernels fp8, cuda_fp8); the INT4 model and kernel tests
 #   g (carry .gpu55/peer: vLLM's install.sh, SHA256SUMS, bench_vllm.py and extra wheels; and
 #      .peer-vllm/carry/vllm-site.tar.xz.part00): part 00 stashed; ringserve's AWQ engine steps
 #   h (the next call on that machine, carry .gpu55/peer and part01): vLLM 0.26 installed;
@@ -16,7 +18,7 @@
 #      measures (--peer-decode) at 128 and 256, and batch 1 by cuda_bench
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
-A=/tmp/awq8b
+A=/tmp/awq8b M=/tmp/l8b
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/c /tmp/d
 [ -f /tmp/c/cuda_int4 ] || [ ! -f .gpu55/c.tar.xz ] || tar xJf .gpu55/c.tar.xz -C /tmp/c
 [ -f /tmp/d/cuda_int4 ] || [ ! -f .gpu55/d.tar.xz ] || tar xJf .gpu55/d.tar.xz -C /tmp/d
@@ -42,30 +44,41 @@ fused() {  # on|off: the INT4 tile GEMV's RoPE and SiLU·mul epilogues
 case "$1" in
 a)
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-  ( [ -f $A/config.json ] || python3 scripts/make_random_awq8b.py $A > $OUT/make_awq.log 2>&1 ) &
+  ( [ -f $A/config.json ] || python3 scripts/make_random_awq8b.py $A > $OUT/make_awq.log 2>&1
+    [ -f $M/config.json ] || python3 scripts/make_random_llama8b.py $M > $OUT/make_model.log 2>&1 ) &
   MK=$!
   timeout 150 /tmp/d/cuda_int4 --include-ignored --test-threads 1 --nocapture epilogue > $OUT/a_fused.log 2>&1
   echo "cuda_int4 epilogue rc $? at ${SECONDS} s"; grep -E "^test |panicked|test result|same logits" $OUT/a_fused.log | cut -c1-130 | tail -16
-  timeout 120 /tmp/d/cuda_int4 --include-ignored --test-threads 1 --nocapture pdl > $OUT/a_pdl.log 2>&1
+  timeout 100 /tmp/d/cuda_int4 --include-ignored --test-threads 1 --nocapture pdl > $OUT/a_pdl.log 2>&1
   echo "cuda_int4 pdl rc $? at ${SECONDS} s"; grep -E "^test |panicked|test result" $OUT/a_pdl.log | tail -2
-  wait $MK; echo "model ready at ${SECONDS} s"
-  for r in 1 2; do for f in off on; do
-    env $(fused $f) timeout 100 /tmp/d/cuda_bench decode $A 1 512 40 2>&1 | grep 'decode batch' | sed "s/^/fused=$f /" | tee -a $OUT/a_decode.txt
+  wait $MK; echo "models ready at ${SECONDS} s"
+  for r in 1 2; do
+    timeout 100 /tmp/c/cuda_bench decode $A 1 512 40 2>&1 | grep 'decode batch' | sed "s/^/int4 before /" | tee -a $OUT/a_decode.txt
+    for f in off on; do
+      ( export $(fused $f); timeout 100 /tmp/d/cuda_bench decode $A 1 512 40 2>&1 | grep 'decode batch' | sed "s/^/int4 fused=$f /" | tee -a $OUT/a_decode.txt )
+    done
+  done
+  for r in 1 2; do for v in c d; do
+    timeout 120 /tmp/$v/cuda_bench decode $M 1 512 40 --quantization=fp8 2>&1 | grep 'decode batch' | sed "s/^/fp8 $v /" | tee -a $OUT/a_decode.txt
   done; done
-  timeout 100 /tmp/c/cuda_bench decode $A 1 512 40 2>&1 | grep 'decode batch' | sed "s/^/before /" | tee -a $OUT/a_decode.txt
   echo "decode done at ${SECONDS} s"
-  for f in off on off on; do ( export $(fused $f); engine fused_$f /tmp/d $A 8,32 ); done
-  left=$((560 - SECONDS)); echo "engine done at ${SECONDS} s; model and kernel tests get ${left} s"
-  [ $left -gt 30 ] && timeout $left /tmp/d/cuda_int4 --include-ignored --test-threads 1 --nocapture int4_models int4_kernels > $OUT/a_models.log 2>&1
-  echo "cuda_int4 models+kernels rc $?"; grep -E "^test |panicked|test result" $OUT/a_models.log | tail -4 ;;
+  for f in off on; do ( export $(fused $f); engine int4_fused_$f /tmp/d $A 8,32 ); done
+  echo "done at ${SECONDS} s" ;;
 b)
   ( [ -f $A/config.json ] || python3 scripts/make_random_awq8b.py $A > $OUT/make_awq.log 2>&1 )
   NCU=$(ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  timeout 300 $NCU --graph-profiling node --cache-control none --clock-control none --csv \
+  timeout 240 $NCU --graph-profiling node --cache-control none --clock-control none --csv \
     --metrics gpu__time_duration.sum -s 1200 -c 1100 \
     /tmp/d/cuda_bench decode $A 1 512 8 > $OUT/b_ncu.csv 2> $OUT/b_ncu.err
   echo "ncu rc=$? at ${SECONDS} s"
-  python3 scripts/timeline_summary.py --ncu $OUT/b_ncu.csv "int4 batch 1" | tee $OUT/b_timeline.txt | head -40 ;;
+  python3 scripts/timeline_summary.py --ncu $OUT/b_ncu.csv "int4 batch 1" | tee $OUT/b_timeline.txt | head -40
+  timeout 120 /tmp/d/cuda_kernels --include-ignored --test-threads 1 fp8 > $OUT/b_kernels_fp8.log 2>&1
+  echo "cuda_kernels fp8 rc $?"; grep -E "panicked|test result" $OUT/b_kernels_fp8.log | tail -2
+  timeout 150 /tmp/d/cuda_fp8 --include-ignored --test-threads 1 > $OUT/b_fp8.log 2>&1
+  echo "cuda_fp8 rc $? at ${SECONDS} s"; grep -E "panicked|test result" $OUT/b_fp8.log | tail -2
+  left=$((570 - SECONDS)); echo "at ${SECONDS} s; model and kernel tests get ${left} s"
+  [ $left -gt 30 ] && timeout $left /tmp/d/cuda_int4 --include-ignored --test-threads 1 --nocapture int4_models int4_kernels > $OUT/b_models.log 2>&1
+  echo "cuda_int4 models+kernels rc $?"; grep -E "^test |panicked|test result" $OUT/b_models.log | tail -4 ;;
 g)
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
   install_vllm g
