@@ -258,9 +258,10 @@ __device__ __forceinline__ u32 int4_less_zero(u32 word, int i, u32 zz) {
 
 // A block loops over the 16-row tiles blockIdx.x + i gridDim.x (the grid is at most the blocks
 // that fit at once), and its ring runs on across them: the last items of a tile refill their
-// slots with the next tile's first. Rows past n are read as row n - 1 (clamped) and x rows past b
-// as row b - 1: their products land only in outputs never stored (an mma's D[row][col] depends
-// on A's row and B's column alone). k is a multiple of KS, so every step is whole.
+// slots with the next tile's first. Rows past n are read as row n - 1 (clamped) and lanes of x
+// rows past b keep zeros (they load nothing): their products land only in outputs never stored
+// (an mma's D[row][col] depends on A's row and B's column alone). k is a multiple of KS, so every
+// step is whole.
 template <int KS, int NB, int D, int MODE = INT4_TILE_PLAIN, typename P = GemvInt4Params>
 __device__ __forceinline__ void gemv_int4_t16_impl(const P& pp) {
     constexpr bool ROPE = MODE == INT4_TILE_ROPE, SILU = MODE == INT4_TILE_SILU;
