@@ -10,6 +10,8 @@
 #      bf16 model with --quantization fp8, before and now; bench engine INT4 at 8 and 32 x 512
 #   b: ncu's time of every kernel node of the INT4 batch-1 decode graph (where the step goes now);
 #      the FP8 kernel and model tests (cuda_kernels fp8, cuda_fp8); the INT4 model and kernel tests
+#   e: a and b's essentials in one call: the fused test, the FP8 kernel tests, batch-1 INT4 (before,
+#      fused off, on) and FP8 (before, now), the INT4 kernel test with the time left
 #   g (carry .gpu55/peer: vLLM's install.sh, SHA256SUMS, bench_vllm.py and extra wheels; and
 #      .peer-vllm/carry/vllm-site.tar.xz.part00): part 00 stashed; ringserve's AWQ engine steps
 #   h (the next call on that machine, carry .gpu55/peer and part01): vLLM 0.26 installed;
@@ -79,6 +81,29 @@ b)
   left=$((570 - SECONDS)); echo "at ${SECONDS} s; model and kernel tests get ${left} s"
   [ $left -gt 30 ] && timeout $left /tmp/d/cuda_int4 --include-ignored --test-threads 1 --nocapture int4_models int4_kernels > $OUT/b_models.log 2>&1
   echo "cuda_int4 models+kernels rc $?"; grep -E "^test |panicked|test result" $OUT/b_models.log | tail -4 ;;
+e)
+  # a and b's essentials in one call, for a session with little device time left.
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+  ( [ -f $A/config.json ] || python3 scripts/make_random_awq8b.py $A > $OUT/make_awq.log 2>&1
+    [ -f $M/config.json ] || python3 scripts/make_random_llama8b.py $M > $OUT/make_model.log 2>&1 ) &
+  MK=$!
+  timeout 150 /tmp/d/cuda_int4 --include-ignored --test-threads 1 --nocapture epilogue > $OUT/e_fused.log 2>&1
+  echo "cuda_int4 epilogue rc $? at ${SECONDS} s"; grep -E "^test |panicked|test result|same logits" $OUT/e_fused.log | cut -c1-130 | tail -16
+  timeout 60 /tmp/d/cuda_kernels --include-ignored --test-threads 1 fp8 > $OUT/e_kernels_fp8.log 2>&1
+  echo "cuda_kernels fp8 rc $? at ${SECONDS} s"; grep -E "panicked|test result" $OUT/e_kernels_fp8.log | tail -2
+  wait $MK; echo "models ready at ${SECONDS} s"
+  for r in 1 2; do
+    timeout 100 /tmp/c/cuda_bench decode $A 1 512 40 2>&1 | grep 'decode batch' | sed "s/^/int4 before /" | tee -a $OUT/e_decode.txt
+    for f in off on; do
+      ( export $(fused $f); timeout 100 /tmp/d/cuda_bench decode $A 1 512 40 2>&1 | grep 'decode batch' | sed "s/^/int4 fused=$f /" | tee -a $OUT/e_decode.txt )
+    done
+  done
+  for v in c d; do
+    timeout 120 /tmp/$v/cuda_bench decode $M 1 512 40 --quantization=fp8 2>&1 | grep 'decode batch' | sed "s/^/fp8 $v /" | tee -a $OUT/e_decode.txt
+  done
+  left=$((570 - SECONDS)); echo "decode done at ${SECONDS} s; the INT4 kernel test gets ${left} s"
+  [ $left -gt 30 ] && timeout $left /tmp/d/cuda_int4 --include-ignored --test-threads 1 --nocapture int4_kernels > $OUT/e_kernels.log 2>&1
+  echo "cuda_int4 int4_kernels rc $?"; grep -E "^test |panicked|test result" $OUT/e_kernels.log | tail -3 ;;
 g)
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
   install_vllm g
