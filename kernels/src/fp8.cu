@@ -403,9 +403,6 @@ __device__ __forceinline__ void gemv_fp8_t16_impl(const P& pp) {
     // Byte offsets (n k < 2^32: the host checks) of the lane's x row and of its two rows of a
     // tile, at its first step.
     const u32 xo = (u32)min(g, p.b - 1) * (u32)k + 64u * (u32)s_begin + 16u * (u32)t;
-    // Lanes of batch rows past b keep their ring's x (zeros): their B columns only reach output
-    // columns never stored, and at batch 1 the L1 delivers a quarter of the x bytes.
-    const bool x_row = g < p.b;
     // ROPE: a head's d / 16 tiles, each 8 rotation pairs (above). SILU: half = inter.
     int half = 0, per_head = 1;
     if constexpr (ROPE) {
@@ -432,7 +429,7 @@ __device__ __forceinline__ void gemv_fp8_t16_impl(const P& pp) {
         const u32 off = 64u * (u32)j;
         ld_stream_if(wv[d][0], p.w + (wo[0] + off), real);
         ld_stream_if(wv[d][1], p.w + (wo[1] + off), real);
-        if (XR) ld_cached_if(xv[XR ? d : 0], p.x + (xo + off), real && x_row);
+        if (XR) ld_cached_if(xv[XR ? d : 0], p.x + (xo + off), real);
     };
 
     int tile = blockIdx.x;
@@ -450,7 +447,7 @@ __device__ __forceinline__ void gemv_fp8_t16_impl(const P& pp) {
     pdl_trigger();
 #pragma unroll
     for (int d = 0; d < D; d++)
-        if (XR) ld_cached_if(xv[XR ? d : 0], p.x + (xo + 64u * (u32)d), d < cnt && x_row);
+        if (XR) ld_cached_if(xv[XR ? d : 0], p.x + (xo + 64u * (u32)d), d < cnt);
     if constexpr (XQ) {
         // The warp's span of every row: 8 values a lane at a time, fp8_quant_row_vec's codes.
         for (int rr = 0; rr < p.b; rr++) {

@@ -258,10 +258,9 @@ __device__ __forceinline__ u32 int4_less_zero(u32 word, int i, u32 zz) {
 
 // A block loops over the 16-row tiles blockIdx.x + i gridDim.x (the grid is at most the blocks
 // that fit at once), and its ring runs on across them: the last items of a tile refill their
-// slots with the next tile's first. Rows past n are read as row n - 1 (clamped) and lanes of x
-// rows past b keep zeros (they load nothing): their products land only in outputs never stored
-// (an mma's D[row][col] depends on A's row and B's column alone). k is a multiple of KS, so every
-// step is whole.
+// slots with the next tile's first. Rows past n are read as row n - 1 (clamped) and x rows past b
+// as row b - 1: their products land only in outputs never stored (an mma's D[row][col] depends
+// on A's row and B's column alone). k is a multiple of KS, so every step is whole.
 template <int KS, int NB, int D, int MODE = INT4_TILE_PLAIN, typename P = GemvInt4Params>
 __device__ __forceinline__ void gemv_int4_t16_impl(const P& pp) {
     constexpr bool ROPE = MODE == INT4_TILE_ROPE, SILU = MODE == INT4_TILE_SILU;
@@ -318,12 +317,6 @@ __device__ __forceinline__ void gemv_int4_t16_impl(const P& pp) {
 #pragma unroll
     for (int nb = 0; nb < NB; nb++) xp[nb] = p.x + (size_t)min(8 * nb + g, p.b - 1) * k + (KS / 4) * t;
 
-    // The current item's x (zeros in lanes of batch rows past b, which never load it).
-    uint4 xv[NB][WPL];
-#pragma unroll
-    for (int nb = 0; nb < NB; nb++)
-#pragma unroll
-        for (int i = 0; i < WPL; i++) xv[nb][i] = make_uint4(0u, 0u, 0u, 0u);
     // The ring: slot d holds an item's words and its two rows' scale | zero words.
     Int4Words<WPL> wv[D][2];
     u32 sz[D][2];
@@ -388,16 +381,13 @@ __device__ __forceinline__ void gemv_int4_t16_impl(const P& pp) {
             for (int d = 0; d < D; d++) {
                 const int j = j0 + d, real = j < cnt;
                 // x of the item: the lane's KS / 4 bf16 of batch rows 8 nb + g, 8 a uint4
-                // (uint4 i holds the columns of word i's codes). Lanes of batch rows past b load
-                // nothing: their B columns only reach output columns never stored (D[row][col]
-                // depends on B's column col alone), and the L1 delivers a quarter of the bytes at
-                // batch 1 (the step's loads were what its pipe was busy with: run 33a).
+                // (uint4 i holds the columns of word i's codes).
                 const int s = real ? s_begin + j : s_begin;
+                uint4 xv[NB][WPL];
 #pragma unroll
                 for (int nb = 0; nb < NB; nb++)
-                    if (8 * nb + g < p.b)
 #pragma unroll
-                        for (int i = 0; i < WPL; i++) xv[nb][i] = __ldg((const uint4*)(xp[nb] + KS * s) + i);
+                    for (int i = 0; i < WPL; i++) xv[nb][i] = __ldg((const uint4*)(xp[nb] + KS * s) + i);
                 u32 zz[2];
                 float sc[2];
 #pragma unroll

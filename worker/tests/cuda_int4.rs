@@ -472,10 +472,11 @@ fn int4_decode_graphs_with_pdl_give_the_same_tokens() {
 }
 
 /// The tile GEMV with RoPE and the KV write (q/k/v) and SiLU·mul (gate/up) in its epilogue
-/// (`KernelSwitches::fuse_rope` and `fuse_silu`, steps of up to `INT4_GEMV_MAX_ROWS` rows) gives
-/// the bits of the plain tile kernel followed by `rope_kv_write` and `silu_mul`: the same logits
-/// after prompts of 2, 5 and 20 tokens (prefill steps on the fused kernels) and the same greedy
-/// tokens decoding one prompt alone and all three together, with CUDA graphs and without, on
+/// (`KernelSwitches::fuse_rope` and `fuse_silu`, steps of `INT4_FUSED_MIN_ROWS` to
+/// `INT4_GEMV_MAX_ROWS` rows) gives the bits of the plain tile kernel followed by `rope_kv_write`
+/// and `silu_mul`: the same logits after prompts of 2, 5 and 20 tokens (prefill steps on the fused
+/// kernels) and the same greedy tokens decoding one prompt alone (unfused either way, a control)
+/// and all three together (fused), with CUDA graphs and without, on
 /// the fixtures whose groups the tile kernels take (k-steps of 64 and 128, act order), with a
 /// bf16 and an FP8 KV cache.
 #[test]
@@ -485,6 +486,7 @@ fn int4_tile_gemv_with_rope_and_silu_in_its_epilogue_gives_the_same_bits() {
     use worker::quant::StoredQuant;
     use worker::quant::kv::KvCacheDtype;
     const { assert!(worker::backend::cuda::INT4_GEMV_MAX_ROWS >= 20) };
+    const { assert!(worker::backend::cuda::INT4_FUSED_MIN_ROWS <= 2) };
     let prompts: [Vec<u32>; 3] = [vec![1, 17, 42, 99, 3], (1..=20).collect(), vec![7, 8]];
     for name in ["int4-gptq", "int4-gptq-sym", "int4-ct-asym"] {
         let (config, ckpt) = Checkpoint::load(&fixture(name)).expect("fixture");

@@ -220,8 +220,8 @@ pub struct KernelSwitches {
     /// Small-batch products on the GEMV kernel.
     pub gemv: GemvChoice,
     /// Where q/k/v takes the GEMV kernel (bf16, the FP8 tile GEMV of [`FP8_TILE_SMALL`] or
-    /// [`FP8_TILE_LARGE`] from `FP8_ROPE_MIN_ROWS` rows, or the INT4 tile GEMV), RoPE and the
-    /// paged KV write run in its epilogue.
+    /// [`FP8_TILE_LARGE`] from `FP8_ROPE_MIN_ROWS` rows, or the INT4 tile GEMV from
+    /// `INT4_FUSED_MIN_ROWS`), RoPE and the paged KV write run in its epilogue.
     pub fuse_rope: bool,
     /// In a step of decodes only whose attention is split, an FP8 o product's input is quantized
     /// by the split combine (`attn_combine_quant_fp8_bf16`) instead of a launch of its own.
@@ -229,8 +229,8 @@ pub struct KernelSwitches {
     /// In an FP8 step of at most `fp8_silu::FP8_SILU_MAX_ROWS` rows, the gate/up tile GEMV
     /// applies SiLU·mul in its epilogue and the down tile GEMV quantizes that output as it loads
     /// it, instead of a `silu_mul_quant` launch between them; where INT4 gate/up runs on the tile
-    /// GEMV (up to `INT4_GEMV_MAX_ROWS` rows), SiLU·mul runs in its epilogue instead of a
-    /// `silu_mul` launch.
+    /// GEMV (`INT4_FUSED_MIN_ROWS` to `INT4_GEMV_MAX_ROWS` rows), SiLU·mul runs in its epilogue
+    /// instead of a `silu_mul` launch.
     pub fuse_silu: bool,
     /// bf16 on sm_90+, batch 1: each layer's o_proj weights are prefetched into L2 on a side
     /// branch of the graph while RoPE and attention run.

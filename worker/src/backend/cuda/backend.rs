@@ -225,6 +225,14 @@ pub const PDL_MAX_ROWS: usize = 1;
 /// under programmatic dependent launch.
 pub const FP8_ROPE_MIN_ROWS: usize = 2;
 
+/// Fewest rows whose INT4 tile products run RoPE and the KV write (q/k/v) and SiLU·mul (gate/up)
+/// in their epilogues ([`KernelSwitches::fuse_rope`], [`KernelSwitches::fuse_silu`]). On an H100
+/// (run 57, the random 8B AWQ model, on and off alternating) the fused pair took steps of 8
+/// sequences from 3.21–3.24 to 3.05–3.06 ms and of 32 from 7.43–7.45 to 7.22–7.26, but one
+/// sequence's from 2.624–2.636 to 2.633–2.657: as FP8's RoPE, the separate launches overlap
+/// better under programmatic dependent launch there.
+pub const INT4_FUSED_MIN_ROWS: usize = 2;
+
 /// Products of at most this many rows take the GEMV kernel when it is on (the crossover with
 /// cuBLAS, from `cuda_bench gemv`); more rows go to cuBLAS.
 pub const GEMV_CROSSOVER_ROWS: usize = 8;
@@ -737,6 +745,7 @@ impl CudaBackend {
         if let ProductQuant::Int4(s) = scales
             && self.fuse_rope
             && self.int4_tiles
+            && l.m >= INT4_FUSED_MIN_ROWS
             && super::int4::rope_fits(&int4_linear(l, s, l.x), a)
         {
             let q = int4_linear(l, s, self.int4_input(l, s)?);
@@ -815,8 +824,9 @@ impl CudaBackend {
         }
     }
 
-    /// INT4 gate/up with SiLU·mul in its tile GEMV's epilogue, writing the down product's input
-    /// `ws.act` ([`KernelSwitches::fuse_silu`]); `false`: not taken, nothing launched.
+    /// INT4 gate/up with SiLU·mul in its tile GEMV's epilogue from [`INT4_FUSED_MIN_ROWS`] rows,
+    /// writing the down product's input `ws.act` ([`KernelSwitches::fuse_silu`]); `false`: not
+    /// taken, nothing launched.
     fn int4_gate_up_silu(
         &self,
         l: &Linear<'_>,
@@ -825,7 +835,11 @@ impl CudaBackend {
         let ProductQuant::Int4(s) = scales else {
             return Ok(false);
         };
-        if !(self.fuse_silu && self.int4_tiles && super::int4::silu_fits(&int4_linear(l, s, l.x))) {
+        if !(self.fuse_silu
+            && self.int4_tiles
+            && l.m >= INT4_FUSED_MIN_ROWS
+            && super::int4::silu_fits(&int4_linear(l, s, l.x)))
+        {
             return Ok(false);
         }
         let q = int4_linear(l, s, self.int4_input(l, s)?);

@@ -17,8 +17,8 @@ mod weights;
 mod workspace;
 
 pub use backend::{
-    CudaBackend, CudaOptions, GEMV_CROSSOVER_ROWS, INT4_GEMV_MAX_ROWS, INVARIANT_CHUNK,
-    MAX_GRAPH_BATCH, PDL_MAX_ROWS,
+    CudaBackend, CudaOptions, GEMV_CROSSOVER_ROWS, INT4_FUSED_MIN_ROWS, INT4_GEMV_MAX_ROWS,
+    INVARIANT_CHUNK, MAX_GRAPH_BATCH, PDL_MAX_ROWS,
 };
 pub use device::{Buf, DType, Gpu, PrefillKernel};
 pub use tp::CudaTp;
