@@ -105,6 +105,19 @@ e)
   left=$((570 - SECONDS)); echo "decode done at ${SECONDS} s; the INT4 kernel test gets ${left} s"
   [ $left -gt 30 ] && timeout $left /tmp/d/cuda_int4 --include-ignored --test-threads 1 --nocapture int4_kernels > $OUT/e_kernels.log 2>&1
   echo "cuda_int4 int4_kernels rc $?"; grep -E "^test |panicked|test result" $OUT/e_kernels.log | tail -3 ;;
+j)
+  # The final build (.gpu55/f.tar.xz: cuda_bench and cuda_int4 of commit 62d4ceb, the fused
+  # epilogues from two rows, x through every lane) against c, with little device time left.
+  mkdir -p /tmp/f; tar xJf .gpu55/f.tar.xz -C /tmp/f
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+  ( [ -f $A/config.json ] || python3 scripts/make_random_awq8b.py $A > $OUT/make_awq.log 2>&1 ) &
+  MK=$!
+  timeout 100 /tmp/f/cuda_int4 --include-ignored --test-threads 1 --nocapture epilogue > $OUT/j_fused.log 2>&1
+  echo "cuda_int4 epilogue rc $? at ${SECONDS} s"; grep -E "panicked|test result" $OUT/j_fused.log | tail -2
+  timeout 110 /tmp/f/cuda_int4 --include-ignored --test-threads 1 --nocapture int4_kernels > $OUT/j_kernels.log 2>&1
+  echo "cuda_int4 int4_kernels rc $? at ${SECONDS} s"; grep -E "panicked|test result" $OUT/j_kernels.log | tail -2
+  wait $MK
+  for v in f c; do timeout 60 /tmp/$v/cuda_bench decode $A 1 512 40 2>&1 | grep 'decode batch' | sed "s/^/$v /" | tee -a $OUT/j_decode.txt; done ;;
 g)
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
   install_vllm g
