@@ -403,19 +403,12 @@ __device__ __forceinline__ void gemv_fp8_t16_impl(const P& pp) {
     // Byte offsets (n k < 2^32: the host checks) of the lane's x row and of its two rows of a
     // tile, at its first step.
     const u32 xo = (u32)min(g, p.b - 1) * (u32)k + 64u * (u32)s_begin + 16u * (u32)t;
-    // ROPE: a head's d / 16 tiles, each 8 rotation pairs (above). SILU: half = inter.
-    int half = 0, per_head = 1;
-    if constexpr (ROPE) {
-        half = pp.rope.d / 2;
-        per_head = half / 8;
-    }
-    if constexpr (SILU) half = n / 2;
-    // Weight row of the tile's row r (0..15).
-    auto tile_row = [&](int tile, int r) -> int {
-        if constexpr (ROPE) return tile / per_head * pp.rope.d + tile % per_head * 8 + (r & 7) + (r >> 3) * half;
-        if constexpr (SILU) return 8 * tile + (r & 7) + (r >> 3) * half;
-        return min(16 * tile + r, n - 1);
-    };
+    // The tiles' weight rows (TileRows, gemv.cu); ROPE: a head's d / 16 tiles, SILU: half = inter.
+    int rope_d = 0;
+    if constexpr (ROPE) rope_d = pp.rope.d;
+    const TileRows rows = tile_rows(ROPE, SILU, rope_d, n);
+    const int half = rows.half, per_head = rows.per_head;
+    auto tile_row = [&](int tile, int r) { return rows.row(tile, r); };
     auto rows_of = [&](int tile, u32(&wo)[2]) {
 #pragma unroll
         for (int h = 0; h < 2; h++)

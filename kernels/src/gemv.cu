@@ -218,6 +218,25 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_bf16_f32out_r
     gemv_mma_impl<4, 2, float>(p);
 }
 
+// The weight rows of the FP8 and INT4 tile GEMVs' 16-row tiles (fp8.cu, int4.cu). Plain tiles:
+// rows 16 i + r, clamped below n. With RoPE in the epilogue (the fused q/k/v product, head size d a
+// multiple of 16), tile i takes head i / (d / 16)'s rotation pairs j0 .. j0 + 7, j0 = 8 (i % (d /
+// 16)): row r < 8 the head's dim j0 + r, row r + 8 the dim j0 + r + d/2 it rotates with. With
+// SiLU·mul (gate/up, n = 2 inter) tile i takes gate rows 8i .. 8i + 7 and their up rows.
+struct TileRows {
+    int n, d, half, per_head; // half: d / 2 (RoPE), inter (SiLU·mul), else 0; per_head: d / 16
+    __device__ __forceinline__ int row(int tile, int r) const {
+        if (d > 0) return tile / per_head * d + tile % per_head * 8 + (r & 7) + (r >> 3) * half;
+        if (half > 0) return 8 * tile + (r & 7) + (r >> 3) * half;
+        return min(16 * tile + r, n - 1);
+    }
+};
+__device__ __forceinline__ TileRows tile_rows(bool rope, bool silu, int rope_d, int n) {
+    if (rope) return TileRows{n, rope_d, rope_d / 2, rope_d / 16};
+    if (silu) return TileRows{n, 0, n / 2, 1};
+    return TileRows{n, 0, 0, 1};
+}
+
 // The q/k/v product fused with RoPE and the paged KV write (bf16, 16 tile rows a block, head size
 // a multiple of 16). Block i takes head h = i / (d / 16) and the rotation pairs j0 .. j0 + 7,
 // j0 = 8 (i % (d / 16)): tile rows 0-7 are the head's dims j0 + r, rows 8-15 the dims j0 + r + d/2

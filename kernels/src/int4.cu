@@ -284,19 +284,12 @@ __device__ __forceinline__ void gemv_int4_t16_impl(const P& pp) {
     // A step's group, s >> sh: group_size / KS is a power of two, or one group spans k.
     const int sh = p.group_size >= k ? 31 : __ffs(p.group_size / KS) - 1;
     const u32 kw = (u32)(k >> 3);
-    // ROPE: a head's d / 16 tiles of 8 rotation pairs (above). SILU: half = inter.
-    int half = 0, per_head = 1;
-    if constexpr (ROPE) {
-        half = pp.rope.d / 2;
-        per_head = half / 8;
-    }
-    if constexpr (SILU) half = n / 2;
-    // Weight row of the tile's row r (0..15).
-    auto tile_row = [&](int tile, int r) -> int {
-        if constexpr (ROPE) return tile / per_head * pp.rope.d + tile % per_head * 8 + (r & 7) + (r >> 3) * half;
-        if constexpr (SILU) return 8 * tile + (r & 7) + (r >> 3) * half;
-        return min(16 * tile + r, n - 1);
-    };
+    // The tiles' weight rows (TileRows, gemv.cu); ROPE: a head's d / 16 tiles, SILU: half = inter.
+    int rope_d = 0;
+    if constexpr (ROPE) rope_d = pp.rope.d;
+    const TileRows rows = tile_rows(ROPE, SILU, rope_d, n);
+    const int half = rows.half, per_head = rows.per_head;
+    auto tile_row = [&](int tile, int r) { return rows.row(tile, r); };
     // Word offsets of the lane's two rows in a tile, and of their scale | zero words in group 0
     // (p.tsz: [16-row tile][group][g][h], row 16 T + 8 h + g at ((T groups) 8 + g) 2 + h). A
     // plain tile's two rows are one 8-byte pair (so[1] = so[0] + 1; rows past n, clamped for

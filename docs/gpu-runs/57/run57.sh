@@ -106,8 +106,9 @@ e)
   [ $left -gt 30 ] && timeout $left /tmp/d/cuda_int4 --include-ignored --test-threads 1 --nocapture int4_kernels > $OUT/e_kernels.log 2>&1
   echo "cuda_int4 int4_kernels rc $?"; grep -E "^test |panicked|test result" $OUT/e_kernels.log | tail -3 ;;
 j)
-  # The final build (.gpu55/f.tar.xz: cuda_bench and cuda_int4 of commit 62d4ceb, the fused
-  # epilogues from two rows, x through every lane) against c, with little device time left.
+  # The final build (.gpu55/f.tar.xz: cuda_bench, cuda_int4 and cuda_kernels: the fused epilogues
+  # from two rows, x through every lane, the tile rows of the FP8 and INT4 twins from one TileRows)
+  # against c, with little device time left.
   mkdir -p /tmp/f; tar xJf .gpu55/f.tar.xz -C /tmp/f
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
   ( [ -f $A/config.json ] || python3 scripts/make_random_awq8b.py $A > $OUT/make_awq.log 2>&1 ) &
@@ -116,6 +117,8 @@ j)
   echo "cuda_int4 epilogue rc $? at ${SECONDS} s"; grep -E "panicked|test result" $OUT/j_fused.log | tail -2
   timeout 110 /tmp/f/cuda_int4 --include-ignored --test-threads 1 --nocapture int4_kernels > $OUT/j_kernels.log 2>&1
   echo "cuda_int4 int4_kernels rc $? at ${SECONDS} s"; grep -E "panicked|test result" $OUT/j_kernels.log | tail -2
+  timeout 60 /tmp/f/cuda_kernels --include-ignored --test-threads 1 fp8 > $OUT/j_kernels_fp8.log 2>&1
+  echo "cuda_kernels fp8 rc $? at ${SECONDS} s"; grep -E "panicked|test result" $OUT/j_kernels_fp8.log | tail -2
   wait $MK
   for v in f c; do timeout 60 /tmp/$v/cuda_bench decode $A 1 512 40 2>&1 | grep 'decode batch' | sed "s/^/$v /" | tee -a $OUT/j_decode.txt; done ;;
 g)
