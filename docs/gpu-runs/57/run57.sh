@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run 57 (2026-12-07): the INT4 tile GEMV with RoPE + the KV write (q/k/v) and SiLU·mul (gate/up)
 # in its epilogue — two launches a layer fewer in steps of up to 32 rows. What ran: e, then the
-# inline commands of README.md's f and g on the same machine; a, b and g–i never started.
+# inline commands of README.md's f and g on the same machine, then j on another; a, b and g–i
+# never started.
 # .gpu55/c.tar.xz: ringserve, cuda_bench, cuda_int4 of the build before (run 56's c);
 # .gpu55/d.tar.xz: the same of this build (--features cuda, stripped).
 # This build also leaves x unloaded in the tile GEMVs' lanes of batch rows past b (INT4 and FP8).
