@@ -8,13 +8,13 @@
 use cudarc::driver::PushKernelArg;
 use kernels::params::{GemvInt4RopeParams, GemvInt4SiluParams};
 
-use super::{Int4Linear, TILE_KERNELS, TILE_MAX_BATCH, TileKernel, tile_step};
+use super::{Int4Linear, TILE_KERNELS, TileKernel, tile_step};
 use crate::backend::BackendError;
 use crate::backend::cuda::device::{Buf, DType, Gpu};
 use crate::backend::cuda::ops::{RopeKv, cfg, tile_grid};
 
 /// The tile kernel of `l`'s shape (its k-step and rows), if the tile family takes it at all and
-/// in one launch.
+/// in one launch (1 to [`TILE_MAX_BATCH`](super::TILE_MAX_BATCH) rows).
 fn tile_kernel(l: &Int4Linear<'_>) -> Option<&'static TileKernel> {
     let ks = tile_step(l.s, l.k)?;
     TILE_KERNELS
@@ -30,11 +30,10 @@ fn fused_name(kernel: &TileKernel, kind: &str) -> String {
 }
 
 /// Whether [`gemv_int4_rope_kv`] takes the q/k/v product `l` (its input already permuted for act
-/// order) and the RoPE `a`: 1 to [`TILE_MAX_BATCH`] tokens on a tile kernel, bf16, a head size that
-/// is a multiple of 16, the whole fused width, and a scaled output.
+/// order) and the RoPE `a`: 1 to [`TILE_MAX_BATCH`](super::TILE_MAX_BATCH) tokens on a tile
+/// kernel, bf16, a head size that is a multiple of 16, the whole fused width, and a scaled output.
 pub fn rope_fits(l: &Int4Linear<'_>, a: &RopeKv<'_>) -> bool {
-    l.m <= TILE_MAX_BATCH
-        && tile_kernel(l).is_some()
+    tile_kernel(l).is_some()
         && a.qkv.dtype() == DType::Bf16
         && a.d.is_multiple_of(16)
         && l.m == a.n
@@ -81,9 +80,10 @@ pub unsafe fn gemv_int4_rope_kv(
 }
 
 /// Whether [`gemv_int4_silu`] takes the gate/up product `l` (`n` = 2 inter, gate rows then up
-/// rows): 1 to [`TILE_MAX_BATCH`] rows on a tile kernel, `inter` a multiple of 8.
+/// rows): 1 to [`TILE_MAX_BATCH`](super::TILE_MAX_BATCH) rows on a tile kernel, `inter` a
+/// multiple of 8.
 pub fn silu_fits(l: &Int4Linear<'_>) -> bool {
-    l.m <= TILE_MAX_BATCH && l.n.is_multiple_of(16) && tile_kernel(l).is_some()
+    l.n.is_multiple_of(16) && tile_kernel(l).is_some()
 }
 
 /// The gate/up product `l` and `silu_mul` of its output in one launch: `h[m, n / 2] =
