@@ -219,6 +219,8 @@ pub const KERNELS: &[&str] = &[
     "gemm_int4_wgmma_s3",
     "gemm_int4_wgmma_p3",
     "gemm_int4_wgmma_p4",
+    "gemm_int4_wgmma_p4_b256",
+    "gemm_int4_wgmma_p6_b256",
     "gemm_int4_reduce",
     "permute_cols_bf16",
     "sample_f32",
@@ -365,16 +367,17 @@ pub const INT4_MMA_STAGES: usize = 4;
 pub const fn int4_mmas_smem_bytes(rows: usize) -> usize {
     INT4_MMA_STAGES * (INT4_MMA_BATCH * 128 + rows * 36)
 }
-/// Activation rows a block of the Hopper INT4 product `gemm_int4_wgmma_*` (sm_90a only) takes:
-/// the wgmma's n (more rows: more blocks along y). A block of `wgs` warpgroups (128 threads each)
-/// takes 64 `wgs` weight rows, the wgmma's m each.
+/// The wgmma's n in the Hopper INT4 product `gemm_int4_wgmma_*` (sm_90a only): activation rows
+/// of one accumulator set. A block takes one or two such sets (its `batch`: more rows, more
+/// blocks along y); a block of `wgs` warpgroups (128 threads each) takes 64 `wgs` weight rows, the
+/// wgmma's m each.
 pub const INT4_WGMMA_BATCH: usize = 128;
-/// Dynamic shared memory of a `gemm_int4_wgmma_*` kernel of `stages` stages and `wgs`
-/// warpgroups: a stage holds [`INT4_WGMMA_BATCH`] activation rows of 64 bf16 and 64 `wgs` rows of
-/// 64 codes (32 bytes), and the stages' group constants (a 4-byte word a row) follow them, the
-/// formula `int4_wgmma.cu` uses; + 1 KiB to align the base to the 1,024-byte swizzle atom.
-pub const fn int4_wgmma_smem_bytes(stages: usize, wgs: usize) -> usize {
-    stages * (INT4_WGMMA_BATCH * 128 + 64 * wgs * 32 + 64 * wgs * 4) + 1024
+/// Dynamic shared memory of a `gemm_int4_wgmma_*` kernel of `stages` stages, `wgs` warpgroups and
+/// `batch` activation rows a block: a stage holds `batch` activation rows of 64 bf16 and 64 `wgs`
+/// rows of 64 codes (32 bytes), and the stages' group constants (a 4-byte word a row) follow them,
+/// the formula `int4_wgmma.cu` uses; + 1 KiB to align the base to the 1,024-byte swizzle atom.
+pub const fn int4_wgmma_smem_bytes(stages: usize, wgs: usize, batch: usize) -> usize {
+    stages * (batch * 128 + 64 * wgs * 32 + 64 * wgs * 4) + 1024
 }
 /// Most activation rows the CUDA backend gives the INT4 tensor-core products; larger products
 /// dequantize the whole matrix to bf16 for cuBLAS. At the 8B shapes on an H100 (run 51a), the

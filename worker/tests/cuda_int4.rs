@@ -21,7 +21,9 @@ use worker::backend::cuda::int4::{
     wgmma_fits,
 };
 use worker::backend::cuda::{CudaBackend, CudaOptions, DType, Gpu};
-use worker::backend::switches::{INT4_WGMMA_DEFAULT, Int4WgmmaChoice, KernelSwitches};
+use worker::backend::switches::{
+    INT4_WGMMA_DEFAULT, INT4_WGMMA_WIDE_DEFAULT, Int4WgmmaChoice, KernelSwitches,
+};
 use worker::checkpoint::Checkpoint;
 use worker::quant::int4::Int4Weight;
 
@@ -224,15 +226,21 @@ fn int4_kernels_match_the_reference_at_odd_shapes() {
                 );
                 // The Hopper kernels where they are compiled and take the groups.
                 if g.arch == "sm_90a" && wgmma_fits(&l) {
-                    // Unsplit: the first kernel and the default.
-                    let default = WGMMA_KERNELS
-                        .iter()
-                        .position(|k| k.short == INT4_WGMMA_DEFAULT)
-                        .expect("the default wgmma kernel is listed");
+                    // Unsplit: the first kernel and the two defaults.
+                    let position = |short: &str| {
+                        WGMMA_KERNELS
+                            .iter()
+                            .position(|k| k.short == short)
+                            .expect("the default wgmma kernels are listed")
+                    };
                     variants.extend(
-                        [0, default]
-                            .into_iter()
-                            .map(|v| Kernel::Wgmma { v, split: false }),
+                        [
+                            0,
+                            position(INT4_WGMMA_DEFAULT),
+                            position(INT4_WGMMA_WIDE_DEFAULT),
+                        ]
+                        .into_iter()
+                        .map(|v| Kernel::Wgmma { v, split: false }),
                     );
                     variants
                         .extend((0..WGMMA_KERNELS.len()).map(|v| Kernel::Wgmma { v, split: true }));

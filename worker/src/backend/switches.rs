@@ -113,10 +113,14 @@ pub const FP8_TILE_SMALL_MAX: usize = 1 << 25;
 /// weights dequantized while a wgmma runs). (`s4`, `s6`, the four-warpgroup `_w4` kernels of runs
 /// 52–54, and run 55's rotated k-steps (`p3r`, `p4r`) and one-warpgroup blocks (`p3_w1`), none
 /// faster than `p3`, are built no more.)
-pub const INT4_WGMMA_KERNELS: [&str; 3] = ["s3", "p3", "p4"];
+pub const INT4_WGMMA_KERNELS: [&str; 5] = ["s3", "p3", "p4", "p4_b256", "p6_b256"];
 /// The one [`Int4WgmmaChoice::Auto`] runs: with the group constants staged in the ring (run 56e,
 /// H100), the 128 × 512 AWQ step takes 9.21–9.22 ms against `p3`'s 9.28 and `s3`'s 9.29–9.32.
 pub const INT4_WGMMA_DEFAULT: &str = "p4";
+/// The one [`Int4WgmmaChoice::Auto`] runs past 128 rows: 256 activation rows a block, each weight
+/// dequantized once for all of them (run 58e, H100): the 256 × 512 AWQ step 15.43–15.44 ms against
+/// `p4`'s 15.94–15.95 (`p4_b256` 15.49).
+pub const INT4_WGMMA_WIDE_DEFAULT: &str = "p6_b256";
 
 /// Whether INT4 products of more than `kernels::INT4_MMA_BATCH` rows whose groups hold whole
 /// 64-wide k-steps run on Hopper's wgmma (`gemm_int4_wgmma_*`, on compute capability 9.0 only;
@@ -133,12 +137,12 @@ pub enum Int4WgmmaChoice {
 }
 
 impl Int4WgmmaChoice {
-    /// The kernel's name less `gemm_int4_wgmma_`, if any.
-    pub fn kernel(self) -> Option<&'static str> {
+    /// The kernels' names less `gemm_int4_wgmma_`, up to 128 rows and past them, if any.
+    pub fn kernels(self) -> Option<(&'static str, &'static str)> {
         match self {
             Self::Off => None,
-            Self::Auto => Some(INT4_WGMMA_DEFAULT),
-            Self::Kernel(name) => Some(name),
+            Self::Auto => Some((INT4_WGMMA_DEFAULT, INT4_WGMMA_WIDE_DEFAULT)),
+            Self::Kernel(name) => Some((name, name)),
         }
     }
 
@@ -388,7 +392,11 @@ impl fmt::Display for KernelSwitches {
             self.gguf_int4,
             self.int4_mma,
             self.int4_mma_scaled,
-            self.int4_wgmma.kernel().unwrap_or("0"),
+            match self.int4_wgmma.kernels() {
+                None => "0".to_owned(),
+                Some((narrow, wide)) if narrow == wide => narrow.to_owned(),
+                Some((narrow, wide)) => format!("{narrow}/{wide}"),
+            },
             self.fp8_gemv.name()
         )
     }
@@ -455,14 +463,14 @@ mod tests {
                 .unwrap()
                 .int4_wgmma;
             assert_eq!(c, Int4WgmmaChoice::Kernel(k));
-            assert_eq!(c.kernel(), Some(k));
+            assert_eq!(c.kernels(), Some((k, k)));
         }
         assert_eq!(
             parse(&[("RINGSERVE_CUDA_INT4_WGMMA", "1")])
                 .unwrap()
                 .int4_wgmma
-                .kernel(),
-            Some(INT4_WGMMA_DEFAULT)
+                .kernels(),
+            Some((INT4_WGMMA_DEFAULT, INT4_WGMMA_WIDE_DEFAULT))
         );
         assert_eq!(s.fp8_gemv, Fp8GemvChoice::Rows16);
         assert!(!s.int4_tiles && !s.gguf_int4 && !s.int4_mma && !s.decode_share);

@@ -182,7 +182,7 @@ pub struct CudaBackend {
     /// [`KernelSwitches::int4_mma_scaled`].
     int4_mma_scaled: bool,
     /// [`KernelSwitches::int4_wgmma`] on this device.
-    int4_wgmma: Option<&'static super::int4::WgmmaKernel>,
+    int4_wgmma: Option<super::int4::WgmmaKernels>,
     /// Whether small-batch steps prefetch each layer's o_proj weights into L2 while RoPE and
     /// attention run ([`KernelSwitches::l2_prefetch`], where the device has it).
     l2_prefetch: bool,

@@ -19,7 +19,8 @@ mod fused;
 mod wgmma;
 pub use fused::{gemv_int4_rope_kv, gemv_int4_silu, rope_fits, silu_fits};
 pub use wgmma::{
-    WGMMA_KERNELS, WgmmaKernel, launch_wgmma, wgmma_fits, wgmma_kernel, wgmma_select, wgmma_splits,
+    WGMMA_KERNELS, WgmmaKernel, WgmmaKernels, launch_wgmma, wgmma_fits, wgmma_kernel, wgmma_select,
+    wgmma_splits,
 };
 
 /// Where int4.cu's dequantization wants code `8c + ORDER[p]` of a word: bits `4p .. 4p + 4`.
@@ -499,8 +500,8 @@ pub struct MmaChoice {
     /// The scaled family where the weights have tile scales ([`tile_step`]).
     pub scaled: bool,
     /// Past [`kernels::INT4_MMA_BATCH`] rows, on a device whose kernels are `sm_90a`, where
-    /// [`wgmma_fits`]: this Hopper kernel ([`WGMMA_KERNELS`]).
-    pub wgmma: Option<&'static WgmmaKernel>,
+    /// [`wgmma_fits`]: these Hopper kernels ([`WGMMA_KERNELS`]).
+    pub wgmma: Option<WgmmaKernels>,
 }
 
 /// `y = x · wᵀ` on the tensor-core product for any number of rows: the Hopper kernel where
@@ -517,7 +518,7 @@ pub fn gemm_int4(
         && l.m > kernels::INT4_MMA_BATCH
         && wgmma_fits(l)
     {
-        return launch_wgmma(gpu, l, w, scratch);
+        return launch_wgmma(gpu, l, w.for_rows(l.m), scratch);
     }
     let scaled = choice.scaled && tile_step(l.s, l.k).is_some();
     launch_mma(gpu, l, mma_kernel_for(l.m, l.n, l.k, scaled), scratch)
