@@ -11,8 +11,9 @@ use crate::backend::BackendError;
 use crate::backend::switches::{INT4_WGMMA_DEFAULT, INT4_WGMMA_WIDE_DEFAULT, Int4WgmmaChoice};
 
 /// A kernel of the Hopper family `gemm_int4_wgmma_*` (`sm_90a` only; `kernels/src/int4_wgmma.cu`):
-/// 64 weight rows a warpgroup and [`kernels::INT4_WGMMA_BATCH`] activation rows a block, the
-/// weights dequantized in registers to [`super::dequant_int4`]'s bits as wgmma's A operand.
+/// 64 weight rows a warpgroup and `batch` activation rows a block (one wgmma of
+/// [`kernels::INT4_WGMMA_BATCH`] columns per 128), the weights dequantized in registers to
+/// [`super::dequant_int4`]'s bits as wgmma's A operand.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WgmmaKernel {
     pub name: &'static str,
