@@ -67,7 +67,7 @@ __device__ __forceinline__ Int4Group<false> i4w_group(u32 word) {
     return g;
 }
 
-// A consumer thread's view of the ring (warp w of the block's warpgroups, lane (g, t)): its A
+// A thread's view of the ring (warp w of the block's warpgroups, lane (g, t)): its A
 // rows R = 16 w + g and R + 8 of the block, their codes' offsets in a stage and their group
 // constants' offset in a stage's (tile R / 16, words 2g, 2g + 1).
 template <int STAGES, int WGS, int BATCH> struct I4wThread {
