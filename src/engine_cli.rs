@@ -73,6 +73,11 @@ pub struct EngineFlags {
     /// GEMMs; costs ~1.3-1.8 ms per decode step on the 8B shape).
     #[arg(long)]
     pub batch_invariant: bool,
+    /// Plan and launch the next decode step while the GPU runs this one (its input tokens taken
+    /// from this step's draws on the device), so the host's work between steps leaves the GPU
+    /// busy; the same tokens. CUDA, steps whose requests sample on the device.
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub async_scheduling: bool,
 }
 
 /// `--dtype` values.
@@ -116,6 +121,7 @@ impl EngineFlags {
             max_model_len: self.max_model_len,
             enable_prefix_caching: self.enable_prefix_caching && !self.no_enable_prefix_caching,
             seed: self.seed,
+            async_scheduling: self.async_scheduling,
         }
     }
 }

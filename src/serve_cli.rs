@@ -91,6 +91,12 @@ pub struct ServingEngineFlags {
     /// GEMMs; costs ~1.3-1.8 ms per decode step on the 8B shape).
     #[arg(long)]
     pub batch_invariant: bool,
+    /// Plan and launch the next decode step while the GPU runs this one (its input tokens taken
+    /// from this step's draws on the device), so the host's work between steps leaves the GPU
+    /// busy; the same tokens. CUDA, steps whose requests sample on the device; not with
+    /// tensor parallelism.
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub async_scheduling: bool,
 }
 
 impl ServingEngineFlags {
@@ -124,6 +130,9 @@ impl ServingEngineFlags {
         ];
         if let Some(n) = self.max_prefill_tokens_while_decoding {
             a.extend(["--max-prefill-tokens-while-decoding".into(), n.to_string()]);
+        }
+        if self.async_scheduling {
+            a.extend(["--async-scheduling".into(), "true".into()]);
         }
         if let Some(n) = self.max_model_len {
             a.extend(["--max-model-len".into(), n.to_string()]);
@@ -444,6 +453,7 @@ pub fn worker(mut args: WorkerArgs) -> anyhow::Result<()> {
             max_model_len: e.max_model_len,
             enable_prefix_caching: e.enable_prefix_caching,
             seed: args.seed,
+            async_scheduling: e.async_scheduling,
         },
         rings: args.rings.clone(),
         ring_capacity: e.ring_mib << 20,

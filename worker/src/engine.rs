@@ -28,7 +28,10 @@ use grammar::TokenMask;
 use rayon::prelude::*;
 use thiserror::Error;
 
-use crate::backend::{Backend, BackendError, DeviceSampling, ForwardBatch, SeqInput};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use crate::backend::{Backend, BackendError, DeviceSampling, ForwardBatch, SeqInput, TokenFeed};
 use crate::config::ModelConfig;
 use crate::constrain::Constraints;
 use crate::kv::{KvError, SeqId, block_hash_mix as mix64};
@@ -52,6 +55,10 @@ pub struct EngineConfig {
     pub enable_prefix_caching: bool,
     /// Seed from which requests without a seed get theirs (default: from the clock).
     pub seed: Option<u64>,
+    /// Plan and launch the next decode step while the device runs this one, its input tokens
+    /// taken from this step's draws on the device (vLLM's `--async-scheduling`); where the
+    /// backend can (CUDA) and no request of the step needs the host sampler or a grammar.
+    pub async_scheduling: bool,
 }
 
 impl Default for EngineConfig {
@@ -63,6 +70,7 @@ impl Default for EngineConfig {
             max_model_len: None,
             enable_prefix_caching: true,
             seed: None,
+            async_scheduling: false,
         }
     }
 }
@@ -91,6 +99,8 @@ pub struct EngineStats {
     /// Prompt tokens admitted, and how many of them came from the prefix cache.
     pub prefix_queried_tokens: u64,
     pub prefix_hit_tokens: u64,
+    /// Steps launched ahead of their predecessors' tokens (async scheduling).
+    pub planned_ahead: u64,
 }
 
 /// What the last [`Engine::step`] computed (for benchmarks).
@@ -141,6 +151,25 @@ pub struct Engine {
     last_plan: StepPlan,
     plan_sink: Option<Box<dyn PlanSink>>,
     constraints: Constraints,
+    async_scheduling: bool,
+    /// Steps launched on the device whose tokens are not applied yet, oldest first (at most
+    /// two: async scheduling).
+    in_flight: VecDeque<InFlight>,
+    planned_ahead: u64,
+}
+
+/// A launched step: its plan and what it computes.
+struct InFlight {
+    plan: StepPlan,
+    stats: StepStats,
+}
+
+/// A step's inputs gathered from the scheduler: tokens, positions, and each sequence's block
+/// table. A token not known yet (a decode planned ahead of its draw) is a placeholder 0.
+struct Gathered {
+    token_ids: Vec<u32>,
+    positions: Vec<u32>,
+    tables: Vec<Vec<u32>>,
 }
 
 impl Engine {
@@ -213,6 +242,9 @@ impl Engine {
             last_plan: StepPlan::default(),
             plan_sink: None,
             constraints: Constraints::default(),
+            async_scheduling: config.async_scheduling,
+            in_flight: VecDeque::new(),
+            planned_ahead: 0,
         })
     }
 
@@ -299,9 +331,10 @@ impl Engine {
         Ok(self.scheduler.abort(id)?)
     }
 
-    /// Whether any request is waiting or running.
+    /// Whether any request is waiting or running, or a launched step is still to be collected.
     pub fn has_unfinished(&self) -> bool {
         self.scheduler.num_running() + self.scheduler.num_waiting() > 0
+            || !self.in_flight.is_empty()
     }
 
     /// Current gauges.
@@ -316,6 +349,7 @@ impl Engine {
             preemptions: self.scheduler.num_preemptions(),
             prefix_queried_tokens: queried,
             prefix_hit_tokens: hit,
+            planned_ahead: self.planned_ahead,
         }
     }
 
@@ -335,21 +369,186 @@ impl Engine {
     }
 
     /// Plans and runs one step; returns one event per sequence that produced a token.
+    ///
+    /// With async scheduling, a step of decodes is launched and, while the device runs it, the
+    /// step after it is planned and launched too (its input tokens are this step's draws, taken
+    /// on the device); then this step's tokens are applied and returned. The next call finds
+    /// that step on the device and does the same with it. A step that cannot be planned ahead
+    /// (prompts to admit, a sequence that may end by length, the host sampler) waits for the one
+    /// before it, so its plan sees every token drawn so far. Tokens, and the order of events, are
+    /// those of the synchronous engine; a sequence that ends with a stop token computes one
+    /// token more, dropped.
     pub fn step(&mut self) -> Result<Vec<TokenEvent>, EngineError> {
-        let plan = self.scheduler.schedule()?;
-        self.last_step = step_stats(&plan);
-        if let Some(sink) = &mut self.plan_sink
-            && !(plan.is_empty() && plan.finished.is_empty() && plan.preempted.is_empty())
-        {
-            sink.send(&plan, &self.scheduler)?;
+        if self.in_flight.is_empty() {
+            let plan = self.scheduler.schedule()?;
+            let stats = step_stats(&plan);
+            if let Some(sink) = &mut self.plan_sink
+                && !(plan.is_empty() && plan.finished.is_empty() && plan.preempted.is_empty())
+            {
+                sink.send(&plan, &self.scheduler)?;
+            }
+            if plan.is_empty() || !self.launch(&plan, stats, TokenFeed::Host)? {
+                self.last_step = stats;
+                let events = if plan.is_empty() {
+                    Ok(Vec::new())
+                } else {
+                    self.execute(&plan)
+                };
+                self.last_plan = plan;
+                return events;
+            }
         }
-        let events = if plan.is_empty() {
-            Ok(Vec::new())
-        } else {
-            self.execute(&plan)
+        if self.in_flight.len() == 1
+            && self.async_ok()
+            && let Some(next) = self
+                .in_flight
+                .back()
+                .and_then(|f| self.scheduler.plan_ahead(&f.plan))
+        {
+            let stats = step_stats(&next);
+            if self.launch(&next, stats, TokenFeed::PreviousStep)? {
+                self.planned_ahead += 1;
+            }
+        }
+        self.collect()
+    }
+
+    /// Whether steps may be launched ahead of their predecessors' tokens at all.
+    fn async_ok(&self) -> bool {
+        self.async_scheduling && self.plan_sink.is_none() && self.constraints.is_empty()
+    }
+
+    /// Launches `plan` without waiting for its tokens, where async scheduling allows it, every
+    /// sampling row can be drawn on the device and the backend takes it; `Ok(false)`: nothing
+    /// was launched. With [`TokenFeed::PreviousStep`], `plan` was planned ahead of the step
+    /// still on the device, whose draws are its input tokens.
+    fn launch(
+        &mut self,
+        plan: &StepPlan,
+        mut stats: StepStats,
+        feed: TokenFeed,
+    ) -> Result<bool, EngineError> {
+        if !self.async_ok() {
+            return Ok(false);
+        }
+        // Draws not applied yet before this step's: the step on the device, for a fed step.
+        let pending = usize::from(feed == TokenFeed::PreviousStep);
+        let mut sampling = Vec::new();
+        for entry in plan.seqs.iter().filter(|e| e.sample) {
+            let seq = self
+                .scheduler
+                .seq(entry.seq)
+                .ok_or(EngineError::Kv(KvError::UnknownSeq(entry.seq.0)))?;
+            if seq.logprobs.is_some()
+                || seq.params.has_penalties()
+                || !seq.banned_after(pending).is_empty()
+            {
+                return Ok(false);
+            }
+            sampling.push(DeviceSampling {
+                params: seq.params,
+                seed: seq.seed,
+                step: (seq.output().len() + pending) as u64,
+            });
+        }
+        let g = self.gather(plan)?;
+        let seqs = seq_inputs(plan, &g.tables);
+        let batch = ForwardBatch {
+            token_ids: &g.token_ids,
+            positions: &g.positions,
+            seqs: &seqs,
         };
+        let started = Instant::now();
+        let launched = self.backend.launch_sampled(&batch, &sampling, feed)?;
+        stats.backend_time += started.elapsed();
+        if launched {
+            self.in_flight.push_back(InFlight {
+                plan: plan.clone(),
+                stats,
+            });
+        } else if feed == TokenFeed::Host {
+            // The backend launches no step at all (no device sampling, a tensor-parallel rank):
+            // stop gathering inputs twice a step.
+            tracing::debug!(
+                backend = self.backend.name(),
+                "async scheduling off: the backend launches no steps"
+            );
+            self.async_scheduling = false;
+        }
+        Ok(launched)
+    }
+
+    /// Waits for the oldest launched step's tokens and applies them. Entries of sequences that
+    /// ended or were cancelled while the step was on the device are dropped with their tokens.
+    fn collect(&mut self) -> Result<Vec<TokenEvent>, EngineError> {
+        let Some(InFlight { plan, mut stats }) = self.in_flight.pop_front() else {
+            return Ok(Vec::new());
+        };
+        let started = Instant::now();
+        let tokens = self.backend.collect_sampled()?;
+        stats.backend_time += started.elapsed();
+        self.last_step = stats;
+        let rows = plan.seqs.iter().filter(|e| e.sample).count();
+        check_tokens(&tokens, rows, self.vocab)?;
+        let mut live = StepPlan::default();
+        let mut kept = Vec::with_capacity(tokens.len());
+        let mut drawn = tokens.iter();
+        for entry in &plan.seqs {
+            let token = if entry.sample { drawn.next() } else { None };
+            let current = self
+                .scheduler
+                .seq(entry.seq)
+                .is_some_and(|s| s.num_computed() == entry.num_computed);
+            if current {
+                live.seqs.push(entry.clone());
+                kept.extend(token);
+            }
+        }
+        let updates = self.scheduler.update(&live, &kept)?;
         self.last_plan = plan;
-        events
+        Ok(updates
+            .into_iter()
+            .map(|u| TokenEvent {
+                id: u.seq,
+                token: u.token,
+                logprobs: None,
+                finish: u.finish,
+            })
+            .collect())
+    }
+
+    /// The token ids, positions and block tables of `plan`'s sequences.
+    fn gather(&self, plan: &StepPlan) -> Result<Gathered, EngineError> {
+        let num_tokens = plan.num_tokens();
+        let mut token_ids = Vec::with_capacity(num_tokens);
+        let mut positions = Vec::with_capacity(num_tokens);
+        let mut tables: Vec<Vec<u32>> = Vec::with_capacity(plan.seqs.len());
+        for entry in &plan.seqs {
+            let seq = self
+                .scheduler
+                .seq(entry.seq)
+                .ok_or(EngineError::Kv(KvError::UnknownSeq(entry.seq.0)))?;
+            let range = entry.num_computed..entry.num_computed + entry.num_tokens;
+            token_ids.extend(
+                range
+                    .clone()
+                    .map(|p| seq.tokens().get(p).copied().unwrap_or(0)),
+            );
+            positions.extend(range.map(|p| p as u32));
+            tables.push(
+                self.scheduler
+                    .kv()
+                    .block_table(entry.seq)
+                    .iter()
+                    .map(|b| b.0)
+                    .collect(),
+            );
+        }
+        Ok(Gathered {
+            token_ids,
+            positions,
+            tables,
+        })
     }
 
     /// Runs `plan` and applies its sampled tokens.
@@ -384,51 +583,19 @@ impl Engine {
 
     /// Runs the backend over `plan`; returns the sampled tokens and logprobs per sampling row.
     fn run(&mut self, plan: &StepPlan) -> Result<(Vec<u32>, Vec<Option<Logprobs>>), EngineError> {
-        let num_tokens = plan.num_tokens();
-        let mut token_ids = Vec::with_capacity(num_tokens);
-        let mut positions = Vec::with_capacity(num_tokens);
-        let mut tables: Vec<Vec<u32>> = Vec::with_capacity(plan.seqs.len());
+        let g = self.gather(plan)?;
         let mut rows = Vec::new();
-        for entry in &plan.seqs {
-            let seq = self
-                .scheduler
-                .seq(entry.seq)
-                .ok_or(EngineError::Kv(KvError::UnknownSeq(entry.seq.0)))?;
-            let range = entry.num_computed..entry.num_computed + entry.num_tokens;
-            token_ids.extend_from_slice(&seq.tokens()[range.clone()]);
-            positions.extend(range.map(|p| p as u32));
-            tables.push(
+        for entry in plan.seqs.iter().filter(|e| e.sample) {
+            rows.push(
                 self.scheduler
-                    .kv()
-                    .block_table(entry.seq)
-                    .iter()
-                    .map(|b| b.0)
-                    .collect(),
+                    .seq(entry.seq)
+                    .ok_or(EngineError::Kv(KvError::UnknownSeq(entry.seq.0)))?,
             );
-            if entry.sample {
-                rows.push(seq);
-            }
         }
-        let mut start = 0;
-        let seqs: Vec<SeqInput<'_>> = plan
-            .seqs
-            .iter()
-            .zip(&tables)
-            .map(|(entry, table)| {
-                let input = SeqInput {
-                    query_start: start,
-                    query_len: entry.num_tokens,
-                    context_len: entry.num_computed + entry.num_tokens,
-                    block_table: table,
-                    sample: entry.sample,
-                };
-                start += entry.num_tokens;
-                input
-            })
-            .collect();
+        let seqs = seq_inputs(plan, &g.tables);
         let batch = ForwardBatch {
-            token_ids: &token_ids,
-            positions: &positions,
+            token_ids: &g.token_ids,
+            positions: &g.positions,
             seqs: &seqs,
         };
         let device_ok = rows
@@ -439,7 +606,7 @@ impl Engine {
         let ids: Vec<SeqId> = rows.iter().map(|s| s.id).collect();
         let eos = &self.scheduler.config().eos_token_ids;
         let (backend, constraints, vocab) = (&mut self.backend, &mut self.constraints, self.vocab);
-        let mut backend_time = std::time::Duration::ZERO;
+        let mut backend_time = Duration::ZERO;
         let result = std::thread::scope(|scope| {
             // The grammars' masks for this step's draws, computed while the forward pass runs;
             // whichever sampler draws takes them (once: a backend that took them must draw).
@@ -463,7 +630,7 @@ impl Engine {
                         step: s.output().len() as u64,
                     })
                     .collect();
-                let started = std::time::Instant::now();
+                let started = Instant::now();
                 let sampled = if constrained {
                     backend.forward_sampled_masked(&batch, &sampling, &mut take_masks)
                 } else {
@@ -471,18 +638,7 @@ impl Engine {
                 };
                 backend_time += started.elapsed();
                 if let Some(tokens) = sampled? {
-                    if tokens.len() != rows.len() {
-                        return Err(EngineError::BadOutput {
-                            got: format!("{} sampled tokens", tokens.len()),
-                            expected: format!("{}", rows.len()),
-                        });
-                    }
-                    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
-                        return Err(EngineError::BadOutput {
-                            got: format!("sampled token {bad}"),
-                            expected: format!("ids below the vocabulary size {vocab}"),
-                        });
-                    }
+                    check_tokens(&tokens, rows.len(), vocab)?;
                     let none = vec![None; rows.len()];
                     return Ok((tokens, none));
                 }
@@ -493,7 +649,7 @@ impl Engine {
                     });
                 }
             }
-            let started = std::time::Instant::now();
+            let started = Instant::now();
             let logits = backend.forward(&batch);
             backend_time += started.elapsed();
             let logits = logits?;
@@ -547,6 +703,43 @@ fn host_sample(
     Ok(sampled.into_iter().unzip())
 }
 
+/// The backend's input of each of `plan`'s sequences, `tables` being their block tables.
+fn seq_inputs<'a>(plan: &StepPlan, tables: &'a [Vec<u32>]) -> Vec<SeqInput<'a>> {
+    let mut start = 0;
+    plan.seqs
+        .iter()
+        .zip(tables)
+        .map(|(entry, table)| {
+            let input = SeqInput {
+                query_start: start,
+                query_len: entry.num_tokens,
+                context_len: entry.num_computed + entry.num_tokens,
+                block_table: table,
+                sample: entry.sample,
+            };
+            start += entry.num_tokens;
+            input
+        })
+        .collect()
+}
+
+/// A device's draws: one per sampling row, each in the vocabulary.
+fn check_tokens(tokens: &[u32], rows: usize, vocab: usize) -> Result<(), EngineError> {
+    if tokens.len() != rows {
+        return Err(EngineError::BadOutput {
+            got: format!("{} sampled tokens", tokens.len()),
+            expected: format!("{rows}"),
+        });
+    }
+    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(EngineError::BadOutput {
+            got: format!("sampled token {bad}"),
+            expected: format!("ids below the vocabulary size {vocab}"),
+        });
+    }
+    Ok(())
+}
+
 fn step_stats(plan: &StepPlan) -> StepStats {
     let decode_tokens = plan
         .seqs
@@ -557,10 +750,14 @@ fn step_stats(plan: &StepPlan) -> StepStats {
         prefill_tokens: plan.num_tokens() - decode_tokens,
         decode_tokens,
         num_seqs: plan.seqs.len(),
-        backend_time: std::time::Duration::ZERO,
+        backend_time: Duration::ZERO,
     }
 }
 
 #[cfg(test)]
 #[path = "engine_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "engine_async_tests.rs"]
+mod async_tests;

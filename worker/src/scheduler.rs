@@ -121,7 +121,13 @@ impl Sequence {
 
     /// Tokens the next draw may not pick (`min_tokens` not reached yet); usually none.
     pub fn banned(&self) -> &[u32] {
-        if self.output().len() < self.min_tokens {
+        self.banned_after(0)
+    }
+
+    /// Tokens the draw `pending` draws after the next one may not pick (async scheduling plans
+    /// a step while the draw before it is still on the device).
+    pub fn banned_after(&self, pending: usize) -> &[u32] {
+        if self.output().len() + pending < self.min_tokens {
             &self.banned_early
         } else {
             &[]
@@ -372,6 +378,45 @@ impl Scheduler {
             });
             budget -= n;
         }
+    }
+
+    /// Plans the step after `prev` before `prev`'s tokens are known (async scheduling): every
+    /// sequence of `prev` decodes the token `prev` draws for it. `None` where that step cannot be
+    /// planned yet — `prev` is not every running sequence decoding its last token, one of them
+    /// may end at `prev` by length, requests wait that a step could admit, or free blocks run
+    /// out (blocks taken before that stay with their sequences, whose next step needs them) —
+    /// and the engine collects `prev` first. A sequence that ends at `prev` with a stop token
+    /// is still in the plan: its extra token is computed and dropped.
+    pub fn plan_ahead(&mut self, prev: &StepPlan) -> Option<StepPlan> {
+        if prev.seqs.len() != self.running.len()
+            || (!self.waiting.is_empty() && self.running.len() < self.config.max_num_seqs)
+        {
+            return None;
+        }
+        for e in &prev.seqs {
+            let seq = self.seqs.get(&e.seq)?;
+            if e.num_tokens != 1
+                || !e.sample
+                || e.num_computed + 1 != seq.tokens.len()
+                || seq.num_generated + 1 >= seq.max_tokens
+                || seq.tokens.len() + 1 >= self.config.max_model_len
+            {
+                return None;
+            }
+        }
+        let mut plan = StepPlan::default();
+        for e in &prev.seqs {
+            let had = self.kv.block_table(e.seq).len();
+            self.kv.allocate_slots(e.seq, e.num_computed + 2, None)?;
+            plan.seqs.push(ScheduledSeq {
+                seq: e.seq,
+                num_computed: e.num_computed + 1,
+                num_tokens: 1,
+                sample: true,
+                new_blocks: self.kv.block_table(e.seq)[had..].to_vec(),
+            });
+        }
+        Some(plan)
     }
 
     fn preempt(&mut self, id: SeqId) -> Result<(), KvError> {

@@ -401,3 +401,101 @@ fn prefill_tokens_are_capped_in_steps_that_decode() {
         vec![entry(1, 6, 1, true), entry(2, 10, 10, false)]
     );
 }
+
+#[test]
+fn a_step_of_decodes_is_planned_ahead_of_its_tokens() {
+    // Blocks of 4; prompts of 3 and 6 tokens.
+    let mut s = Scheduler::new(config(64, 4, 16, 4));
+    s.add(req(1, 3, 10), 0);
+    s.add(req(2, 6, 10), 0);
+    let prefill = s.schedule().expect("plan");
+    // A step with prompts is not planned ahead.
+    assert!(s.plan_ahead(&prefill).is_none());
+    advance(&mut s, &prefill);
+    let decode = s.schedule().expect("plan");
+    assert_eq!(
+        stripped(&decode.seqs),
+        vec![entry(1, 3, 1, true), entry(2, 6, 1, true)]
+    );
+    // The step after it decodes the token it draws: positions 4 and 7. Sequence 1's position
+    // 4 opens its second block, taken now; sequence 2's 7 lies in its second.
+    let ahead = s.plan_ahead(&decode).expect("planned ahead");
+    assert_eq!(
+        stripped(&ahead.seqs),
+        vec![entry(1, 4, 1, true), entry(2, 7, 1, true)]
+    );
+    assert_eq!(ahead.seqs[0].new_blocks.len(), 1);
+    assert!(ahead.seqs[1].new_blocks.is_empty());
+    assert_eq!(s.kv().block_table(SeqId(1)).len(), 2);
+    // Applied in order, the two steps leave what two synchronous steps would.
+    advance(&mut s, &decode);
+    advance(&mut s, &ahead);
+    assert_eq!(s.seq(SeqId(1)).map(|q| q.num_computed()), Some(5));
+    assert_eq!(s.seq(SeqId(2)).map(|q| q.tokens().len()), Some(9));
+    let next = s.schedule().expect("plan");
+    assert_eq!(
+        stripped(&next.seqs),
+        vec![entry(1, 5, 1, true), entry(2, 8, 1, true)]
+    );
+}
+
+#[test]
+fn no_step_is_planned_ahead_that_could_follow_an_ending_or_skip_an_admission() {
+    // Sequence 1 may draw its last token (max_tokens 2) in the step after its first decode.
+    let mut s = Scheduler::new(config(64, 4, 16, 4));
+    s.add(req(1, 3, 2), 0);
+    let prefill = s.schedule().expect("plan");
+    advance(&mut s, &prefill);
+    let decode = s.schedule().expect("plan");
+    assert!(
+        s.plan_ahead(&decode).is_none(),
+        "max_tokens reached at this step"
+    );
+    // The context limit: 3 prompt tokens + 2 output reach max_model_len 5.
+    let mut cfg = config(64, 4, 16, 4);
+    cfg.max_model_len = 5;
+    let mut s = Scheduler::new(cfg);
+    s.add(req(1, 3, 10), 0);
+    let prefill = s.schedule().expect("plan");
+    advance(&mut s, &prefill);
+    let decode = s.schedule().expect("plan");
+    assert!(
+        s.plan_ahead(&decode).is_none(),
+        "max_model_len reached at this step"
+    );
+    // A waiting request a step could admit; none once the batch is full.
+    let mut s = Scheduler::new(config(64, 2, 16, 4));
+    s.add(req(1, 3, 10), 0);
+    let prefill = s.schedule().expect("plan");
+    advance(&mut s, &prefill);
+    s.add(req(2, 3, 10), 0);
+    let decode = s.schedule().expect("plan");
+    advance(&mut s, &decode);
+    let both = s.schedule().expect("plan");
+    advance(&mut s, &both);
+    s.add(req(3, 3, 10), 0);
+    let full = s.schedule().expect("plan");
+    assert_eq!(full.seqs.len(), 2, "max_num_seqs 2 keeps request 3 waiting");
+    assert!(
+        s.plan_ahead(&full).is_some(),
+        "a full batch is planned ahead"
+    );
+    let mut s = Scheduler::new(config(64, 4, 16, 4));
+    s.add(req(1, 3, 10), 0);
+    let prefill = s.schedule().expect("plan");
+    advance(&mut s, &prefill);
+    let decode = s.schedule().expect("plan");
+    s.add(req(2, 3, 10), 0);
+    assert!(s.plan_ahead(&decode).is_none(), "request 2 can be admitted");
+    // Blocks: a 7-token prompt's decode computes position 7 in its second block; the step
+    // after it, position 8, takes a third, which 3 usable blocks have and 2 do not.
+    for (blocks, fits) in [(4, true), (3, false)] {
+        let mut s = Scheduler::new(config(64, 4, blocks, 4));
+        s.add(req(1, 7, 10), 0);
+        let prefill = s.schedule().expect("plan");
+        advance(&mut s, &prefill);
+        let decode = s.schedule().expect("plan");
+        assert_eq!(stripped(&decode.seqs), vec![entry(1, 7, 1, true)]);
+        assert_eq!(s.plan_ahead(&decode).is_some(), fits, "{blocks} blocks");
+    }
+}

@@ -284,3 +284,49 @@ fn bf16_runs_and_is_batch_invariant() {
     eprintln!("bf16: {match_hf}/{} cases equal HF f32 greedy", alone.len());
     assert_eq!(alone, together, "bf16 batch invariance");
 }
+
+/// Async scheduling (each decode step launched before the one on the device is applied, its
+/// input tokens that step's draws, copied on the device) gives the synchronous engine's tokens:
+/// HF's greedy tokens in float32 with CUDA graphs and eagerly, seeded sampling's stream, and a
+/// request ending on a stop token while the step after it is on the device.
+#[test]
+#[ignore = "requires a CUDA device"]
+fn async_scheduling_gives_the_synchronous_tokens() {
+    let config = |on: bool| EngineConfig {
+        async_scheduling: on,
+        ..EngineConfig::default()
+    };
+    let want = expected();
+    for eager in [false, true] {
+        let mut e = engine(DType::F32, 16, 64, eager, config(true));
+        assert_eq!(run(&mut e, all_reqs(0)), want, "eager {eager}");
+        assert!(e.stats().planned_ahead > 10, "{:?}", e.stats());
+    }
+    let mixed = || {
+        let mut reqs = all_reqs(0);
+        for (i, r) in reqs.iter_mut().enumerate().skip(1) {
+            r.params = SamplingParams {
+                temperature: 0.8,
+                top_p: 0.95,
+                seed: Some(7 + i as u64),
+                ..Default::default()
+            };
+        }
+        // Request 0 ends on its sixth greedy token.
+        reqs[0].stop_token_ids = vec![want[&0][5]];
+        reqs
+    };
+    let sync = run(
+        &mut engine(DType::F32, 16, 64, false, config(false)),
+        mixed(),
+    );
+    let mut e = engine(DType::F32, 16, 64, false, config(true));
+    let got = run(&mut e, mixed());
+    assert!(e.stats().planned_ahead > 10, "{:?}", e.stats());
+    assert_eq!(got, sync);
+    let first = want[&0]
+        .iter()
+        .position(|&t| t == want[&0][5])
+        .expect("present");
+    assert_eq!(got[&0], want[&0][..=first]);
+}

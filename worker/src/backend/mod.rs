@@ -262,6 +262,42 @@ pub trait Backend: Send {
         let _ = (batch, sampling, masks);
         Ok(None)
     }
+
+    /// Starts a step sampled on the device without waiting for its tokens (the engine's async
+    /// scheduling: the host plans and launches the next step while this one runs). Returns
+    /// `Ok(false)`, having done nothing, where the backend cannot (the default); the engine then
+    /// runs the step through [`Backend::forward_sampled`]. At most two launched steps are
+    /// uncollected at once; [`Backend::collect_sampled`] returns their tokens in launch order.
+    /// With [`TokenFeed::PreviousStep`] each row's input token is the one the previously launched
+    /// step sampled for the same row (`batch.token_ids` holds placeholders): every sequence is a
+    /// one-token decode that samples, as many as that step sampled.
+    fn launch_sampled(
+        &mut self,
+        batch: &ForwardBatch<'_>,
+        sampling: &[DeviceSampling],
+        feed: TokenFeed,
+    ) -> Result<bool, BackendError> {
+        let _ = (batch, sampling, feed);
+        Ok(false)
+    }
+
+    /// The tokens of the oldest launched, uncollected step (waiting for them), one per sampling
+    /// row.
+    fn collect_sampled(&mut self) -> Result<Vec<u32>, BackendError> {
+        Err(BackendError::InvalidBatch(format!(
+            "backend `{}` launched no step to collect",
+            self.name()
+        )))
+    }
+}
+
+/// Where a launched step's input tokens come from ([`Backend::launch_sampled`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenFeed {
+    /// `batch.token_ids`, from the host.
+    Host,
+    /// The previously launched step's sampled tokens, row for row, taken on the device.
+    PreviousStep,
 }
 
 #[cfg(feature = "cuda")]

@@ -9,7 +9,9 @@
 
 use grammar::TokenMask;
 
-use crate::backend::{Backend, BackendError, DeviceSampling, ForwardBatch, Logits};
+use std::collections::VecDeque;
+
+use crate::backend::{Backend, BackendError, DeviceSampling, ForwardBatch, Logits, TokenFeed};
 use crate::config::{Architecture, ModelConfig, RopeConfig, RopeScaling};
 use crate::kv::block_hash_mix as mix64;
 use crate::sampler::{argmax, sample_with, uniform};
@@ -39,6 +41,14 @@ pub struct ToyBackend {
     slots: Vec<Option<(u32, u32)>>,
     /// Sample on the "device" in [`Backend::forward_sampled`] (with the host sampler's formulas).
     pub device_sampling: bool,
+    /// Take launched steps ([`Backend::launch_sampled`]; needs `device_sampling`).
+    pub launches: bool,
+    /// Launched steps' tokens not yet collected, oldest first.
+    launched: VecDeque<Vec<u32>>,
+    /// The tokens of the last launched step (what [`TokenFeed::PreviousStep`] feeds).
+    last_launched: Vec<u32>,
+    /// Steps launched with [`TokenFeed::PreviousStep`] (shared, as `masked_steps`).
+    pub fed_steps: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     /// Forward passes run so far.
     pub steps: usize,
     /// Steps sampled on the "device" with grammar masks (shared, so a test can read it while the
@@ -55,6 +65,10 @@ impl ToyBackend {
             num_blocks,
             slots: vec![None; num_blocks * block_size],
             device_sampling: false,
+            launches: false,
+            launched: VecDeque::new(),
+            last_launched: Vec::new(),
+            fed_steps: Default::default(),
             steps: 0,
             masked_steps: Default::default(),
         }
@@ -203,6 +217,63 @@ impl Backend for ToyBackend {
                 .map(|(row, s)| device_draw(row, s))
                 .collect(),
         ))
+    }
+
+    /// Runs the step at once and keeps its tokens until collected; fed steps read their input
+    /// tokens from the last launched step's draws, as the CUDA backend does on the device.
+    fn launch_sampled(
+        &mut self,
+        batch: &ForwardBatch<'_>,
+        sampling: &[DeviceSampling],
+        feed: TokenFeed,
+    ) -> Result<bool, BackendError> {
+        if !(self.device_sampling && self.launches) {
+            return Ok(false);
+        }
+        if self.launched.len() >= 2 {
+            return Err(BackendError::InvalidBatch(
+                "a third step launched before the first was collected".into(),
+            ));
+        }
+        let ids = self.last_launched.clone();
+        let fed;
+        let batch = match feed {
+            TokenFeed::Host => batch,
+            TokenFeed::PreviousStep => {
+                let decodes = batch
+                    .seqs
+                    .iter()
+                    .enumerate()
+                    .all(|(i, s)| s.query_len == 1 && s.query_start == i && s.sample);
+                if !decodes || batch.token_ids.len() != self.last_launched.len() {
+                    return Err(BackendError::InvalidBatch(format!(
+                        "a fed step of {} tokens needs one-token decodes, one per row of the \
+                         last launched step ({})",
+                        batch.token_ids.len(),
+                        self.last_launched.len()
+                    )));
+                }
+                self.fed_steps
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                fed = ForwardBatch {
+                    token_ids: &ids,
+                    ..*batch
+                };
+                &fed
+            }
+        };
+        let tokens = self
+            .forward_sampled(batch, sampling)?
+            .ok_or_else(|| BackendError::Device("device sampling is off".into()))?;
+        self.last_launched.clone_from(&tokens);
+        self.launched.push_back(tokens);
+        Ok(true)
+    }
+
+    fn collect_sampled(&mut self) -> Result<Vec<u32>, BackendError> {
+        self.launched
+            .pop_front()
+            .ok_or_else(|| BackendError::InvalidBatch("no launched step to collect".into()))
     }
 }
 

@@ -17,11 +17,11 @@
 //! logits (the other ranks return none).
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use grammar::TokenMask;
 
-use super::device::{Buf, DType, Gpu};
+use super::device::{Buf, DType, Gpu, Readback};
 use super::fp8::{
     Fp8Gemm, Fp8Linear, QuantRows, check_fp8_options, gemv_fp8_choice, gemv_fp8_rope_kernel,
     gemv_fp8_rope_kv, has_fp8, quant_rows,
@@ -36,7 +36,7 @@ use super::tp::{CudaTp, DeviceGroup};
 use super::weights::{self, Fp8Layer, Fp8Scales, Int4Layer, LayerWeights, Weights};
 use super::workspace::{Caps, QuantBufs, Workspace};
 use crate::backend::switches::{Fp8GemvChoice, GemvChoice, KernelSwitches, PdlChoice};
-use crate::backend::{Backend, BackendError, DeviceSampling, ForwardBatch, Logits};
+use crate::backend::{Backend, BackendError, DeviceSampling, ForwardBatch, Logits, TokenFeed};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::quant::kv::{KvCacheDtype, KvScales};
@@ -161,6 +161,14 @@ pub struct CudaBackend {
     graphs: HashMap<(usize, usize, bool), DecodeGraph>,
     /// Grammar masks of a step's constrained rows and those rows' indices, grown on demand.
     masks: Option<MaskBufs>,
+    /// Launched steps (async scheduling) whose draws are on their way to the host, oldest
+    /// first, and idle host buffers for the next ones.
+    launched: VecDeque<Readback>,
+    readbacks: Vec<Readback>,
+    /// The last launched step's draws, kept beside the workspace (which a bigger step
+    /// reallocates) for a step fed from them ([`TokenFeed::PreviousStep`]), and their count.
+    feed: Option<Buf>,
+    feed_rows: usize,
     enforce_eager: bool,
     batch_invariant: bool,
     /// Which products take the GEMV kernel.
@@ -499,6 +507,10 @@ impl CudaBackend {
             ws,
             graphs: HashMap::new(),
             masks: None,
+            launched: VecDeque::new(),
+            readbacks: Vec::new(),
+            feed: None,
+            feed_rows: 0,
             enforce_eager,
             batch_invariant: opts.batch_invariant,
             gemv: opts.kernels.gemv,
@@ -1262,6 +1274,19 @@ impl CudaBackend {
         sampling: Option<&[DeviceSampling]>,
         draw_later: bool,
     ) -> Result<usize, BackendError> {
+        self.run_fed(batch, sampling, draw_later, TokenFeed::Host)
+    }
+
+    /// [`CudaBackend::run`], with the step's input tokens from `feed`: with
+    /// [`TokenFeed::PreviousStep`], the last launched step's draws, copied over the uploaded
+    /// placeholders on the device (the caller checked the step is that step's rows, decoding).
+    fn run_fed(
+        &mut self,
+        batch: &ForwardBatch<'_>,
+        sampling: Option<&[DeviceSampling]>,
+        draw_later: bool,
+        feed: TokenFeed,
+    ) -> Result<usize, BackendError> {
         self.gpu.ctx.bind_to_thread()?;
         let lim = self.limits();
         let st = step::build(batch, lim, 0)?;
@@ -1296,6 +1321,7 @@ impl CudaBackend {
                     splits,
                 })?;
                 self.upload_step(&padded, sampling)?;
+                self.feed_ids(feed, n)?;
                 let dims = Dims {
                     n: bucket,
                     seqs: bucket,
@@ -1338,6 +1364,7 @@ impl CudaBackend {
             splits,
         })?;
         self.upload_step(&st, sampling)?;
+        self.feed_ids(feed, n)?;
         self.launch_model(Dims {
             n,
             seqs: st.num_seqs(),
@@ -1350,6 +1377,42 @@ impl CudaBackend {
             sample: sampling.is_some() && rows > 0 && !draw_later,
         })?;
         Ok(rows)
+    }
+
+    /// With [`TokenFeed::PreviousStep`], the step's `n` input tokens are the last launched
+    /// step's `n` draws: copied from `feed` over the uploaded ids, in stream order.
+    fn feed_ids(&mut self, feed: TokenFeed, n: usize) -> Result<(), BackendError> {
+        if feed == TokenFeed::Host {
+            return Ok(());
+        }
+        match &self.feed {
+            Some(f) if self.feed_rows == n => self.gpu.copy_prefix(f, &mut self.ws.ids, n),
+            _ => Err(BackendError::InvalidBatch(format!(
+                "a step of {n} tokens fed from a launched step of {} draws",
+                self.feed_rows
+            ))),
+        }
+    }
+
+    /// After a launched step's draw: its `rows` tokens are kept for a step fed from them and
+    /// start on their way to the host.
+    fn read_back(&mut self, rows: usize) -> Result<(), BackendError> {
+        let g = &self.gpu;
+        let feed = match self.feed.take() {
+            Some(f) if f.len() >= rows => f,
+            _ => g.alloc(DType::U32, rows.next_power_of_two().max(256))?,
+        };
+        let mut feed = feed;
+        g.copy_prefix(&self.ws.sampled, &mut feed, rows)?;
+        self.feed = Some(feed);
+        self.feed_rows = rows;
+        let mut rb = match self.readbacks.iter().position(|r| r.capacity() >= rows) {
+            Some(i) => self.readbacks.swap_remove(i),
+            None => g.readback(rows.next_power_of_two().max(256))?,
+        };
+        g.start_readback(&self.ws.sampled, rows, &mut rb)?;
+        self.launched.push_back(rb);
+        Ok(())
     }
 
     fn capture(&self, dims: Dims) -> Result<DecodeGraph, BackendError> {
@@ -1403,6 +1466,55 @@ impl Backend for CudaBackend {
     ) -> Result<Option<Vec<u32>>, BackendError> {
         let rows = self.run(batch, Some(sampling), false)?;
         Ok(Some(self.gpu.download_u32(&self.ws.sampled, rows)?))
+    }
+
+    /// The step is queued on the stream (graph or eager, as [`Backend::forward_sampled`] runs
+    /// it), then its draws are copied beside the workspace and, asynchronously, into page-locked
+    /// host memory; nothing waits. A fed step's ids are the kept draws, copied on the device
+    /// after the upload and before the step, so stream order makes the dependency. Not in a
+    /// tensor-parallel group (the ranks mirror plans whose tokens rank 0 has applied).
+    fn launch_sampled(
+        &mut self,
+        batch: &ForwardBatch<'_>,
+        sampling: &[DeviceSampling],
+        feed: TokenFeed,
+    ) -> Result<bool, BackendError> {
+        if self.group.borrow().is_some() || !self.samples {
+            return Ok(false);
+        }
+        if self.launched.len() >= 2 {
+            return Err(BackendError::InvalidBatch(
+                "a third step launched before the first was collected".into(),
+            ));
+        }
+        if feed == TokenFeed::PreviousStep {
+            let decodes = batch
+                .seqs
+                .iter()
+                .enumerate()
+                .all(|(i, s)| s.query_len == 1 && s.query_start == i && s.sample);
+            if !decodes || batch.token_ids.len() != self.feed_rows || self.feed.is_none() {
+                return Err(BackendError::InvalidBatch(format!(
+                    "a fed step of {} tokens needs one-token decodes, one per draw of the last \
+                     launched step ({})",
+                    batch.token_ids.len(),
+                    self.feed_rows
+                )));
+            }
+        }
+        let rows = self.run_fed(batch, Some(sampling), false, feed)?;
+        self.read_back(rows)?;
+        Ok(true)
+    }
+
+    fn collect_sampled(&mut self) -> Result<Vec<u32>, BackendError> {
+        let rb = self
+            .launched
+            .pop_front()
+            .ok_or_else(|| BackendError::InvalidBatch("no launched step to collect".into()))?;
+        let tokens = rb.wait();
+        self.readbacks.push(rb);
+        tokens
     }
 
     /// The forward pass is launched (asynchronously) before `masks` is asked for, so the engine's

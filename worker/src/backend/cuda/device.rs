@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, PinnedHostSlice,
+};
 use cudarc::nvrtc::Ptx;
 use half::bf16;
 
@@ -552,6 +554,68 @@ impl Gpu {
             .collect())
     }
 
+    /// Copies the first `len` elements of `src` into `dst` on the device, in stream order.
+    pub fn copy_prefix(&self, src: &Buf, dst: &mut Buf, len: usize) -> Result<(), BackendError> {
+        let bytes = len * src.dtype.size();
+        if src.dtype != dst.dtype || len > src.len || len > dst.len {
+            return Err(BackendError::InvalidBatch(format!(
+                "copy of {len} x {:?} from a buffer of {} into one of {} x {:?}",
+                src.dtype, src.len, dst.len, dst.dtype
+            )));
+        }
+        if bytes == 0 {
+            return Ok(());
+        }
+        let mut view = dst.mem.slice_mut(0..bytes);
+        Ok(self
+            .stream
+            .memcpy_dtod(&src.mem.slice(0..bytes), &mut view)?)
+    }
+
+    /// Page-locked host memory for `len` u32s, zeroed, that [`Gpu::start_readback`] fills
+    /// without waiting.
+    pub fn readback(&self, len: usize) -> Result<Readback, BackendError> {
+        let bytes = 4 * len.max(1);
+        // SAFETY: the allocation is uninitialised; it is zeroed through the raw pointer below
+        // before any reference to its bytes exists.
+        let mut host = unsafe { self.ctx.alloc_pinned_with_flags::<u8>(bytes, 0) }?;
+        let ptr = host.as_mut_ptr()?;
+        // SAFETY: `ptr` is the start of this allocation of `bytes` bytes, and nothing else
+        // refers to it yet.
+        unsafe { std::ptr::write_bytes(ptr, 0, bytes) };
+        let done = self.ctx.new_event(None)?;
+        Ok(Readback {
+            host,
+            done,
+            filled: 0,
+        })
+    }
+
+    /// Starts copying the first `len` u32s of `buf` into `rb` in stream order (behind the work
+    /// queued so far); [`Readback::wait`] returns them once the copy is done.
+    pub fn start_readback(
+        &self,
+        buf: &Buf,
+        len: usize,
+        rb: &mut Readback,
+    ) -> Result<(), BackendError> {
+        buf.check("readback source", DType::U32, len)?;
+        if 4 * len > rb.host.len() {
+            return Err(BackendError::InvalidBatch(format!(
+                "readback of {len} values into a host buffer of {} bytes",
+                rb.host.len()
+            )));
+        }
+        rb.filled = len;
+        if len > 0 {
+            self.stream
+                .memcpy_dtoh(&buf.mem.slice(0..4 * len), &mut rb.host)?;
+        }
+        // Our own event: with cudarc's event tracking off (Gpu::new), the pinned slice records
+        // none of its own, and waiting on it would not wait for this copy.
+        Ok(rb.done.record(&self.stream)?)
+    }
+
     /// Waits for all queued work.
     pub fn sync(&self) -> Result<(), BackendError> {
         Ok(self.stream.synchronize()?)
@@ -560,6 +624,32 @@ impl Gpu {
     /// Free and total device memory in bytes.
     pub fn mem_info(&self) -> Result<(usize, usize), BackendError> {
         Ok(cudarc::driver::result::mem_get_info()?)
+    }
+}
+
+/// Page-locked host memory that a step's draws are copied into while later work is queued
+/// ([`Gpu::readback`]).
+pub struct Readback {
+    host: PinnedHostSlice<u8>,
+    /// Recorded behind the copy.
+    done: CudaEvent,
+    /// u32 values the last [`Gpu::start_readback`] copies.
+    filled: usize,
+}
+
+impl Readback {
+    /// u32 values it holds at most.
+    pub fn capacity(&self) -> usize {
+        self.host.len() / 4
+    }
+
+    /// Waits for the copy [`Gpu::start_readback`] started and returns its values.
+    pub fn wait(&self) -> Result<Vec<u32>, BackendError> {
+        self.done.synchronize()?;
+        Ok(self.host.as_slice()?[..4 * self.filled]
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
     }
 }
 
