@@ -451,7 +451,7 @@ impl Engine {
                 step: (seq.output().len() + pending) as u64,
             });
         }
-        let g = self.gather(plan)?;
+        let g = self.gather(plan, feed == TokenFeed::PreviousStep)?;
         let seqs = seq_inputs(plan, &g.tables);
         let batch = ForwardBatch {
             token_ids: &g.token_ids,
@@ -517,8 +517,9 @@ impl Engine {
             .collect())
     }
 
-    /// The token ids, positions and block tables of `plan`'s sequences.
-    fn gather(&self, plan: &StepPlan) -> Result<Gathered, EngineError> {
+    /// The token ids, positions and block tables of `plan`'s sequences. With `fed`, a decode's
+    /// token may be the one the step on the device draws (not applied yet): a placeholder 0.
+    fn gather(&self, plan: &StepPlan, fed: bool) -> Result<Gathered, EngineError> {
         let num_tokens = plan.num_tokens();
         let mut token_ids = Vec::with_capacity(num_tokens);
         let mut positions = Vec::with_capacity(num_tokens);
@@ -529,6 +530,16 @@ impl Engine {
                 .seq(entry.seq)
                 .ok_or(EngineError::Kv(KvError::UnknownSeq(entry.seq.0)))?;
             let range = entry.num_computed..entry.num_computed + entry.num_tokens;
+            let known = seq.tokens().len();
+            if range.end > known + usize::from(fed) {
+                return Err(EngineError::BadOutput {
+                    got: format!(
+                        "a step of positions {range:?} for sequence {} of {known} tokens",
+                        entry.seq.0
+                    ),
+                    expected: "positions of the sequence's tokens".into(),
+                });
+            }
             token_ids.extend(
                 range
                     .clone()
@@ -583,7 +594,7 @@ impl Engine {
 
     /// Runs the backend over `plan`; returns the sampled tokens and logprobs per sampling row.
     fn run(&mut self, plan: &StepPlan) -> Result<(Vec<u32>, Vec<Option<Logprobs>>), EngineError> {
-        let g = self.gather(plan)?;
+        let g = self.gather(plan, false)?;
         let mut rows = Vec::new();
         for entry in plan.seqs.iter().filter(|e| e.sample) {
             rows.push(
