@@ -408,6 +408,12 @@ impl Engine {
             let stats = step_stats(&next);
             if self.launch(&next, stats, TokenFeed::PreviousStep)? {
                 self.planned_ahead += 1;
+                if self.planned_ahead == 1 {
+                    tracing::debug!(
+                        backend = self.backend.name(),
+                        "async scheduling: the first step planned ahead"
+                    );
+                }
             }
         }
         self.collect()

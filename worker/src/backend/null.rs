@@ -4,9 +4,12 @@
 //! The next token of a sequence is a fixed function of its last token and position (never an EOS
 //! id), so a request's output does not depend on what it was batched with. [`Backend::forward`]
 //! returns logits that put all the mass on that token, so host-side sampling, penalties and
-//! logprobs agree with [`Backend::forward_sampled`].
+//! logprobs agree with [`Backend::forward_sampled`]. It takes launched steps too (async
+//! scheduling, [`Backend::launch_sampled`]), so the serving path can be measured with them.
 
-use crate::backend::{Backend, BackendError, DeviceSampling, ForwardBatch, Logits};
+use std::collections::VecDeque;
+
+use crate::backend::{Backend, BackendError, DeviceSampling, ForwardBatch, Logits, TokenFeed};
 
 /// A backend with no weights and no KV memory.
 #[derive(Debug, Clone)]
@@ -15,6 +18,10 @@ pub struct NullBackend {
     eos: Vec<u32>,
     block_size: usize,
     num_kv_blocks: usize,
+    /// Launched steps' tokens not yet collected, and the last launched step's (what a fed step
+    /// reads).
+    launched: VecDeque<Vec<u32>>,
+    last_launched: Vec<u32>,
 }
 
 impl NullBackend {
@@ -25,6 +32,8 @@ impl NullBackend {
             eos,
             block_size,
             num_kv_blocks,
+            launched: VecDeque::new(),
+            last_launched: Vec::new(),
         }
     }
 
@@ -86,6 +95,50 @@ impl Backend for NullBackend {
         _sampling: &[DeviceSampling],
     ) -> Result<Option<Vec<u32>>, BackendError> {
         self.sampled(batch).map(Some)
+    }
+
+    /// Draws at once and keeps the tokens until collected; a fed step's input tokens are the
+    /// last launched step's draws.
+    fn launch_sampled(
+        &mut self,
+        batch: &ForwardBatch<'_>,
+        _sampling: &[DeviceSampling],
+        feed: TokenFeed,
+    ) -> Result<bool, BackendError> {
+        if self.launched.len() >= 2 {
+            return Err(BackendError::InvalidBatch(
+                "a third step launched before the first was collected".into(),
+            ));
+        }
+        let ids = self.last_launched.clone();
+        let fed;
+        let batch = match feed {
+            TokenFeed::Host => batch,
+            TokenFeed::PreviousStep => {
+                if batch.token_ids.len() != ids.len() || batch.seqs.len() != ids.len() {
+                    return Err(BackendError::InvalidBatch(format!(
+                        "a fed step of {} tokens after a launched step of {} draws",
+                        batch.token_ids.len(),
+                        ids.len()
+                    )));
+                }
+                fed = ForwardBatch {
+                    token_ids: &ids,
+                    ..*batch
+                };
+                &fed
+            }
+        };
+        let tokens = self.sampled(batch)?;
+        self.last_launched.clone_from(&tokens);
+        self.launched.push_back(tokens);
+        Ok(true)
+    }
+
+    fn collect_sampled(&mut self) -> Result<Vec<u32>, BackendError> {
+        self.launched
+            .pop_front()
+            .ok_or_else(|| BackendError::InvalidBatch("no launched step to collect".into()))
     }
 }
 
