@@ -217,3 +217,114 @@ fn async_scheduling_off_launches_nothing() {
     assert_eq!(run(&mut e, requests(), &[]), sync);
     assert_eq!(fed.load(Ordering::Relaxed), 0);
 }
+
+/// Random workloads — arrivals at random steps, a small KV pool that preempts, random budgets
+/// and batch limits, greedy and seeded rows, stop tokens, cancels at random steps — through the
+/// async engine: every request's stream is its stream alone in the synchronous engine (a
+/// cancelled one's, a prefix of it), and every block is free at the end.
+#[test]
+fn random_workloads_through_the_async_engine_keep_every_stream() {
+    use rand::{Rng, SeedableRng};
+    let (mut planned, mut preempted) = (0, 0);
+    for seed in 0..24u64 {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let n = rng.random_range(3..12u64);
+        let reqs: Vec<Request> = (0..n)
+            .map(|i| {
+                let len = rng.random_range(1..30);
+                let mut r = Request::new(
+                    SeqId(i),
+                    (0..len).map(|_| rng.random_range(0..8)).collect(),
+                    rng.random_range(1..28),
+                );
+                r.params = if rng.random_bool(0.5) {
+                    SamplingParams::greedy()
+                } else {
+                    SamplingParams {
+                        temperature: 1.0,
+                        top_k: 20,
+                        seed: Some(seed * 100 + i),
+                        ..Default::default()
+                    }
+                };
+                r.ignore_eos = rng.random_bool(0.7);
+                if rng.random_bool(0.3) {
+                    r.stop_token_ids = vec![rng.random_range(0..VOCAB as u32)];
+                }
+                r
+            })
+            .collect();
+        let arrive: Vec<usize> = (0..n).map(|_| rng.random_range(0..12)).collect();
+        let cancel: Vec<Option<usize>> = (0..n)
+            .map(|_| rng.random_bool(0.2).then(|| rng.random_range(1..30)))
+            .collect();
+        let config = EngineConfig {
+            max_num_batched_tokens: rng.random_range(8..64),
+            max_num_seqs: rng.random_range(1..8),
+            async_scheduling: true,
+            ..EngineConfig::default()
+        };
+        // Each request alone, synchronously: its reference stream.
+        let alone: Vec<(Vec<u32>, Option<FinishReason>)> = reqs
+            .iter()
+            .map(|r| {
+                let (mut e, _) = engine(false, 12, EngineConfig::default());
+                run(&mut e, vec![r.clone()], &[])
+                    .remove(&r.id.0)
+                    .unwrap_or_default()
+            })
+            .collect();
+        let (backend, mut model) = ToyBackend::with_config(VOCAB, 4, 40);
+        let mut backend = backend;
+        backend.device_sampling = true;
+        backend.launches = true;
+        model.eos_token_ids = vec![12];
+        let mut e = Engine::new(Box::new(backend), &model, config).expect("engine");
+        let mut got: HashMap<u64, (Vec<u32>, Option<FinishReason>)> = HashMap::new();
+        let mut step = 0;
+        while step < 12 || e.has_unfinished() {
+            for (i, r) in reqs.iter().enumerate() {
+                if arrive[i] == step {
+                    e.add_request(r.clone()).expect("valid");
+                }
+                if cancel[i] == Some(step) {
+                    e.cancel(r.id).expect("cancel");
+                }
+            }
+            for ev in e.step().expect("step") {
+                let g = got.entry(ev.id.0).or_default();
+                assert!(
+                    g.1.is_none(),
+                    "seed {seed}: an event after request {}'s last",
+                    ev.id.0
+                );
+                g.0.push(ev.token);
+                g.1 = ev.finish;
+            }
+            e.scheduler()
+                .kv()
+                .pool()
+                .check_invariants()
+                .expect("pool invariants");
+            step += 1;
+            assert!(step < 5_000, "seed {seed}: no progress");
+        }
+        assert_eq!(e.scheduler().kv().pool().num_used(), 0, "seed {seed}");
+        planned += e.stats().planned_ahead;
+        preempted += e.stats().preemptions;
+        for (i, r) in reqs.iter().enumerate() {
+            let g = got.remove(&r.id.0).unwrap_or_default();
+            let (want, finish) = &alone[i];
+            if cancel[i].is_some() && g.1.is_none() {
+                assert!(
+                    want.starts_with(&g.0),
+                    "seed {seed}, request {i}: not a prefix"
+                );
+            } else {
+                assert_eq!((&g.0, &g.1), (want, finish), "seed {seed}, request {i}");
+            }
+        }
+    }
+    assert!(planned > 50, "steps were planned ahead ({planned})");
+    assert!(preempted > 0, "the small pool preempted");
+}
