@@ -14,6 +14,7 @@ use thiserror::Error;
 use crate::sampler::SamplingParams;
 
 pub mod cpu;
+pub mod launches;
 mod load;
 pub mod null;
 pub mod switches;

@@ -7,8 +7,7 @@
 //! logprobs agree with [`Backend::forward_sampled`]. It takes launched steps too (async
 //! scheduling, [`Backend::launch_sampled`]), so the serving path can be measured with them.
 
-use std::collections::VecDeque;
-
+use crate::backend::launches::HostLaunches;
 use crate::backend::{Backend, BackendError, DeviceSampling, ForwardBatch, Logits, TokenFeed};
 
 /// A backend with no weights and no KV memory.
@@ -18,10 +17,8 @@ pub struct NullBackend {
     eos: Vec<u32>,
     block_size: usize,
     num_kv_blocks: usize,
-    /// Launched steps' tokens not yet collected, and the last launched step's (what a fed step
-    /// reads).
-    launched: VecDeque<Vec<u32>>,
-    last_launched: Vec<u32>,
+    /// Launched steps' draws (async scheduling).
+    launches: HostLaunches,
 }
 
 impl NullBackend {
@@ -32,8 +29,7 @@ impl NullBackend {
             eos,
             block_size,
             num_kv_blocks,
-            launched: VecDeque::new(),
-            last_launched: Vec::new(),
+            launches: HostLaunches::default(),
         }
     }
 
@@ -105,40 +101,14 @@ impl Backend for NullBackend {
         _sampling: &[DeviceSampling],
         feed: TokenFeed,
     ) -> Result<bool, BackendError> {
-        if self.launched.len() >= 2 {
-            return Err(BackendError::InvalidBatch(
-                "a third step launched before the first was collected".into(),
-            ));
-        }
-        let ids = self.last_launched.clone();
-        let fed;
-        let batch = match feed {
-            TokenFeed::Host => batch,
-            TokenFeed::PreviousStep => {
-                if batch.token_ids.len() != ids.len() || batch.seqs.len() != ids.len() {
-                    return Err(BackendError::InvalidBatch(format!(
-                        "a fed step of {} tokens after a launched step of {} draws",
-                        batch.token_ids.len(),
-                        ids.len()
-                    )));
-                }
-                fed = ForwardBatch {
-                    token_ids: &ids,
-                    ..*batch
-                };
-                &fed
-            }
-        };
-        let tokens = self.sampled(batch)?;
-        self.last_launched.clone_from(&tokens);
-        self.launched.push_back(tokens);
-        Ok(true)
+        let mut launches = std::mem::take(&mut self.launches);
+        let launched = launches.launch(batch, feed, |b| self.sampled(b));
+        self.launches = launches;
+        launched.map(|()| true)
     }
 
     fn collect_sampled(&mut self) -> Result<Vec<u32>, BackendError> {
-        self.launched
-            .pop_front()
-            .ok_or_else(|| BackendError::InvalidBatch("no launched step to collect".into()))
+        self.launches.collect()
     }
 }
 

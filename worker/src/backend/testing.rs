@@ -9,8 +9,7 @@
 
 use grammar::TokenMask;
 
-use std::collections::VecDeque;
-
+use crate::backend::launches::HostLaunches;
 use crate::backend::{Backend, BackendError, DeviceSampling, ForwardBatch, Logits, TokenFeed};
 use crate::config::{Architecture, ModelConfig, RopeConfig, RopeScaling};
 use crate::kv::block_hash_mix as mix64;
@@ -43,10 +42,8 @@ pub struct ToyBackend {
     pub device_sampling: bool,
     /// Take launched steps ([`Backend::launch_sampled`]; needs `device_sampling`).
     pub launches: bool,
-    /// Launched steps' tokens not yet collected, oldest first.
-    launched: VecDeque<Vec<u32>>,
-    /// The tokens of the last launched step (what [`TokenFeed::PreviousStep`] feeds).
-    last_launched: Vec<u32>,
+    /// Launched steps' draws.
+    launched: HostLaunches,
     /// Steps launched with [`TokenFeed::PreviousStep`] (shared, as `masked_steps`).
     pub fed_steps: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     /// Forward passes run so far.
@@ -66,8 +63,7 @@ impl ToyBackend {
             slots: vec![None; num_blocks * block_size],
             device_sampling: false,
             launches: false,
-            launched: VecDeque::new(),
-            last_launched: Vec::new(),
+            launched: HostLaunches::default(),
             fed_steps: Default::default(),
             steps: 0,
             masked_steps: Default::default(),
@@ -230,50 +226,21 @@ impl Backend for ToyBackend {
         if !(self.device_sampling && self.launches) {
             return Ok(false);
         }
-        if self.launched.len() >= 2 {
-            return Err(BackendError::InvalidBatch(
-                "a third step launched before the first was collected".into(),
-            ));
+        if feed == TokenFeed::PreviousStep {
+            self.fed_steps
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        let ids = self.last_launched.clone();
-        let fed;
-        let batch = match feed {
-            TokenFeed::Host => batch,
-            TokenFeed::PreviousStep => {
-                let decodes = batch
-                    .seqs
-                    .iter()
-                    .enumerate()
-                    .all(|(i, s)| s.query_len == 1 && s.query_start == i && s.sample);
-                if !decodes || batch.token_ids.len() != self.last_launched.len() {
-                    return Err(BackendError::InvalidBatch(format!(
-                        "a fed step of {} tokens needs one-token decodes, one per row of the \
-                         last launched step ({})",
-                        batch.token_ids.len(),
-                        self.last_launched.len()
-                    )));
-                }
-                self.fed_steps
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                fed = ForwardBatch {
-                    token_ids: &ids,
-                    ..*batch
-                };
-                &fed
-            }
-        };
-        let tokens = self
-            .forward_sampled(batch, sampling)?
-            .ok_or_else(|| BackendError::Device("device sampling is off".into()))?;
-        self.last_launched.clone_from(&tokens);
-        self.launched.push_back(tokens);
-        Ok(true)
+        let mut launched = std::mem::take(&mut self.launched);
+        let result = launched.launch(batch, feed, |b| {
+            self.forward_sampled(b, sampling)?
+                .ok_or_else(|| BackendError::Device("device sampling is off".into()))
+        });
+        self.launched = launched;
+        result.map(|()| true)
     }
 
     fn collect_sampled(&mut self) -> Result<Vec<u32>, BackendError> {
-        self.launched
-            .pop_front()
-            .ok_or_else(|| BackendError::InvalidBatch("no launched step to collect".into()))
+        self.launched.collect()
     }
 }
 

@@ -35,6 +35,7 @@ use super::step::{self, DECODE_SPLIT, HostStep, Limits};
 use super::tp::{CudaTp, DeviceGroup};
 use super::weights::{self, Fp8Layer, Fp8Scales, Int4Layer, LayerWeights, Weights};
 use super::workspace::{Caps, QuantBufs, Workspace};
+use crate::backend::launches::check_launch;
 use crate::backend::switches::{Fp8GemvChoice, GemvChoice, KernelSwitches, PdlChoice};
 use crate::backend::{Backend, BackendError, DeviceSampling, ForwardBatch, Logits, TokenFeed};
 use crate::checkpoint::Checkpoint;
@@ -1482,26 +1483,7 @@ impl Backend for CudaBackend {
         if self.group.borrow().is_some() || !self.samples {
             return Ok(false);
         }
-        if self.launched.len() >= 2 {
-            return Err(BackendError::InvalidBatch(
-                "a third step launched before the first was collected".into(),
-            ));
-        }
-        if feed == TokenFeed::PreviousStep {
-            let decodes = batch
-                .seqs
-                .iter()
-                .enumerate()
-                .all(|(i, s)| s.query_len == 1 && s.query_start == i && s.sample);
-            if !decodes || batch.token_ids.len() != self.feed_rows || self.feed.is_none() {
-                return Err(BackendError::InvalidBatch(format!(
-                    "a fed step of {} tokens needs one-token decodes, one per draw of the last \
-                     launched step ({})",
-                    batch.token_ids.len(),
-                    self.feed_rows
-                )));
-            }
-        }
+        check_launch(batch, feed, self.launched.len(), self.feed_rows)?;
         let rows = self.run_fed(batch, Some(sampling), false, feed)?;
         self.read_back(rows)?;
         Ok(true)
