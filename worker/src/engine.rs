@@ -370,14 +370,14 @@ impl Engine {
 
     /// Plans and runs one step; returns one event per sequence that produced a token.
     ///
-    /// With async scheduling, a step of decodes is launched and, while the device runs it, the
-    /// step after it is planned and launched too (its input tokens are this step's draws, taken
-    /// on the device); then this step's tokens are applied and returned. The next call finds
-    /// that step on the device and does the same with it. A step that cannot be planned ahead
-    /// (prompts to admit, a sequence that may end by length, the host sampler) waits for the one
-    /// before it, so its plan sees every token drawn so far. Tokens, and the order of events, are
-    /// those of the synchronous engine; a sequence that ends with a stop token computes one
-    /// token more, dropped.
+    /// With async scheduling, a step is launched and, while the device runs it, the step after
+    /// it is planned and launched too (its decodes' input tokens are this step's draws, taken on
+    /// the device; prompt chunks and admissions go with them); then this step's tokens are
+    /// applied and returned. The next call finds that step on the device and does the same with
+    /// it. A step that cannot be planned ahead (a running sequence left out of the step before,
+    /// blocks that run out, the host sampler) waits for the one before it, so its plan sees
+    /// every token drawn so far. Every request's tokens and ending are those of the synchronous
+    /// engine; a sequence that ends with a stop token computes one token more, dropped.
     pub fn step(&mut self) -> Result<Vec<TokenEvent>, EngineError> {
         if self.in_flight.is_empty() {
             let plan = self.scheduler.schedule()?;
@@ -405,8 +405,8 @@ impl Engine {
                 .back()
                 .and_then(|f| self.scheduler.plan_ahead(&f.plan))
         {
-            let stats = step_stats(&next);
-            if self.launch(&next, stats, TokenFeed::PreviousStep)? {
+            let stats = step_stats(&next.plan);
+            if self.launch(&next.plan, stats, TokenFeed::PreviousStep(&next.fed))? {
                 self.planned_ahead += 1;
                 if self.planned_ahead == 1 {
                     tracing::debug!(
@@ -437,10 +437,15 @@ impl Engine {
         if !self.async_ok() {
             return Ok(false);
         }
-        // Draws not applied yet before this step's: the step on the device, for a fed step.
-        let pending = usize::from(feed == TokenFeed::PreviousStep);
+        // The first `fed` entries decode a token drawn by the step on the device (not applied
+        // yet): their draw is one further down their stream.
+        let fed = match feed {
+            TokenFeed::Host => 0,
+            TokenFeed::PreviousStep(rows) => rows.len(),
+        };
         let mut sampling = Vec::new();
-        for entry in plan.seqs.iter().filter(|e| e.sample) {
+        for (i, entry) in plan.seqs.iter().enumerate().filter(|(_, e)| e.sample) {
+            let pending = usize::from(i < fed);
             let seq = self
                 .scheduler
                 .seq(entry.seq)
@@ -457,7 +462,7 @@ impl Engine {
                 step: (seq.output().len() + pending) as u64,
             });
         }
-        let g = self.gather(plan, feed == TokenFeed::PreviousStep)?;
+        let g = self.gather(plan, fed)?;
         let seqs = seq_inputs(plan, &g.tables);
         let batch = ForwardBatch {
             token_ids: &g.token_ids,
@@ -472,7 +477,7 @@ impl Engine {
                 plan: plan.clone(),
                 stats,
             });
-        } else if feed == TokenFeed::Host {
+        } else if matches!(feed, TokenFeed::Host) {
             // The backend launches no step at all (no device sampling, a tensor-parallel rank):
             // stop gathering inputs twice a step.
             tracing::debug!(
@@ -523,21 +528,21 @@ impl Engine {
             .collect())
     }
 
-    /// The token ids, positions and block tables of `plan`'s sequences. With `fed`, a decode's
+    /// The token ids, positions and block tables of `plan`'s sequences. The first `fed` entries'
     /// token may be the one the step on the device draws (not applied yet): a placeholder 0.
-    fn gather(&self, plan: &StepPlan, fed: bool) -> Result<Gathered, EngineError> {
+    fn gather(&self, plan: &StepPlan, fed: usize) -> Result<Gathered, EngineError> {
         let num_tokens = plan.num_tokens();
         let mut token_ids = Vec::with_capacity(num_tokens);
         let mut positions = Vec::with_capacity(num_tokens);
         let mut tables: Vec<Vec<u32>> = Vec::with_capacity(plan.seqs.len());
-        for entry in &plan.seqs {
+        for (i, entry) in plan.seqs.iter().enumerate() {
             let seq = self
                 .scheduler
                 .seq(entry.seq)
                 .ok_or(EngineError::Kv(KvError::UnknownSeq(entry.seq.0)))?;
             let range = entry.num_computed..entry.num_computed + entry.num_tokens;
             let known = seq.tokens().len();
-            if range.end > known + usize::from(fed) {
+            if range.end > known + usize::from(i < fed) {
                 return Err(EngineError::BadOutput {
                     got: format!(
                         "a step of positions {range:?} for sequence {} of {known} tokens",
@@ -600,7 +605,7 @@ impl Engine {
 
     /// Runs the backend over `plan`; returns the sampled tokens and logprobs per sampling row.
     fn run(&mut self, plan: &StepPlan) -> Result<(Vec<u32>, Vec<Option<Logprobs>>), EngineError> {
-        let g = self.gather(plan, false)?;
+        let g = self.gather(plan, 0)?;
         let mut rows = Vec::new();
         for entry in plan.seqs.iter().filter(|e| e.sample) {
             rows.push(

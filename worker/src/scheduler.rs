@@ -135,6 +135,15 @@ impl Sequence {
     }
 }
 
+/// A step planned ahead of the step before it ([`Scheduler::plan_ahead`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PlannedAhead {
+    pub plan: StepPlan,
+    /// The first `fed.len()` entries of `plan` are one-token decodes of the token the step
+    /// before draws for them: `fed[i]` is the index of entry `i`'s draw among that step's.
+    pub fed: Vec<u32>,
+}
+
 /// One sampled token applied to its sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SeqUpdate {
@@ -380,43 +389,85 @@ impl Scheduler {
         }
     }
 
-    /// Plans the step after `prev` before `prev`'s tokens are known (async scheduling): every
-    /// sequence of `prev` decodes the token `prev` draws for it. `None` where that step cannot be
-    /// planned yet — `prev` is not every running sequence decoding its last token, one of them
-    /// may end at `prev` by length, requests wait that a step could admit, or free blocks run
-    /// out (blocks taken before that stay with their sequences, whose next step needs them) —
-    /// and the engine collects `prev` first. A sequence that ends at `prev` with a stop token
-    /// is still in the plan: its extra token is computed and dropped.
-    pub fn plan_ahead(&mut self, prev: &StepPlan) -> Option<StepPlan> {
-        if prev.seqs.len() != self.running.len()
-            || (!self.waiting.is_empty() && self.running.len() < self.config.max_num_seqs)
-        {
+    /// Plans the step after `prev` before `prev`'s tokens are known (async scheduling). Every
+    /// sequence `prev` draws for decodes that draw next (the plan's first entries, in `prev`'s
+    /// order; [`PlannedAhead::fed`] says which draw each takes), except one that ends at `prev`
+    /// by length; every prefill chunk of `prev` that does not reach its prompt's end is followed
+    /// by the next; then waiting requests are admitted as [`Scheduler::schedule`] admits them.
+    /// A sequence that ends at `prev` with a stop token is still planned: its extra token is
+    /// computed and dropped. `None` where the step cannot be planned yet — a running sequence
+    /// `prev` left out, free blocks that run out before the admissions (blocks taken before that
+    /// stay with their sequences, whose next step needs them), nothing to plan — and the engine
+    /// collects `prev` first. Nothing is preempted.
+    pub fn plan_ahead(&mut self, prev: &StepPlan) -> Option<PlannedAhead> {
+        let in_prev = |id: &SeqId| prev.seqs.iter().any(|e| e.seq == *id);
+        if !self.running.iter().all(in_prev) {
             return None;
         }
+        let mut ahead = PlannedAhead::default();
+        let mut budget = self.config.max_num_batched_tokens;
+        let mut draw = 0u32;
         for e in &prev.seqs {
-            let seq = self.seqs.get(&e.seq)?;
-            if e.num_tokens != 1
-                || !e.sample
-                || e.num_computed + 1 != seq.tokens.len()
+            let at = draw;
+            draw += u32::from(e.sample);
+            let Some(seq) = self.seqs.get(&e.seq) else {
+                continue; // cancelled since
+            };
+            if !e.sample
                 || seq.num_generated + 1 >= seq.max_tokens
                 || seq.tokens.len() + 1 >= self.config.max_model_len
             {
+                continue;
+            }
+            if budget == 0 {
                 return None;
             }
-        }
-        let mut plan = StepPlan::default();
-        for e in &prev.seqs {
-            let had = self.kv.block_table(e.seq).len();
-            self.kv.allocate_slots(e.seq, e.num_computed + 2, None)?;
-            plan.seqs.push(ScheduledSeq {
+            let computed = e.num_computed + e.num_tokens;
+            let new_blocks = self.extend(e.seq, computed + 1)?;
+            ahead.plan.seqs.push(ScheduledSeq {
                 seq: e.seq,
-                num_computed: e.num_computed + 1,
+                num_computed: computed,
                 num_tokens: 1,
                 sample: true,
-                new_blocks: self.kv.block_table(e.seq)[had..].to_vec(),
+                new_blocks,
             });
+            ahead.fed.push(at);
+            budget -= 1;
         }
-        Some(plan)
+        if !ahead.plan.seqs.is_empty()
+            && let Some(cap) = self.config.max_prefill_tokens_while_decoding
+        {
+            budget = budget.min(cap);
+        }
+        for e in prev.seqs.iter().filter(|e| !e.sample) {
+            let Some(seq) = self.seqs.get(&e.seq) else {
+                continue;
+            };
+            let computed = e.num_computed + e.num_tokens;
+            let n = (seq.tokens.len() - computed).min(budget);
+            if n == 0 {
+                break; // left for a step planned with `prev`'s tokens
+            }
+            let sample = computed + n == seq.tokens.len();
+            let new_blocks = self.extend(e.seq, computed + n)?;
+            ahead.plan.seqs.push(ScheduledSeq {
+                seq: e.seq,
+                num_computed: computed,
+                num_tokens: n,
+                sample,
+                new_blocks,
+            });
+            budget -= n;
+        }
+        self.admit(&mut ahead.plan, budget);
+        (!ahead.plan.is_empty()).then_some(ahead)
+    }
+
+    /// Blocks for `id`'s first `target` tokens; returns those appended to its table.
+    fn extend(&mut self, id: SeqId, target: usize) -> Option<Vec<BlockId>> {
+        let had = self.kv.block_table(id).len();
+        self.kv.allocate_slots(id, target, None)?;
+        Some(self.kv.block_table(id)[had..].to_vec())
     }
 
     fn preempt(&mut self, id: SeqId) -> Result<(), KvError> {

@@ -403,55 +403,116 @@ fn prefill_tokens_are_capped_in_steps_that_decode() {
 }
 
 #[test]
-fn a_step_of_decodes_is_planned_ahead_of_its_tokens() {
-    // Blocks of 4; prompts of 3 and 6 tokens.
+fn a_step_is_planned_ahead_of_its_tokens() {
+    // Blocks of 4; prompts of 3 and 6 tokens, admitted whole.
     let mut s = Scheduler::new(config(64, 4, 16, 4));
     s.add(req(1, 3, 10), 0);
     s.add(req(2, 6, 10), 0);
     let prefill = s.schedule().expect("plan");
-    // A step with prompts is not planned ahead.
-    assert!(s.plan_ahead(&prefill).is_none());
+    // The prompts' first draws are the next step's decodes, fed row for row.
+    let first = s.plan_ahead(&prefill).expect("planned ahead");
+    assert_eq!(
+        stripped(&first.plan.seqs),
+        vec![entry(1, 3, 1, true), entry(2, 6, 1, true)]
+    );
+    assert_eq!(first.fed, vec![0, 1]);
     advance(&mut s, &prefill);
+    advance(&mut s, &first.plan);
     let decode = s.schedule().expect("plan");
     assert_eq!(
         stripped(&decode.seqs),
-        vec![entry(1, 3, 1, true), entry(2, 6, 1, true)]
-    );
-    // The step after it decodes the token it draws: positions 4 and 7. Sequence 1's position
-    // 4 opens its second block, taken now; sequence 2's 7 lies in its second.
-    let ahead = s.plan_ahead(&decode).expect("planned ahead");
-    assert_eq!(
-        stripped(&ahead.seqs),
         vec![entry(1, 4, 1, true), entry(2, 7, 1, true)]
     );
-    assert_eq!(ahead.seqs[0].new_blocks.len(), 1);
-    assert!(ahead.seqs[1].new_blocks.is_empty());
-    assert_eq!(s.kv().block_table(SeqId(1)).len(), 2);
+    // A request that arrives meanwhile is admitted behind the decodes. Sequence 1's position
+    // 5 lies in its second block; sequence 2's 8 opens its third, taken now.
+    s.add(req(3, 5, 10), 0);
+    let ahead = s.plan_ahead(&decode).expect("planned ahead");
+    assert_eq!(
+        stripped(&ahead.plan.seqs),
+        vec![
+            entry(1, 5, 1, true),
+            entry(2, 8, 1, true),
+            entry(3, 0, 5, true)
+        ]
+    );
+    assert_eq!(ahead.fed, vec![0, 1]);
+    assert!(ahead.plan.seqs[0].new_blocks.is_empty());
+    assert_eq!(ahead.plan.seqs[1].new_blocks.len(), 1);
+    assert_eq!(s.kv().block_table(SeqId(2)).len(), 3);
     // Applied in order, the two steps leave what two synchronous steps would.
     advance(&mut s, &decode);
-    advance(&mut s, &ahead);
-    assert_eq!(s.seq(SeqId(1)).map(|q| q.num_computed()), Some(5));
-    assert_eq!(s.seq(SeqId(2)).map(|q| q.tokens().len()), Some(9));
+    advance(&mut s, &ahead.plan);
+    assert_eq!(s.seq(SeqId(1)).map(|q| q.num_computed()), Some(6));
+    assert_eq!(s.seq(SeqId(2)).map(|q| q.tokens().len()), Some(10));
     let next = s.schedule().expect("plan");
     assert_eq!(
         stripped(&next.seqs),
-        vec![entry(1, 5, 1, true), entry(2, 8, 1, true)]
+        vec![
+            entry(1, 6, 1, true),
+            entry(2, 9, 1, true),
+            entry(3, 5, 1, true)
+        ]
     );
 }
 
 #[test]
-fn no_step_is_planned_ahead_that_could_follow_an_ending_or_skip_an_admission() {
-    // Sequence 1 may draw its last token (max_tokens 2) in the step after its first decode.
+fn prompt_chunks_are_planned_ahead_behind_the_decodes_and_under_the_caps() {
+    // A 3-token prompt decodes while a 20-token one is chunked by the budget of 8.
+    let mut s = Scheduler::new(config(8, 4, 64, 4));
+    s.add(req(1, 3, 10), 0);
+    s.add(req(2, 20, 10), 0);
+    let first = s.schedule().expect("plan");
+    assert_eq!(
+        stripped(&first.seqs),
+        vec![entry(1, 0, 3, true), entry(2, 0, 5, false)]
+    );
+    let mut prev = first;
+    // Sequence 2's chunks follow its decode; its last prompt token samples and then decodes
+    // its draw, the second of that step.
+    let want = [
+        (vec![entry(1, 3, 1, true), entry(2, 5, 7, false)], vec![0]),
+        (vec![entry(1, 4, 1, true), entry(2, 12, 7, false)], vec![0]),
+        (vec![entry(1, 5, 1, true), entry(2, 19, 1, true)], vec![0]),
+        (
+            vec![entry(1, 6, 1, true), entry(2, 20, 1, true)],
+            vec![0, 1],
+        ),
+    ];
+    for (seqs, fed) in want {
+        let ahead = s.plan_ahead(&prev).expect("planned ahead");
+        assert_eq!((stripped(&ahead.plan.seqs), ahead.fed), (seqs, fed));
+        advance(&mut s, &prev);
+        prev = ahead.plan;
+    }
+    // The cap on prompt tokens beside decodes holds for admissions planned ahead.
+    let mut cfg = config(64, 4, 64, 4);
+    cfg.max_prefill_tokens_while_decoding = Some(4);
+    let mut s = Scheduler::new(cfg);
+    s.add(req(1, 3, 10), 0);
+    let prefill = s.schedule().expect("plan");
+    s.add(req(2, 9, 10), 0);
+    let ahead = s.plan_ahead(&prefill).expect("planned ahead");
+    assert_eq!(
+        stripped(&ahead.plan.seqs),
+        vec![entry(1, 3, 1, true), entry(2, 0, 4, false)]
+    );
+    assert_eq!(ahead.fed, vec![0]);
+}
+
+#[test]
+fn a_step_planned_ahead_leaves_out_endings_by_length_and_never_preempts() {
+    // Sequence 1 draws its last token (max_tokens 2) at its first decode: the step after it
+    // leaves it out, and sequence 2 takes its draw from index 1.
     let mut s = Scheduler::new(config(64, 4, 16, 4));
     s.add(req(1, 3, 2), 0);
+    s.add(req(2, 3, 10), 0);
     let prefill = s.schedule().expect("plan");
     advance(&mut s, &prefill);
     let decode = s.schedule().expect("plan");
-    assert!(
-        s.plan_ahead(&decode).is_none(),
-        "max_tokens reached at this step"
-    );
-    // The context limit: 3 prompt tokens + 2 output reach max_model_len 5.
+    let ahead = s.plan_ahead(&decode).expect("planned ahead");
+    assert_eq!(stripped(&ahead.plan.seqs), vec![entry(2, 4, 1, true)]);
+    assert_eq!(ahead.fed, vec![1]);
+    // The context limit: 3 prompt tokens + 2 output reach max_model_len 5; nothing is left.
     let mut cfg = config(64, 4, 16, 4);
     cfg.max_model_len = 5;
     let mut s = Scheduler::new(cfg);
@@ -463,30 +524,25 @@ fn no_step_is_planned_ahead_that_could_follow_an_ending_or_skip_an_admission() {
         s.plan_ahead(&decode).is_none(),
         "max_model_len reached at this step"
     );
-    // A waiting request a step could admit; none once the batch is full.
+    // A full batch keeps request 3 waiting.
     let mut s = Scheduler::new(config(64, 2, 16, 4));
     s.add(req(1, 3, 10), 0);
-    let prefill = s.schedule().expect("plan");
-    advance(&mut s, &prefill);
     s.add(req(2, 3, 10), 0);
-    let decode = s.schedule().expect("plan");
-    advance(&mut s, &decode);
     let both = s.schedule().expect("plan");
-    advance(&mut s, &both);
     s.add(req(3, 3, 10), 0);
-    let full = s.schedule().expect("plan");
-    assert_eq!(full.seqs.len(), 2, "max_num_seqs 2 keeps request 3 waiting");
-    assert!(
-        s.plan_ahead(&full).is_some(),
-        "a full batch is planned ahead"
+    let ahead = s.plan_ahead(&both).expect("planned ahead");
+    assert_eq!(
+        ahead.plan.seqs.len(),
+        2,
+        "max_num_seqs 2 keeps request 3 waiting"
     );
-    let mut s = Scheduler::new(config(64, 4, 16, 4));
-    s.add(req(1, 3, 10), 0);
-    let prefill = s.schedule().expect("plan");
-    advance(&mut s, &prefill);
-    let decode = s.schedule().expect("plan");
-    s.add(req(2, 3, 10), 0);
-    assert!(s.plan_ahead(&decode).is_none(), "request 2 can be admitted");
+    assert_eq!(s.num_waiting(), 1);
+    // A running sequence the step before left out: its next step needs that step's tokens.
+    let partial = StepPlan {
+        seqs: both.seqs[..1].to_vec(),
+        ..StepPlan::default()
+    };
+    assert!(s.plan_ahead(&partial).is_none());
     // Blocks: a 7-token prompt's decode computes position 7 in its second block; the step
     // after it, position 8, takes a third, which 3 usable blocks have and 2 do not.
     for (blocks, fits) in [(4, true), (3, false)] {
@@ -497,5 +553,14 @@ fn no_step_is_planned_ahead_that_could_follow_an_ending_or_skip_an_admission() {
         let decode = s.schedule().expect("plan");
         assert_eq!(stripped(&decode.seqs), vec![entry(1, 7, 1, true)]);
         assert_eq!(s.plan_ahead(&decode).is_some(), fits, "{blocks} blocks");
+        assert_eq!(s.num_preemptions(), 0);
     }
+    // An admission that finds no blocks waits; the decodes are planned.
+    let mut s = Scheduler::new(config(64, 4, 4, 4));
+    s.add(req(1, 3, 10), 0);
+    let prefill = s.schedule().expect("plan");
+    s.add(req(2, 12, 10), 0);
+    let ahead = s.plan_ahead(&prefill).expect("planned ahead");
+    assert_eq!(stripped(&ahead.plan.seqs), vec![entry(1, 3, 1, true)]);
+    assert_eq!(s.num_waiting(), 1);
 }

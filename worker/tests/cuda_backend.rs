@@ -288,7 +288,8 @@ fn bf16_runs_and_is_batch_invariant() {
 /// Async scheduling (each decode step launched before the one on the device is applied, its
 /// input tokens that step's draws, copied on the device) gives the synchronous engine's tokens:
 /// HF's greedy tokens in float32 with CUDA graphs and eagerly, seeded sampling's stream, and a
-/// request ending on a stop token while the step after it is on the device.
+/// request ending on a stop token while the step after it is on the device; arrivals, chunked
+/// prompts and endings by length in steps planned ahead.
 #[test]
 #[ignore = "requires a CUDA device"]
 fn async_scheduling_gives_the_synchronous_tokens() {
@@ -329,4 +330,44 @@ fn async_scheduling_gives_the_synchronous_tokens() {
         .position(|&t| t == want[&0][5])
         .expect("present");
     assert_eq!(got[&0], want[&0][..=first]);
+    // One arrival per step while steps are on the device, prompts chunked by a budget of 16
+    // tokens, and endings by length at different steps: the steps planned ahead admit the
+    // prompts, carry their chunks beside the decodes and skip the draws of sequences that
+    // ended (feeds with gaps).
+    let staggered = EngineConfig {
+        max_num_batched_tokens: 16,
+        ..config(true)
+    };
+    let mut e = engine(DType::F32, 16, 64, false, staggered);
+    let mut reqs = all_reqs(0);
+    reqs.extend(all_reqs(4));
+    for (i, r) in reqs.iter_mut().enumerate() {
+        r.max_tokens = 24 - 5 * (i % 4);
+    }
+    let mut got: HashMap<u64, Vec<u32>> = HashMap::new();
+    let mut arrivals = reqs.clone().into_iter();
+    loop {
+        let arrived = arrivals.next();
+        let done = arrived.is_none();
+        if let Some(r) = arrived {
+            e.add_request(r).expect("valid request");
+        }
+        if done && !e.has_unfinished() {
+            break;
+        }
+        for ev in e.step().expect("step") {
+            got.entry(ev.id.0).or_default().push(ev.token);
+        }
+    }
+    assert_eq!(e.stats().kv_blocks_used, 0, "all blocks free at the end");
+    assert!(e.stats().planned_ahead > 10, "{:?}", e.stats());
+    for r in &reqs {
+        let case = r.id.0 % 4;
+        assert_eq!(
+            got[&r.id.0],
+            want[&case][..r.max_tokens],
+            "request {}",
+            r.id.0
+        );
+    }
 }

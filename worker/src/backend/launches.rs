@@ -10,11 +10,12 @@ use super::{BackendError, ForwardBatch, TokenFeed};
 pub const MAX_LAUNCHED: usize = 2;
 
 /// Checks a launch against what is in flight: fewer than [`MAX_LAUNCHED`] uncollected steps,
-/// and a fed step ([`TokenFeed::PreviousStep`]) of one-token decodes that sample, one for each of
-/// the `last_draws` draws of the last launched step.
+/// and for a fed step ([`TokenFeed::PreviousStep`]), a one-token decode that samples for each
+/// fed sequence and draw indices that rise strictly below the last launched step's
+/// `last_draws`.
 pub fn check_launch(
     batch: &ForwardBatch<'_>,
-    feed: TokenFeed,
+    feed: TokenFeed<'_>,
     in_flight: usize,
     last_draws: usize,
 ) -> Result<(), BackendError> {
@@ -23,17 +24,19 @@ pub fn check_launch(
             "a step launched with {in_flight} launched steps uncollected"
         )));
     }
-    if feed == TokenFeed::PreviousStep {
-        let decodes = batch
-            .seqs
-            .iter()
-            .enumerate()
-            .all(|(i, s)| s.query_len == 1 && s.query_start == i && s.sample);
-        if !decodes || batch.token_ids.len() != last_draws {
+    if let TokenFeed::PreviousStep(draws) = feed {
+        let decodes = draws.len() <= batch.seqs.len()
+            && batch.seqs[..draws.len()]
+                .iter()
+                .enumerate()
+                .all(|(i, s)| s.query_len == 1 && s.query_start == i && s.sample);
+        let rising = draws.windows(2).all(|w| w[0] < w[1])
+            && draws.last().is_none_or(|&d| (d as usize) < last_draws);
+        if !decodes || !rising {
             return Err(BackendError::InvalidBatch(format!(
-                "a fed step of {} tokens needs one-token decodes, one per draw of the last \
-                 launched step ({last_draws})",
-                batch.token_ids.len()
+                "a step fed {} draws needs a one-token decode that samples for each, and draw \
+                 indices rising below the last launched step's {last_draws}",
+                draws.len()
             )));
         }
     }
@@ -53,16 +56,22 @@ impl HostLaunches {
     pub fn launch(
         &mut self,
         batch: &ForwardBatch<'_>,
-        feed: TokenFeed,
+        feed: TokenFeed<'_>,
         draw: impl FnOnce(&ForwardBatch<'_>) -> Result<Vec<u32>, BackendError>,
     ) -> Result<(), BackendError> {
         check_launch(batch, feed, self.launched.len(), self.last.len())?;
         let tokens = match feed {
             TokenFeed::Host => draw(batch)?,
-            TokenFeed::PreviousStep => draw(&ForwardBatch {
-                token_ids: &self.last,
-                ..*batch
-            })?,
+            TokenFeed::PreviousStep(draws) => {
+                let mut ids = batch.token_ids.to_vec();
+                for (id, &d) in ids.iter_mut().zip(draws) {
+                    *id = self.last[d as usize];
+                }
+                draw(&ForwardBatch {
+                    token_ids: &ids,
+                    ..*batch
+                })?
+            }
         };
         self.last.clone_from(&tokens);
         self.launched.push_back(tokens);

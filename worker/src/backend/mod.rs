@@ -269,14 +269,13 @@ pub trait Backend: Send {
     /// `Ok(false)`, having done nothing, where the backend cannot (the default); the engine then
     /// runs the step through [`Backend::forward_sampled`]. At most two launched steps are
     /// uncollected at once; [`Backend::collect_sampled`] returns their tokens in launch order.
-    /// With [`TokenFeed::PreviousStep`] each row's input token is the one the previously launched
-    /// step sampled for the same row (`batch.token_ids` holds placeholders): every sequence is a
-    /// one-token decode that samples, as many as that step sampled.
+    /// With [`TokenFeed::PreviousStep`] the first sequences' input tokens are draws of the
+    /// previously launched step (`batch.token_ids` holds placeholders there).
     fn launch_sampled(
         &mut self,
         batch: &ForwardBatch<'_>,
         sampling: &[DeviceSampling],
-        feed: TokenFeed,
+        feed: TokenFeed<'_>,
     ) -> Result<bool, BackendError> {
         let _ = (batch, sampling, feed);
         Ok(false)
@@ -294,11 +293,13 @@ pub trait Backend: Send {
 
 /// Where a launched step's input tokens come from ([`Backend::launch_sampled`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TokenFeed {
+pub enum TokenFeed<'a> {
     /// `batch.token_ids`, from the host.
     Host,
-    /// The previously launched step's sampled tokens, row for row, taken on the device.
-    PreviousStep,
+    /// `batch.token_ids`, except that sequence `i < draws.len()` — a one-token decode that
+    /// samples — takes draw `draws[i]` of the previously launched step, on the device. `draws`
+    /// rises strictly.
+    PreviousStep(&'a [u32]),
 }
 
 #[cfg(feature = "cuda")]

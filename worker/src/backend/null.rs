@@ -99,7 +99,7 @@ impl Backend for NullBackend {
         &mut self,
         batch: &ForwardBatch<'_>,
         _sampling: &[DeviceSampling],
-        feed: TokenFeed,
+        feed: TokenFeed<'_>,
     ) -> Result<bool, BackendError> {
         let mut launches = std::mem::take(&mut self.launches);
         let launched = launches.launch(batch, feed, |b| self.sampled(b));

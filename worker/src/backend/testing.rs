@@ -221,12 +221,12 @@ impl Backend for ToyBackend {
         &mut self,
         batch: &ForwardBatch<'_>,
         sampling: &[DeviceSampling],
-        feed: TokenFeed,
+        feed: TokenFeed<'_>,
     ) -> Result<bool, BackendError> {
         if !(self.device_sampling && self.launches) {
             return Ok(false);
         }
-        if feed == TokenFeed::PreviousStep {
+        if matches!(feed, TokenFeed::PreviousStep(_)) {
             self.fed_steps
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }

@@ -1279,14 +1279,14 @@ impl CudaBackend {
     }
 
     /// [`CudaBackend::run`], with the step's input tokens from `feed`: with
-    /// [`TokenFeed::PreviousStep`], the last launched step's draws, copied over the uploaded
-    /// placeholders on the device (the caller checked the step is that step's rows, decoding).
+    /// [`TokenFeed::PreviousStep`], the first sequences' are the last launched step's draws,
+    /// copied over the uploaded placeholders on the device (the caller checked the launch).
     fn run_fed(
         &mut self,
         batch: &ForwardBatch<'_>,
         sampling: Option<&[DeviceSampling]>,
         draw_later: bool,
-        feed: TokenFeed,
+        feed: TokenFeed<'_>,
     ) -> Result<usize, BackendError> {
         self.gpu.ctx.bind_to_thread()?;
         let lim = self.limits();
@@ -1322,7 +1322,7 @@ impl CudaBackend {
                     splits,
                 })?;
                 self.upload_step(&padded, sampling)?;
-                self.feed_ids(feed, n)?;
+                self.feed_ids(feed)?;
                 let dims = Dims {
                     n: bucket,
                     seqs: bucket,
@@ -1365,7 +1365,7 @@ impl CudaBackend {
             splits,
         })?;
         self.upload_step(&st, sampling)?;
-        self.feed_ids(feed, n)?;
+        self.feed_ids(feed)?;
         self.launch_model(Dims {
             n,
             seqs: st.num_seqs(),
@@ -1380,19 +1380,27 @@ impl CudaBackend {
         Ok(rows)
     }
 
-    /// With [`TokenFeed::PreviousStep`], the step's `n` input tokens are the last launched
-    /// step's `n` draws: copied from `feed` over the uploaded ids, in stream order.
-    fn feed_ids(&mut self, feed: TokenFeed, n: usize) -> Result<(), BackendError> {
-        if feed == TokenFeed::Host {
+    /// With [`TokenFeed::PreviousStep`], the fed sequences' input tokens (the step's first ids)
+    /// are draws of the last launched step: copied from the kept draws over the uploaded
+    /// placeholders, one copy per run of consecutive draws, in stream order.
+    fn feed_ids(&mut self, feed: TokenFeed<'_>) -> Result<(), BackendError> {
+        let TokenFeed::PreviousStep(draws) = feed else {
             return Ok(());
+        };
+        let mut i = 0;
+        while i < draws.len() {
+            let kept = self.feed.as_ref().ok_or_else(|| {
+                BackendError::InvalidBatch("a fed step with no launched step before it".into())
+            })?;
+            let mut j = i + 1;
+            while j < draws.len() && draws[j] == draws[j - 1] + 1 {
+                j += 1;
+            }
+            self.gpu
+                .copy_range(kept, draws[i] as usize, &mut self.ws.ids, i, j - i)?;
+            i = j;
         }
-        match &self.feed {
-            Some(f) if self.feed_rows == n => self.gpu.copy_prefix(f, &mut self.ws.ids, n),
-            _ => Err(BackendError::InvalidBatch(format!(
-                "a step of {n} tokens fed from a launched step of {} draws",
-                self.feed_rows
-            ))),
-        }
+        Ok(())
     }
 
     /// After a launched step's draw: its `rows` tokens are kept for a step fed from them and
@@ -1404,7 +1412,7 @@ impl CudaBackend {
             _ => g.alloc(DType::U32, rows.next_power_of_two().max(256))?,
         };
         let mut feed = feed;
-        g.copy_prefix(&self.ws.sampled, &mut feed, rows)?;
+        g.copy_range(&self.ws.sampled, 0, &mut feed, 0, rows)?;
         self.feed = Some(feed);
         self.feed_rows = rows;
         let mut rb = match self.readbacks.iter().position(|r| r.capacity() >= rows) {
@@ -1478,7 +1486,7 @@ impl Backend for CudaBackend {
         &mut self,
         batch: &ForwardBatch<'_>,
         sampling: &[DeviceSampling],
-        feed: TokenFeed,
+        feed: TokenFeed<'_>,
     ) -> Result<bool, BackendError> {
         if self.group.borrow().is_some() || !self.samples {
             return Ok(false);

@@ -554,22 +554,32 @@ impl Gpu {
             .collect())
     }
 
-    /// Copies the first `len` elements of `src` into `dst` on the device, in stream order.
-    pub fn copy_prefix(&self, src: &Buf, dst: &mut Buf, len: usize) -> Result<(), BackendError> {
-        let bytes = len * src.dtype.size();
-        if src.dtype != dst.dtype || len > src.len || len > dst.len {
+    /// Copies `len` elements of `src` from element `src_at` into `dst` from element `dst_at`, on
+    /// the device, in stream order.
+    pub fn copy_range(
+        &self,
+        src: &Buf,
+        src_at: usize,
+        dst: &mut Buf,
+        dst_at: usize,
+        len: usize,
+    ) -> Result<(), BackendError> {
+        let size = src.dtype.size();
+        if src.dtype != dst.dtype || src_at + len > src.len || dst_at + len > dst.len {
             return Err(BackendError::InvalidBatch(format!(
-                "copy of {len} x {:?} from a buffer of {} into one of {} x {:?}",
+                "copy of {len} x {:?} from element {src_at} of a buffer of {} into element \
+                 {dst_at} of one of {} x {:?}",
                 src.dtype, src.len, dst.len, dst.dtype
             )));
         }
-        if bytes == 0 {
+        if len == 0 {
             return Ok(());
         }
-        let mut view = dst.mem.slice_mut(0..bytes);
-        Ok(self
-            .stream
-            .memcpy_dtod(&src.mem.slice(0..bytes), &mut view)?)
+        let mut view = dst.mem.slice_mut(dst_at * size..(dst_at + len) * size);
+        Ok(self.stream.memcpy_dtod(
+            &src.mem.slice(src_at * size..(src_at + len) * size),
+            &mut view,
+        )?)
     }
 
     /// Page-locked host memory for `len` u32s, zeroed, that [`Gpu::start_readback`] fills
