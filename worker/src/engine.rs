@@ -371,13 +371,14 @@ impl Engine {
     /// Plans and runs one step; returns one event per sequence that produced a token.
     ///
     /// With async scheduling, a step is launched and, while the device runs it, the step after
-    /// it is planned and launched too (its decodes' input tokens are this step's draws, taken on
-    /// the device; prompt chunks and admissions go with them); then this step's tokens are
-    /// applied and returned. The next call finds that step on the device and does the same with
-    /// it. A step that cannot be planned ahead (a running sequence left out of the step before,
+    /// it is planned and launched too where it only decodes (its input tokens are this step's
+    /// draws, taken on the device); then this step's tokens are applied and returned. The next
+    /// call finds that step on the device and does the same with it. A step that cannot be
+    /// planned ahead (prompt tokens to compute, a running sequence left out of the step before,
     /// blocks that run out, the host sampler) waits for the one before it, so its plan sees
-    /// every token drawn so far. Every request's tokens and ending are those of the synchronous
-    /// engine; a sequence that ends with a stop token computes one token more, dropped.
+    /// every token drawn and every request arrived so far. Every request's tokens and ending are
+    /// those of the synchronous engine; a sequence that ends with a stop token computes one
+    /// token more, dropped.
     pub fn step(&mut self) -> Result<Vec<TokenEvent>, EngineError> {
         if self.in_flight.is_empty() {
             let plan = self.scheduler.schedule()?;

@@ -389,38 +389,42 @@ impl Scheduler {
         }
     }
 
-    /// Plans the step after `prev` before `prev`'s tokens are known (async scheduling). Every
-    /// sequence `prev` draws for decodes that draw next (the plan's first entries, in `prev`'s
-    /// order; [`PlannedAhead::fed`] says which draw each takes), except one that ends at `prev`
-    /// by length; every prefill chunk of `prev` that does not reach its prompt's end is followed
-    /// by the next; then waiting requests are admitted as [`Scheduler::schedule`] admits them.
-    /// A sequence that ends at `prev` with a stop token is still planned: its extra token is
-    /// computed and dropped. `None` where the step cannot be planned yet — a running sequence
-    /// `prev` left out, free blocks that run out before the admissions (blocks taken before that
-    /// stay with their sequences, whose next step needs them), nothing to plan — and the engine
-    /// collects `prev` first. Nothing is preempted.
+    /// Plans the step after `prev` before `prev`'s tokens are known (async scheduling): every
+    /// sequence `prev` draws for decodes that draw, in `prev`'s order
+    /// ([`PlannedAhead::fed`] says which draw each takes), except one that ends at `prev` by
+    /// length. A sequence that ends at `prev` with a stop token is still planned: its extra
+    /// token is computed and dropped. `None` — and the engine collects `prev` first — where the
+    /// step would compute prompt tokens (a prompt chunk of `prev` to go on with, or a waiting
+    /// request a step could admit), a running sequence `prev` left out, free blocks that run
+    /// out (blocks taken before that stay with their sequences, whose next step needs them) or
+    /// nothing to plan. A step planned ahead is planned before the requests that arrive while
+    /// `prev` runs are seen, so they wait for it: carrying only decodes, it is short. Nothing is
+    /// preempted.
     pub fn plan_ahead(&mut self, prev: &StepPlan) -> Option<PlannedAhead> {
         let in_prev = |id: &SeqId| prev.seqs.iter().any(|e| e.seq == *id);
-        if !self.running.iter().all(in_prev) {
+        if !self.running.iter().all(in_prev) || prev.seqs.iter().any(|e| !e.sample) {
+            return None;
+        }
+        // Whether each sequence goes on after `prev` (not ended by length, nor cancelled).
+        let goes_on: Vec<bool> = prev
+            .seqs
+            .iter()
+            .map(|e| {
+                self.seqs.get(&e.seq).is_some_and(|seq| {
+                    seq.num_generated + 1 < seq.max_tokens
+                        && seq.tokens.len() + 1 < self.config.max_model_len
+                })
+            })
+            .collect();
+        let going_on = goes_on.iter().filter(|&&g| g).count();
+        if going_on == 0 || (!self.waiting.is_empty() && going_on < self.config.max_num_seqs) {
             return None;
         }
         let mut ahead = PlannedAhead::default();
-        let mut budget = self.config.max_num_batched_tokens;
-        let mut draw = 0u32;
-        for e in &prev.seqs {
-            let at = draw;
-            draw += u32::from(e.sample);
-            let Some(seq) = self.seqs.get(&e.seq) else {
-                continue; // cancelled since
-            };
-            if !e.sample
-                || seq.num_generated + 1 >= seq.max_tokens
-                || seq.tokens.len() + 1 >= self.config.max_model_len
-            {
+        // Every entry of `prev` samples: its draw index is its index.
+        for (draw, e) in prev.seqs.iter().enumerate() {
+            if !goes_on[draw] {
                 continue;
-            }
-            if budget == 0 {
-                return None;
             }
             let computed = e.num_computed + e.num_tokens;
             let new_blocks = self.extend(e.seq, computed + 1)?;
@@ -431,36 +435,9 @@ impl Scheduler {
                 sample: true,
                 new_blocks,
             });
-            ahead.fed.push(at);
-            budget -= 1;
+            ahead.fed.push(draw as u32);
         }
-        if !ahead.plan.seqs.is_empty()
-            && let Some(cap) = self.config.max_prefill_tokens_while_decoding
-        {
-            budget = budget.min(cap);
-        }
-        for e in prev.seqs.iter().filter(|e| !e.sample) {
-            let Some(seq) = self.seqs.get(&e.seq) else {
-                continue;
-            };
-            let computed = e.num_computed + e.num_tokens;
-            let n = (seq.tokens.len() - computed).min(budget);
-            if n == 0 {
-                break; // left for a step planned with `prev`'s tokens
-            }
-            let sample = computed + n == seq.tokens.len();
-            let new_blocks = self.extend(e.seq, computed + n)?;
-            ahead.plan.seqs.push(ScheduledSeq {
-                seq: e.seq,
-                num_computed: computed,
-                num_tokens: n,
-                sample,
-                new_blocks,
-            });
-            budget -= n;
-        }
-        self.admit(&mut ahead.plan, budget);
-        (!ahead.plan.is_empty()).then_some(ahead)
+        Some(ahead)
     }
 
     /// Blocks for `id`'s first `target` tokens; returns those appended to its table.

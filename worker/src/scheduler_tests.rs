@@ -423,17 +423,12 @@ fn a_step_is_planned_ahead_of_its_tokens() {
         stripped(&decode.seqs),
         vec![entry(1, 4, 1, true), entry(2, 7, 1, true)]
     );
-    // A request that arrives meanwhile is admitted behind the decodes. Sequence 1's position
-    // 5 lies in its second block; sequence 2's 8 opens its third, taken now.
-    s.add(req(3, 5, 10), 0);
+    // The step after this one: sequence 1's position 5 lies in its second block; sequence 2's
+    // 8 opens its third, taken now.
     let ahead = s.plan_ahead(&decode).expect("planned ahead");
     assert_eq!(
         stripped(&ahead.plan.seqs),
-        vec![
-            entry(1, 5, 1, true),
-            entry(2, 8, 1, true),
-            entry(3, 0, 5, true)
-        ]
+        vec![entry(1, 5, 1, true), entry(2, 8, 1, true)]
     );
     assert_eq!(ahead.fed, vec![0, 1]);
     assert!(ahead.plan.seqs[0].new_blocks.is_empty());
@@ -447,17 +442,13 @@ fn a_step_is_planned_ahead_of_its_tokens() {
     let next = s.schedule().expect("plan");
     assert_eq!(
         stripped(&next.seqs),
-        vec![
-            entry(1, 6, 1, true),
-            entry(2, 9, 1, true),
-            entry(3, 5, 1, true)
-        ]
+        vec![entry(1, 6, 1, true), entry(2, 9, 1, true)]
     );
 }
 
 #[test]
-fn prompt_chunks_are_planned_ahead_behind_the_decodes_and_under_the_caps() {
-    // A 3-token prompt decodes while a 20-token one is chunked by the budget of 8.
+fn no_step_with_prompt_tokens_is_planned_ahead() {
+    // A prompt chunked by the budget of 8 goes on in the next step.
     let mut s = Scheduler::new(config(8, 4, 64, 4));
     s.add(req(1, 3, 10), 0);
     s.add(req(2, 20, 10), 0);
@@ -466,37 +457,33 @@ fn prompt_chunks_are_planned_ahead_behind_the_decodes_and_under_the_caps() {
         stripped(&first.seqs),
         vec![entry(1, 0, 3, true), entry(2, 0, 5, false)]
     );
-    let mut prev = first;
-    // Sequence 2's chunks follow its decode; its last prompt token samples and then decodes
-    // its draw, the second of that step.
-    let want = [
-        (vec![entry(1, 3, 1, true), entry(2, 5, 7, false)], vec![0]),
-        (vec![entry(1, 4, 1, true), entry(2, 12, 7, false)], vec![0]),
-        (vec![entry(1, 5, 1, true), entry(2, 19, 1, true)], vec![0]),
-        (
-            vec![entry(1, 6, 1, true), entry(2, 20, 1, true)],
-            vec![0, 1],
-        ),
-    ];
-    for (seqs, fed) in want {
-        let ahead = s.plan_ahead(&prev).expect("planned ahead");
-        assert_eq!((stripped(&ahead.plan.seqs), ahead.fed), (seqs, fed));
-        advance(&mut s, &prev);
-        prev = ahead.plan;
-    }
-    // The cap on prompt tokens beside decodes holds for admissions planned ahead.
-    let mut cfg = config(64, 4, 64, 4);
-    cfg.max_prefill_tokens_while_decoding = Some(4);
-    let mut s = Scheduler::new(cfg);
+    assert!(s.plan_ahead(&first).is_none());
+    // A waiting request a step could admit.
+    let mut s = Scheduler::new(config(64, 4, 64, 4));
     s.add(req(1, 3, 10), 0);
     let prefill = s.schedule().expect("plan");
     s.add(req(2, 9, 10), 0);
-    let ahead = s.plan_ahead(&prefill).expect("planned ahead");
+    assert!(s.plan_ahead(&prefill).is_none());
+    // One that waits for a full batch does not stop the decodes; once a sequence ends by
+    // length at the step on the device, it could be admitted.
+    let mut s = Scheduler::new(config(64, 2, 64, 4));
+    s.add(req(1, 3, 10), 0);
+    s.add(req(2, 3, 1), 0);
+    let both = s.schedule().expect("plan");
+    s.add(req(3, 3, 10), 0);
+    assert!(s.plan_ahead(&both).is_none(), "request 2 ends by length");
+    let mut s = Scheduler::new(config(64, 2, 64, 4));
+    s.add(req(1, 3, 10), 0);
+    s.add(req(2, 3, 10), 0);
+    let both = s.schedule().expect("plan");
+    s.add(req(3, 3, 10), 0);
+    let ahead = s.plan_ahead(&both).expect("planned ahead");
     assert_eq!(
-        stripped(&ahead.plan.seqs),
-        vec![entry(1, 3, 1, true), entry(2, 0, 4, false)]
+        ahead.plan.seqs.len(),
+        2,
+        "max_num_seqs 2 keeps request 3 waiting"
     );
-    assert_eq!(ahead.fed, vec![0]);
+    assert_eq!(s.num_waiting(), 1);
 }
 
 #[test]
@@ -524,19 +511,10 @@ fn a_step_planned_ahead_leaves_out_endings_by_length_and_never_preempts() {
         s.plan_ahead(&decode).is_none(),
         "max_model_len reached at this step"
     );
-    // A full batch keeps request 3 waiting.
     let mut s = Scheduler::new(config(64, 2, 16, 4));
     s.add(req(1, 3, 10), 0);
     s.add(req(2, 3, 10), 0);
     let both = s.schedule().expect("plan");
-    s.add(req(3, 3, 10), 0);
-    let ahead = s.plan_ahead(&both).expect("planned ahead");
-    assert_eq!(
-        ahead.plan.seqs.len(),
-        2,
-        "max_num_seqs 2 keeps request 3 waiting"
-    );
-    assert_eq!(s.num_waiting(), 1);
     // A running sequence the step before left out: its next step needs that step's tokens.
     let partial = StepPlan {
         seqs: both.seqs[..1].to_vec(),
@@ -555,12 +533,4 @@ fn a_step_planned_ahead_leaves_out_endings_by_length_and_never_preempts() {
         assert_eq!(s.plan_ahead(&decode).is_some(), fits, "{blocks} blocks");
         assert_eq!(s.num_preemptions(), 0);
     }
-    // An admission that finds no blocks waits; the decodes are planned.
-    let mut s = Scheduler::new(config(64, 4, 4, 4));
-    s.add(req(1, 3, 10), 0);
-    let prefill = s.schedule().expect("plan");
-    s.add(req(2, 12, 10), 0);
-    let ahead = s.plan_ahead(&prefill).expect("planned ahead");
-    assert_eq!(stripped(&ahead.plan.seqs), vec![entry(1, 3, 1, true)]);
-    assert_eq!(s.num_waiting(), 1);
 }

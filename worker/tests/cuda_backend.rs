@@ -289,7 +289,7 @@ fn bf16_runs_and_is_batch_invariant() {
 /// input tokens that step's draws, copied on the device) gives the synchronous engine's tokens:
 /// HF's greedy tokens in float32 with CUDA graphs and eagerly, seeded sampling's stream, and a
 /// request ending on a stop token while the step after it is on the device; arrivals, chunked
-/// prompts and endings by length in steps planned ahead.
+/// prompts and endings by length around steps planned ahead.
 #[test]
 #[ignore = "requires a CUDA device"]
 fn async_scheduling_gives_the_synchronous_tokens() {
@@ -330,10 +330,9 @@ fn async_scheduling_gives_the_synchronous_tokens() {
         .position(|&t| t == want[&0][5])
         .expect("present");
     assert_eq!(got[&0], want[&0][..=first]);
-    // One arrival per step while steps are on the device, prompts chunked by a budget of 16
-    // tokens, and endings by length at different steps: the steps planned ahead admit the
-    // prompts, carry their chunks beside the decodes and skip the draws of sequences that
-    // ended (feeds with gaps).
+    // One arrival per step, prompts chunked by a budget of 16 tokens, and endings by length at
+    // different steps: steps planned ahead between the steps with prompts skip the draws of
+    // sequences that ended (feeds with gaps).
     let staggered = EngineConfig {
         max_num_batched_tokens: 16,
         ..config(true)
