@@ -11,14 +11,15 @@
 #      off / on twice; with the time left cuda_int4 int4_kernels
 #   b: (b.tar.xz) the async test again; the bf16 serving A/B again; the engine and serving A/B
 #      with --quantization fp8; bench engine A/B on the random 8B AWQ model
-#   c: (b.tar.xz) open loop, Poisson 16 and 32 req/s, 400 requests of 512 -> 128: bf16 serving with
-#      --async-scheduling false / true
+#   c: (not run: too little device time left) the async test again; open loop, Poisson 16 and
+#      32 req/s, 300 requests of 512 -> 128: bf16 serving with --async-scheduling false / true
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 M=/tmp/llama8b; R=/tmp/r60
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/a $R
 [ -f /tmp/a/cuda_int4 ] || [ ! -f .gpu60/a.tar.xz ] || tar xJf .gpu60/a.tar.xz -C /tmp/a
 [ ! -f .gpu60/b.tar.xz ] || tar xJf .gpu60/b.tar.xz -C /tmp/a
+[ ! -f .gpu60/c.tar.xz ] || tar xJf .gpu60/c.tar.xz -C /tmp/a  # c.tar.xz: a build of main
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64 RINGSERVE_KERNEL_CACHE=/tmp/kc-60 FIXTURES_DIR=$PWD/tests/fixtures
 export TINY_LLAMA_DIR=$PWD/tests/fixtures/tiny-llama
 bench() {  # tag model batches [flags]: engine steps and vLLM's method
@@ -86,9 +87,13 @@ b)
   done ;;
 c)
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-  [ -f $M/config.json ] || python3 scripts/make_random_llama8b.py $M > $OUT/make.log 2>&1
+  ( [ -f $M/config.json ] || python3 scripts/make_random_llama8b.py $M > $OUT/make.log 2>&1 ) &
+  MK=$!
+  timeout 100 /tmp/a/cuda_backend --include-ignored --test-threads 1 --nocapture async_scheduling > $OUT/c_async.log 2>&1
+  rc=$?; echo "cuda_backend async_scheduling rc $rc at ${SECONDS} s"; grep -E "^test |panicked|test result" $OUT/c_async.log | tail -3
+  wait $MK; echo "model ready at ${SECONDS} s"
   for rate in 16 32; do
-    LOAD="--num-requests 400 --request-rate $rate"
+    LOAD="--num-requests 300 --request-rate $rate"
     serve r${rate}off --async-scheduling false; serve r${rate}on --async-scheduling true
   done ;;
 esac

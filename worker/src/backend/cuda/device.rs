@@ -524,7 +524,10 @@ impl Gpu {
                 .chunks_exact(2)
                 .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
                 .collect(),
-            _ => f32s(&bytes),
+            _ => bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
         })
     }
 
@@ -535,12 +538,20 @@ impl Gpu {
                 "download_f32_prefix of a non-f32 buffer".into(),
             ));
         }
-        Ok(f32s(&self.download_bytes(buf, len)?))
+        let bytes = self.download_bytes(buf, len)?;
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
     }
 
     /// Downloads a u32 buffer.
     pub fn download_u32(&self, buf: &Buf, len: usize) -> Result<Vec<u32>, BackendError> {
-        Ok(u32s(&self.download_bytes(buf, len)?))
+        let bytes = self.download_bytes(buf, len)?;
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
     }
 
     /// Copies `len` elements of `src` from element `src_at` into `dst` from element `dst_at`, on
@@ -645,24 +656,11 @@ impl Readback {
     /// Waits for the copy [`Gpu::start_readback`] started and returns its values.
     pub fn wait(&self) -> Result<Vec<u32>, BackendError> {
         self.done.synchronize()?;
-        Ok(u32s(&self.host.as_slice()?[..4 * self.filled]))
+        Ok(self.host.as_slice()?[..4 * self.filled]
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
     }
-}
-
-/// Little-endian bytes as u32s (a trailing partial value is dropped).
-fn u32s(bytes: &[u8]) -> Vec<u32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
-/// Little-endian bytes as f32s (a trailing partial value is dropped).
-fn f32s(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
 }
 
 /// Little-endian bytes of floats.
