@@ -42,15 +42,18 @@ serve() {  # tag [flags]: serve, load it ($LOAD: 512 requests from 128 clients),
   cp $R/bench_$tag.txt $OUT/
   kill $S; wait $S 2>/dev/null; sleep 1
 }
-case "$1" in
-a)
+start() {  # call: the GPU, the async test while the model is made; stops the call if the test fails
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
   ( [ -f $M/config.json ] || python3 scripts/make_random_llama8b.py $M > $OUT/make.log 2>&1 ) &
-  MK=$!
-  timeout 150 /tmp/a/cuda_backend --include-ignored --test-threads 1 --nocapture async_scheduling > $OUT/a_async.log 2>&1
-  rc=$?; echo "cuda_backend async_scheduling rc $rc at ${SECONDS} s"; grep -E "^test |panicked|test result" $OUT/a_async.log | tail -3
+  local mk=$!
+  timeout 150 /tmp/a/cuda_backend --include-ignored --test-threads 1 --nocapture async_scheduling > $OUT/$1_async.log 2>&1
+  local rc=$?; echo "cuda_backend async_scheduling rc $rc at ${SECONDS} s"; grep -E "^test |panicked|test result" $OUT/$1_async.log | tail -3
   [ $rc -eq 0 ] || exit 1
-  wait $MK; echo "model ready at ${SECONDS} s"
+  wait $mk; echo "model ready at ${SECONDS} s"
+}
+case "$1" in
+a)
+  start a
   for r in 1 2; do
     bench off$r $M 1,128,256 --async-scheduling false
     bench on$r $M 1,128,256 --async-scheduling true
@@ -61,14 +64,8 @@ a)
   [ $left -gt 30 ] && timeout $left /tmp/a/cuda_int4 --include-ignored --test-threads 1 --nocapture int4_kernels > $OUT/a_kernels.log 2>&1
   echo "cuda_int4 int4_kernels rc $? at ${SECONDS} s"; grep -E "^test |panicked|test result" $OUT/a_kernels.log | tail -3 ;;
 b)
-  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
   A=/tmp/awq8b
-  ( [ -f $M/config.json ] || python3 scripts/make_random_llama8b.py $M > $OUT/make.log 2>&1 ) &
-  MK=$!
-  timeout 150 /tmp/a/cuda_backend --include-ignored --test-threads 1 --nocapture async_scheduling > $OUT/b_async.log 2>&1
-  rc=$?; echo "cuda_backend async_scheduling rc $rc at ${SECONDS} s"; grep -E "^test |panicked|test result" $OUT/b_async.log | tail -3
-  [ $rc -eq 0 ] || exit 1
-  wait $MK; echo "model ready at ${SECONDS} s"
+  start b
   ( [ -f $A/config.json ] || python3 scripts/make_random_awq8b.py $A > $OUT/make_awq.log 2>&1 ) &
   for r in 1 2; do serve off$r --async-scheduling false; serve on$r --async-scheduling true; done
   for r in 1 2; do
@@ -86,12 +83,7 @@ b)
     bench awqon$r $A 1,128,256 --async-scheduling true
   done ;;
 c)
-  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-  ( [ -f $M/config.json ] || python3 scripts/make_random_llama8b.py $M > $OUT/make.log 2>&1 ) &
-  MK=$!
-  timeout 100 /tmp/a/cuda_backend --include-ignored --test-threads 1 --nocapture async_scheduling > $OUT/c_async.log 2>&1
-  rc=$?; echo "cuda_backend async_scheduling rc $rc at ${SECONDS} s"; grep -E "^test |panicked|test result" $OUT/c_async.log | tail -3
-  wait $MK; echo "model ready at ${SECONDS} s"
+  start c
   for rate in 16 32; do
     LOAD="--num-requests 300 --request-rate $rate"
     serve r${rate}off --async-scheduling false; serve r${rate}on --async-scheduling true
