@@ -225,7 +225,7 @@ fn async_scheduling_off_launches_nothing() {
 #[test]
 fn random_workloads_through_the_async_engine_keep_every_stream() {
     use rand::{Rng, SeedableRng};
-    let (mut planned, mut preempted) = (0, 0);
+    let (mut planned, mut preempted, mut gapped) = (0, 0, 0);
     for seed in 0..24u64 {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
         let n = rng.random_range(3..12u64);
@@ -278,6 +278,7 @@ fn random_workloads_through_the_async_engine_keep_every_stream() {
         let mut backend = backend;
         backend.device_sampling = true;
         backend.launches = true;
+        let gaps = backend.fed_with_gaps.clone();
         model.eos_token_ids = vec![12];
         let mut e = Engine::new(Box::new(backend), &model, config).expect("engine");
         let mut got: HashMap<u64, (Vec<u32>, Option<FinishReason>)> = HashMap::new();
@@ -312,6 +313,7 @@ fn random_workloads_through_the_async_engine_keep_every_stream() {
         assert_eq!(e.scheduler().kv().pool().num_used(), 0, "seed {seed}");
         planned += e.stats().planned_ahead;
         preempted += e.stats().preemptions;
+        gapped += gaps.load(Ordering::Relaxed);
         for (i, r) in reqs.iter().enumerate() {
             let g = got.remove(&r.id.0).unwrap_or_default();
             let (want, finish) = &alone[i];
@@ -326,5 +328,9 @@ fn random_workloads_through_the_async_engine_keep_every_stream() {
         }
     }
     assert!(planned > 50, "steps were planned ahead ({planned})");
+    assert!(
+        gapped > 5,
+        "fed steps skipped draws of sequences ended by length ({gapped})"
+    );
     assert!(preempted > 0, "the small pool preempted");
 }

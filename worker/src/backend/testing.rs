@@ -46,6 +46,8 @@ pub struct ToyBackend {
     launched: HostLaunches,
     /// Steps launched with [`TokenFeed::PreviousStep`] (shared, as `masked_steps`).
     pub fed_steps: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// Of those, steps whose draws skip some of the step before's (a sequence ended by length).
+    pub fed_with_gaps: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     /// Forward passes run so far.
     pub steps: usize,
     /// Steps sampled on the "device" with grammar masks (shared, so a test can read it while the
@@ -65,6 +67,7 @@ impl ToyBackend {
             launches: false,
             launched: HostLaunches::default(),
             fed_steps: Default::default(),
+            fed_with_gaps: Default::default(),
             steps: 0,
             masked_steps: Default::default(),
         }
@@ -226,9 +229,14 @@ impl Backend for ToyBackend {
         if !(self.device_sampling && self.launches) {
             return Ok(false);
         }
-        if matches!(feed, TokenFeed::PreviousStep(_)) {
-            self.fed_steps
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let TokenFeed::PreviousStep(draws) = feed {
+            let count = |c: &std::sync::atomic::AtomicUsize| {
+                c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            };
+            count(&self.fed_steps);
+            if draws.iter().enumerate().any(|(i, &d)| d as usize != i) {
+                count(&self.fed_with_gaps);
+            }
         }
         let mut launched = std::mem::take(&mut self.launched);
         let result = launched.launch(batch, feed, |b| {
