@@ -33,12 +33,20 @@ const CHANNEL_SLACK: usize = 4;
 /// What the reader thread hands a request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {
-    pub tokens: Vec<u32>,
+    /// Inline up to [`EVENT_INLINE_TOKENS`]: an event is usually one step's token, and a heap
+    /// buffer per event cost an allocation, a free and a cache miss where the stream reads it.
+    pub tokens: EventTokens,
     /// Per token: its logprob and the top alternatives.
     pub logprobs: Vec<(f32, Vec<(u32, f32)>)>,
     pub finish: Finish,
     pub error: ErrorCode,
 }
+
+/// Tokens an [`Event`] holds without a heap allocation.
+pub const EVENT_INLINE_TOKENS: usize = 4;
+
+/// An [`Event`]'s token ids.
+pub type EventTokens = smallvec::SmallVec<[u32; EVENT_INLINE_TOKENS]>;
 
 /// Writing to a worker failed.
 #[derive(Debug, thiserror::Error)]
@@ -346,7 +354,7 @@ impl WorkerLink {
                 None => Vec::new(),
             };
             let event = Event {
-                tokens: e.tokens.to_vec(),
+                tokens: e.tokens.iter().collect(),
                 logprobs,
                 finish: e.finish,
                 error: e.error,

@@ -165,7 +165,7 @@ async fn drive(t: &mut RequestTask, p: &mut Progress) -> End {
             None => match failover(t, p).await {
                 Resumed::Yes => continue,
                 Resumed::AllGenerated => Event {
-                    tokens: Vec::new(),
+                    tokens: Default::default(),
                     logprobs: Vec::new(),
                     finish: Finish::Length,
                     error: ErrorCode::None,
