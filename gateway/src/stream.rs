@@ -289,10 +289,10 @@ type Built = (Option<GenerateResponse>, Option<End>);
 /// Turns a batch of events into one response message, and says whether the request ended.
 fn build(t: &mut RequestTask, p: &mut Progress, batch: Vec<Event>) -> Result<Built, (Status, End)> {
     let now = Instant::now();
-    let mut ids = Vec::new();
+    let mut ids = Vec::with_capacity(batch.iter().map(|e| e.tokens.len()).sum());
     let mut logprobs = Vec::new();
     let mut finish = Finish::None;
-    for ev in batch {
+    for ev in &batch {
         match ev.finish {
             Finish::Error => {
                 let what = match ev.error {
@@ -311,19 +311,17 @@ fn build(t: &mut RequestTask, p: &mut Progress, batch: Vec<Event>) -> Result<Bui
             }
             f => finish = f,
         }
-        for (i, &tok) in ev.tokens.iter().enumerate() {
-            ids.push(tok);
-            p.emitted.push(tok);
-            if let Some((lp, top)) = ev.logprobs.get(i) {
-                logprobs.push(TokenLogprobs {
-                    token_id: tok,
-                    logprob: *lp,
-                    top: top
-                        .iter()
-                        .map(|&(token_id, logprob)| TokenLogprob { token_id, logprob })
-                        .collect(),
-                });
-            }
+        ids.extend_from_slice(&ev.tokens);
+        p.emitted.extend_from_slice(&ev.tokens);
+        for (&tok, (lp, top)) in ev.tokens.iter().zip(&ev.logprobs) {
+            logprobs.push(TokenLogprobs {
+                token_id: tok,
+                logprob: *lp,
+                top: top
+                    .iter()
+                    .map(|&(token_id, logprob)| TokenLogprob { token_id, logprob })
+                    .collect(),
+            });
         }
     }
     let n = ids.len() as u32;
